@@ -1,0 +1,329 @@
+"""Device profiles: peaks, memory, interconnect, price and the efficiency curves of the cost model.
+
+A profile is a versioned YAML file (``schema_version: 1``).  Datasheet
+profiles ship in ``pdsim/data/devices/`` and say in ``source`` that they are
+not measured; measured profiles written by ``pdsim calibrate`` carry a
+``measured`` section of raw tables that :mod:`pdsim.profile_tables` turns
+into interpolated timings.  A measured table always wins over the roofline
+where it covers the shape.
+
+Roofline with efficiency, per kernel::
+
+    t = max(flops / (peak * eff_c(M)), bytes / (bw * eff_mem)) + kernel_overhead
+    eff_c(M) = gemm_max * M / (M + gemm_m_half)       # small GEMMs run far below peak
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+DATA_DIR = Path(__file__).parent / "data" / "devices"
+GiB = 1024 ** 3
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InterconnectSpec(_Strict):
+    name: str = "custom"
+    bandwidth_GBps: float = Field(gt=0, allow_inf_nan=False)
+    latency_us: float = Field(ge=0, allow_inf_nan=False)
+
+
+class EfficiencySpec(_Strict):
+    gemm_max: float = Field(0.75, gt=0, le=1)
+    gemm_m_half: float = Field(64, ge=0, allow_inf_nan=False)
+    memory: float = Field(0.85, gt=0, le=1)
+    attention_prefill: float = Field(0.5, gt=0, le=1)
+    attention_decode_memory: float = Field(0.7, gt=0, le=1)
+    kernel_overhead_us: float = Field(4, ge=0, allow_inf_nan=False)
+    step_overhead_us: float = Field(800, ge=0, allow_inf_nan=False)
+    allreduce: float = Field(0.75, gt=0, le=1)
+
+
+# --- the measured section written by ``pdsim calibrate`` --------------------
+# Lists of raw tables; pdsim.profile_tables interpolates them.  Every time is
+# the median of the repeats in ``samples_s`` (kept so a profile can be re-fitted).
+def _check_increasing(name: str, xs: list) -> None:
+    if any(b <= a for a, b in zip(xs, xs[1:])):
+        raise ValueError(f"{name} must be strictly increasing, got {xs}")
+
+
+class GemmTableSpec(_Strict):
+    """One (M x K) @ (K x N) GEMM shape timed over a grid of M (tokens or batch rows)."""
+    op: str = "gemm"
+    n: int = Field(gt=0)
+    k: int = Field(gt=0)
+    tp: int = Field(1, ge=1)
+    dtype: str = "bf16"
+    m: list[int] = Field(min_length=1)
+    time_s: list[float] = Field(min_length=1)
+    samples_s: list[list[float]] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self):
+        _check_increasing("m", self.m)
+        if self.m[0] < 1:
+            raise ValueError(f"m must be >= 1, got {self.m[0]}")
+        if len(self.time_s) != len(self.m):
+            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.m)} m values")
+        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
+            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        return self
+
+
+class AttentionPrefillTableSpec(_Strict):
+    """Causal attention of one prompt of ``seq_len`` tokens (batch 1), one layer."""
+    q_heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    tp: int = Field(1, ge=1)
+    dtype: str = "bf16"
+    seq_len: list[int] = Field(min_length=1)
+    time_s: list[float] = Field(min_length=1)
+    samples_s: list[list[float]] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self):
+        _check_increasing("seq_len", self.seq_len)
+        if len(self.time_s) != len(self.seq_len):
+            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.seq_len)} seq_len values")
+        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
+            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        return self
+
+
+class AttentionDecodeTableSpec(_Strict):
+    """One query token per sequence over ``batch`` x ``context`` KV tokens, one layer; time_s[b][c]."""
+    q_heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    tp: int = Field(1, ge=1)
+    dtype: str = "bf16"
+    batch: list[int] = Field(min_length=1)
+    context: list[int] = Field(min_length=1)
+    time_s: list[list[float]] = Field(min_length=1)
+    samples_s: list[list[list[float]]] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self):
+        _check_increasing("batch", self.batch)
+        _check_increasing("context", self.context)
+        if len(self.time_s) != len(self.batch) or any(len(r) != len(self.context) for r in self.time_s):
+            raise ValueError(f"time_s must be a {len(self.batch)} x {len(self.context)} grid (batch x context)")
+        if any(not (t > 0 and t < float("inf")) for r in self.time_s for t in r):
+            raise ValueError("time_s must be positive and finite")
+        return self
+
+
+class TransferTableSpec(_Strict):
+    """Bytes moved by one copy (device, host->device, device->host) or all-reduce, and its time."""
+    kind: Literal["device_copy", "h2d", "d2h", "allreduce"]
+    tp: int = Field(1, ge=1)
+    bytes: list[float] = Field(min_length=1)
+    time_s: list[float] = Field(min_length=1)
+    samples_s: list[list[float]] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self):
+        _check_increasing("bytes", self.bytes)
+        if len(self.time_s) != len(self.bytes):
+            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.bytes)} bytes values")
+        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
+            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        return self
+
+
+class HoldoutSpec(_Strict):
+    """Shapes measured in the same run but kept out of the tables and the fit (the leave-out split)."""
+    gemm: list[GemmTableSpec] = []
+    attention_prefill: list[AttentionPrefillTableSpec] = []
+    attention_decode: list[AttentionDecodeTableSpec] = []
+
+
+class MeasuredSpec(_Strict):
+    """The raw tables of a measured profile (``measured:``)."""
+    format: Literal[1] = 1
+    device: Literal["cpu", "cuda"] = "cuda"
+    model: str | None = None
+    tp: list[int] = [1]
+    gemm: list[GemmTableSpec] = []
+    attention_prefill: list[AttentionPrefillTableSpec] = []
+    attention_decode: list[AttentionDecodeTableSpec] = []
+    transfers: list[TransferTableSpec] = []
+    holdout: HoldoutSpec | None = None
+
+
+class ProfileSpec(_Strict):
+    """The on-disk schema of a device profile."""
+    schema_version: Literal[1] = 1
+    name: str
+    kind: Literal["gpu", "cpu"] = "gpu"
+    source: str = Field(min_length=3)
+    memory_GiB: float = Field(gt=0, allow_inf_nan=False)
+    memory_bandwidth_GBps: float = Field(gt=0, allow_inf_nan=False)
+    peak_tflops: dict[str, float]
+    interconnect: InterconnectSpec
+    price_per_hour_usd: float = Field(0.0, ge=0, allow_inf_nan=False)
+    efficiency: EfficiencySpec = EfficiencySpec()
+    measured: MeasuredSpec | None = None
+    fitted: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    spec: ProfileSpec
+    path: str | None = None
+
+    # --- plain attributes in SI units --------------------------------------
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def source(self) -> str:
+        return self.spec.source
+
+    @property
+    def is_measured(self) -> bool:
+        return self.spec.measured is not None
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.spec.memory_GiB * GiB
+
+    @property
+    def mem_bw_Bps(self) -> float:
+        return self.spec.memory_bandwidth_GBps * 1e9
+
+    @property
+    def price_per_hour_usd(self) -> float:
+        return self.spec.price_per_hour_usd
+
+    @property
+    def interconnect_Bps(self) -> float:
+        return self.spec.interconnect.bandwidth_GBps * 1e9
+
+    @property
+    def interconnect_latency_s(self) -> float:
+        return self.spec.interconnect.latency_us * 1e-6
+
+    @property
+    def step_overhead_s(self) -> float:
+        return self.spec.efficiency.step_overhead_us * 1e-6
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for a compute dtype; falls back to bf16 (e.g. fp8 on an A100 runs as bf16)."""
+        p = self.spec.peak_tflops
+        return 1e12 * p.get(dtype, p.get("bf16", p.get("fp16", max(p.values()))))
+
+    @cached_property
+    def tables(self):
+        """Interpolated measured tables, or None for a datasheet profile."""
+        if self.spec.measured is None:
+            return None
+        from .profile_tables import MeasuredTables  # only measured profiles need it
+        return MeasuredTables.from_profile(self.spec)
+
+    # --- kernel timings -----------------------------------------------------
+    def gemm_time(self, m: int, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
+                  dtype: str = "bf16") -> float:
+        """One (m x k) @ (k x n) GEMM: measured table if it covers the shape, else the roofline."""
+        if self.tables is not None:
+            t = self.tables.gemm_time(m, n, k, dtype)
+            if t is not None:
+                return t
+        e = self.spec.efficiency
+        flops = 2.0 * m * n * k
+        bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
+        eff_c = e.gemm_max * m / (m + e.gemm_m_half)
+        return max(flops / (self.peak_flops(dtype) * eff_c), bytes_ / (self.mem_bw_Bps * e.memory)) \
+            + e.kernel_overhead_us * 1e-6
+
+    def attention_time(self, flops: float, bytes_: float, prefill: bool, dtype: str = "bf16",
+                       shape: tuple | None = None) -> float:
+        """Attention kernel: compute-bound in prefill, KV-read-bound in decode."""
+        if self.tables is not None and shape is not None:
+            t = self.tables.attention_time(prefill, shape, dtype)
+            if t is not None:
+                return t
+        if flops <= 0 and bytes_ <= 0:
+            return 0.0
+        e = self.spec.efficiency
+        c_eff = e.attention_prefill if prefill else e.attention_prefill * 0.5
+        m_eff = e.memory if prefill else e.attention_decode_memory
+        return max(flops / (self.peak_flops(dtype) * c_eff), bytes_ / (self.mem_bw_Bps * m_eff)) \
+            + e.kernel_overhead_us * 1e-6
+
+    def allreduce_time(self, bytes_: float, tp: int) -> float:
+        """Ring all-reduce: 2 (t-1)/t of the message crosses each link, plus a latency per hop."""
+        if tp <= 1:
+            return 0.0
+        e = self.spec.efficiency
+        return 2 * (tp - 1) / tp * bytes_ / (self.interconnect_Bps * e.allreduce) \
+            + 2 * (tp - 1) * self.interconnect_latency_s
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in DATA_DIR.glob("*.yaml"))
+
+
+def _shown(value: object, limit: int = 120) -> object:
+    """The offending value for an error message; a whole measured table is cut to its start."""
+    if isinstance(value, (dict, list)) and len(repr(value)) > limit:
+        return repr(value)[:limit] + "..."
+    return value
+
+
+def load_profile_file(path: str | Path) -> DeviceProfile:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("device profile file not found", file=str(path))
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"not valid YAML: {exc}".splitlines()[0], file=str(path)) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("a device profile must be a mapping", file=str(path))
+    try:
+        spec = ProfileSpec.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(err["msg"], file=str(path), key=key, value=_shown(err.get("input")),
+                          has_value=True) from None
+    return DeviceProfile(spec, str(path))
+
+
+# Presets are immutable package data, so caching them by name is safe; files are re-read.
+_PRESET_CACHE: dict[str, DeviceProfile] = {}
+
+
+def get_device(name_or_path: str, key: str = "device", base_dir: Path | None = None) -> DeviceProfile:
+    """A preset by exact name, or a profile file by path (relative to base_dir)."""
+    if name_or_path in _PRESET_CACHE:
+        return _PRESET_CACHE[name_or_path]
+    preset = DATA_DIR / f"{name_or_path}.yaml"
+    looks_like_path = name_or_path.endswith((".yaml", ".yml", ".json")) or "/" in name_or_path
+    if preset.is_file() and not looks_like_path:
+        prof = _PRESET_CACHE[name_or_path] = load_profile_file(preset)
+    elif looks_like_path:
+        p = Path(name_or_path)
+        if not p.is_absolute() and base_dir is not None and not p.exists():
+            p = base_dir / p
+        if not p.is_file():
+            raise ConfigError("device profile file not found", key=key, value=name_or_path)
+        prof = load_profile_file(p)
+    else:
+        raise ConfigError(f"unknown device; valid presets: {', '.join(preset_names())} "
+                          "(or a path to a profile .yaml)", key=key, value=name_or_path)
+    return prof

@@ -1,0 +1,50 @@
+"""Errors that reach the user as one clear line, never as a traceback.
+
+Every problem with user input (scenario YAML, trace files, device profiles,
+CLI flags) is raised as an :class:`InputError` that names *where* (file, key
+or line) and *what* (the offending value).  The CLI catches ``PdsimError``
+and prints ``pdsim: error: <message>`` with exit status 2.
+"""
+from __future__ import annotations
+
+
+class PdsimError(Exception):
+    """Base class of every error pdsim reports to a user without a traceback."""
+
+
+class InputError(PdsimError):
+    """Bad user input: a file, a key or line in it, and the offending value.
+
+    >>> print(InputError("bad rate", file="s.yaml", key="workload.rate", value=-1))
+    s.yaml: workload.rate = -1: bad rate
+    """
+
+    def __init__(self, message: str, *, file: str | None = None,
+                 key: str | None = None, line: int | None = None,
+                 value: object = None, has_value: bool | None = None):
+        self.file, self.key, self.line, self.value = file, key, line, value
+        self.reason = message
+        where = []
+        if file:
+            where.append(f"{file}:{line}" if line is not None else str(file))
+        elif line is not None:
+            where.append(f"line {line}")
+        if key:
+            shown = value if has_value or (has_value is None and value is not None) else None
+            where.append(f"{key} = {shown!r}" if shown is not None else key)
+        super().__init__(": ".join(where + [message]))
+
+
+class ConfigError(InputError):
+    """A scenario, plan or profile that does not validate."""
+
+
+class TraceError(InputError):
+    """A trace file that cannot be read: missing, malformed row, bad values."""
+
+
+class SimulationInvariantError(PdsimError):
+    """An internal conservation check failed (requests, tokens or KV blocks).
+
+    This is a bug in pdsim, reported loudly instead of a silently wrong table.
+    """

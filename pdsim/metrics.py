@@ -1,0 +1,138 @@
+"""Records -> tables: per-request rows, per-topology summary, per-instance time series.  Pure functions."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from .config import Scenario
+from .workload import FINISHED, REJECTED, UNFINISHED
+
+REQUEST_COLUMNS = ["topology", "request_id", "arrival_s", "prompt_tokens", "output_tokens", "status",
+                   "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s",
+                   "kv_wait_s", "kv_transfer_s", "decode_queue_s", "preemptions", "recomputed_tokens",
+                   "instance", "decode_instance", "reject_reason"]
+
+
+def requests_frame(results) -> pd.DataFrame:
+    rows = []
+    for res in results:
+        for r in res.requests:
+            ttft = r.first_token_s - r.arrival_s
+            e2e = r.finish_s - r.arrival_s if r.status == FINISHED else math.nan
+            tpot = ((r.finish_s - r.first_token_s) / (r.output_tokens - 1)
+                    if r.status == FINISHED and r.output_tokens > 1 else math.nan)
+            dq = (r.decode_start_s - r.prefill_end_s - r.kv_wait_s - r.kv_transfer_s
+                  if r.decode_start_s == r.decode_start_s else math.nan)
+            rows.append((res.name, r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.status,
+                         r.first_token_s, r.finish_s, ttft, tpot, e2e, r.prefill_start_s - r.arrival_s,
+                         r.prefill_end_s - r.prefill_start_s, r.kv_wait_s, r.kv_transfer_s, dq,
+                         r.preemptions, r.recomputed_tokens, r.instance, r.decode_instance, r.reject_reason))
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+
+
+def _stats(x: pd.Series) -> dict:
+    x = x.dropna()
+    if len(x) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    q = np.percentile(x.to_numpy(), [50, 90, 99])
+    return {"mean": float(x.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2])}
+
+
+def slo_attainment(df: pd.DataFrame, slo) -> float:
+    """Share of all arrived requests that finished meeting both the TTFT and the TPOT bound.
+
+    Rejected and unfinished requests count as misses; a one-token reply has no TPOT and
+    is judged on TTFT alone.
+    """
+    if len(df) == 0:
+        return float("nan")
+    ok = (df.status == FINISHED) & (df.ttft_s <= slo.ttft_s) & (df.tpot_s.isna() | (df.tpot_s <= slo.tpot_s))
+    return float(ok.mean())
+
+
+def timeseries_frame(results) -> pd.DataFrame:
+    frames = []
+    for res in results:
+        for inst in res.topology.instances:
+            s = inst.series
+            n = len(s.busy_s)
+            if n == 0:
+                continue
+            dev = getattr(inst.cost, "device", None)
+            peak = dev.peak_flops(inst.cost.compute_dtype) * inst.gpus if dev else math.nan
+            bw = dev.mem_bw_Bps * inst.gpus if dev else math.nan
+            steps = np.asarray(s.steps, float)
+            frames.append(pd.DataFrame({
+                "topology": res.name, "instance": inst.name, "pool": inst.pool,
+                "t_s": np.arange(n) * s.bin_s,
+                "busy_fraction": np.minimum(1.0, np.asarray(s.busy_s) / s.bin_s),
+                "mfu": np.asarray(s.flops) / (s.bin_s * peak),
+                "mbu": np.asarray(s.bytes) / (s.bin_s * bw),
+                "batch_size": np.divide(s.batch_sum, steps, out=np.zeros(n), where=steps > 0),
+                "steps": s.steps,
+                "queued_max": s.queue_max,
+                "kv_blocks_used_max": s.kv_max,
+                "kv_blocks_total": inst.kv.total_blocks,
+            }))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
+    out = {}
+    for res in results:
+        d = df[df.topology == res.name]
+        topo = res.topology
+        fin = d[d.status == FINISHED]
+        span = res.sim_end_s or 1.0
+        counts = {"total": len(d), "finished": int((d.status == FINISHED).sum()),
+                  "rejected": int((d.status == REJECTED).sum()),
+                  "unfinished": int((d.status == UNFINISHED).sum())}
+        assert counts["total"] == counts["finished"] + counts["rejected"] + counts["unfinished"]
+        gpus = sum(p.gpus for p in topo.pools)
+        cost_per_hour = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
+        out_tokens = float(fin.output_tokens.sum())
+        pools = {}
+        for p in topo.pools:
+            busy = sum(i.busy_s for i in p.instances)
+            flops = sum(i.flops for i in p.instances)
+            bytes_ = sum(i.bytes for i in p.instances)
+            dev = getattr(p.cost, "device", None)
+            pools[p.name] = {
+                "instances": len(p.instances), "tp": p.spec.tp, "gpus": p.gpus,
+                "device": p.spec.device, "device_source": dev.source if dev else "n/a (constant/linear cost model)",
+                "busy_fraction": busy / (span * len(p.instances)),
+                "mfu": flops / (span * dev.peak_flops(p.cost.compute_dtype) * p.gpus) if dev else None,
+                "mbu": bytes_ / (span * dev.mem_bw_Bps * p.gpus) if dev else None,
+                "kv_peak_bytes": max(i.kv.peak_used for i in p.instances) * p.block_bytes,
+                "kv_capacity_bytes": p.instances[0].kv.total_blocks * p.block_bytes,
+                "weights_bytes_per_gpu": p.cost.weight_bytes_per_gpu() if dev else None,
+                "price_per_gpu_hour_usd": p.price_per_gpu_hour_usd,
+            }
+        links = [{"name": l.name, "transfers": l.transfers, "bytes": l.bytes,
+                  "busy_fraction": l.busy_s / span} for l in topo.links]
+        out[res.name] = {
+            "kind": topo.kind,
+            "ttft_s": _stats(d.ttft_s[d.status != REJECTED]), "tpot_s": _stats(fin.tpot_s),
+            "e2e_s": _stats(fin.e2e_s), "queue_s": _stats(d.queue_s),
+            "kv_transfer_s": _stats(fin.kv_transfer_s) if topo.kind == "disaggregated" else None,
+            "requests": counts,
+            "throughput": {"requests_per_s": len(fin) / span, "output_tokens_per_s": out_tokens / span,
+                           "output_tokens_per_s_per_gpu": out_tokens / span / gpus},
+            "slo_attainment": slo_attainment(d, sc.slo),
+            "slo_met": slo_attainment(d, sc.slo) >= sc.slo.attainment_target,
+            "gpus": gpus,
+            "cost_per_hour_usd": cost_per_hour,
+            "cost_per_million_output_tokens_usd": (cost_per_hour / 3600 * span / out_tokens * 1e6
+                                                   if out_tokens else None),
+            "utilization": {name: {k: v for k, v in p.items() if k in ("busy_fraction", "mfu", "mbu")}
+                            for name, p in pools.items()},
+            "kv_cache": {"peak_bytes": sum(p["kv_peak_bytes"] * p["instances"] for p in pools.values()),
+                         "capacity_bytes": sum(p["kv_capacity_bytes"] * p["instances"] for p in pools.values())},
+            "pools": pools,
+            "links": links,
+            "preemptions": int(d.preemptions.sum()),
+            "sim_end_s": res.sim_end_s,
+        }
+    return out

@@ -1,0 +1,131 @@
+"""Batch formation: which requests advance by how many tokens in the next step.  Pure: no SimPy.
+
+Policies are plain functions chosen by name (``SCHEDULERS``):
+
+- ``fcfs``: vLLM v0-style continuous batching.  Waiting prompts are admitted
+  first-come first-served and a step holds either whole prefills or decodes,
+  prefill first: new prompts stall running decodes (the interference that
+  disaggregation removes).
+- ``chunked``: Sarathi-Serve / vLLM v1 chunked prefill.  Every step first
+  carries one token for each running decode, then fills the rest of a token
+  budget with prefill chunks, so decodes never wait behind a long prompt.
+
+Both preempt by recompute: when a running request cannot get a block to grow,
+the newest running request gives up its KV and goes back to the front of the
+queue, to be prefilled again from its prompt and generated tokens.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .kvcache import KVCache
+from .workload import Request
+
+
+@dataclass(slots=True)
+class StepPlan:
+    items: list = field(default_factory=list)      # [(request, new_tokens)]
+    preempted: list = field(default_factory=list)  # requests that lost their KV this step
+    tokens: int = 0
+    attn_work: float = 0.0
+    kv_read_tokens: int = 0
+    sampled: int = 0
+    lost_tokens: int = 0                            # cached tokens dropped by preemption
+
+    def add(self, req: Request, n: int) -> None:
+        c = req.computed
+        self.items.append((req, n))
+        self.tokens += n
+        self.attn_work += n * (c + 0.5 * n)   # each new token attends to the cache before it
+        self.kv_read_tokens += c + n
+        if c + n == req.known:
+            self.sampled += 1
+
+
+@dataclass(slots=True)
+class Limits:
+    max_running: int = 256              # requests in the running batch
+    max_batched_tokens: int = 8192      # tokens in one step (the chunked policy's token budget)
+
+
+def _preempt(victim: Request, kv: KVCache, running: list, waiting: deque, plan: StepPlan) -> None:
+    running.remove(victim)
+    kv.release(victim)
+    victim.recomputed_tokens += victim.computed
+    plan.lost_tokens += victim.computed
+    victim.computed = 0
+    victim.preemptions += 1
+    waiting.appendleft(victim)
+    plan.preempted.append(victim)
+
+
+def _grow_running(req: Request, n: int, kv: KVCache, running: list, waiting: deque,
+                  plan: StepPlan, scheduled: set) -> bool:
+    """Blocks for ``req`` to advance by n, preempting the newest unscheduled others; False if req itself went."""
+    while not kv.grow(req, req.computed + n):
+        victim = next((r for r in reversed(running) if r is not req and id(r) not in scheduled), None)
+        if victim is None:
+            _preempt(req, kv, running, waiting, plan)
+            return False
+        _preempt(victim, kv, running, waiting, plan)
+    return True
+
+
+def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: StepPlan,
+           budget: int, chunk: bool) -> int:
+    """Admit waiting requests FCFS while the token budget, batch size and KV pool allow."""
+    while waiting and len(running) < limits.max_running and budget > 0:
+        req = waiting[0]
+        n = req.known - req.computed
+        if n > budget:
+            if chunk:
+                n = budget
+            elif plan.items:   # a whole prompt larger than the budget still runs, alone
+                break
+        if not kv.grow(req, req.computed + n, admit=True):
+            break
+        waiting.popleft()
+        running.append(req)
+        plan.add(req, n)
+        budget -= n
+    return budget
+
+
+def fcfs(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
+    plan = StepPlan()
+    if waiting:
+        _admit(waiting, running, kv, limits, plan, limits.max_batched_tokens, chunk=False)
+        if plan.items:
+            return plan
+    scheduled: set = set()
+    for req in list(running):
+        if req.blocks == 0:   # preempted earlier in this loop (a running request always holds blocks)
+            continue
+        n = req.known - req.computed
+        if _grow_running(req, n, kv, running, waiting, plan, scheduled):
+            plan.add(req, n)
+            scheduled.add(id(req))
+    return plan
+
+
+def chunked(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
+    plan = StepPlan()
+    budget = limits.max_batched_tokens
+    scheduled: set = set()
+    for req in list(running):
+        if budget <= 0:
+            break
+        if req.blocks == 0:
+            continue
+        n = min(req.known - req.computed, budget)
+        if _grow_running(req, n, kv, running, waiting, plan, scheduled):
+            plan.add(req, n)
+            scheduled.add(id(req))
+            budget -= n
+    if not plan.preempted:
+        _admit(waiting, running, kv, limits, plan, budget, chunk=True)
+    return plan
+
+
+SCHEDULERS = {"fcfs": fcfs, "chunked": chunked}

@@ -1,0 +1,216 @@
+"""``simulate(scenario)``: the same request stream through every topology, one SimPy environment each."""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import simpy
+
+from . import workload as wl
+from .config import LengthSpec, Scenario
+from .errors import ConfigError, SimulationInvariantError
+from .models import ModelShape, get_model
+from .topology import build
+from .workload import FINISHED, REJECTED, UNFINISHED, Request
+
+
+@dataclass
+class Context:
+    model: ModelShape
+    weight_dtype: str
+    kv_dtype: str
+    base_dir: Path
+    bin_s: float
+
+
+def resolve_model(sc: Scenario) -> ModelShape:
+    if isinstance(sc.model, str):
+        return get_model(sc.model)
+    m = sc.model
+    if m.heads % m.kv_heads:
+        raise ConfigError("heads must be a multiple of kv_heads", key="model.kv_heads", value=m.kv_heads)
+    return ModelShape(m.name, m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim or m.hidden // m.heads,
+                      m.mlp_width, m.vocab, m.tied_embeddings, m.gated_mlp, m.max_context)
+
+
+# --- workload ------------------------------------------------------------------------------
+def _lengths(spec: LengthSpec, rng, n: int, key: str, sc: Scenario, model: ModelShape) -> np.ndarray:
+    if spec.dist == "fixed":
+        return np.full(n, spec.value, dtype=np.int64)
+    if spec.dist == "uniform":
+        return wl.uniform_lengths(rng, spec.low, spec.high, n)
+    if spec.dist == "lognormal":
+        return wl.lognormal_lengths(rng, spec.mean, spec.cv, n, 1, spec.max or model.max_context)
+    from .traces import load_trace
+    tr = load_trace(sc.resolve(spec.path), spec.format)
+    col = tr.prompt_tokens if key.endswith("prompt_tokens") else tr.output_tokens
+    return rng.choice(col, n, replace=True)
+
+
+def generate(sc: Scenario, model: ModelShape) -> list[Request]:
+    """The request stream of a scenario (arrival_s is NaN for closed-loop requests: set when sent)."""
+    w = sc.workload
+    rng = np.random.default_rng(sc.seed)
+    if w.arrival == "trace":
+        from .traces import load_trace, scale_rate, window
+        t = w.trace
+        tr = load_trace(sc.resolve(t.path), t.format)
+        if tr.arrival_s is None:
+            raise ConfigError("this trace has no timestamps; use it for lengths "
+                              "(prompt_tokens: {dist: trace, path: ...}) with a synthetic arrival",
+                              key="workload.trace.path", value=t.path)
+        tr = scale_rate(window(tr, t.start_s, t.duration_s), t.rate_scale)
+        arrival = tr.arrival_s.copy()
+        if t.jitter_s > 0:
+            arrival = np.sort(arrival + rng.uniform(0, t.jitter_s, len(arrival)))
+        prompt, output = tr.prompt_tokens, tr.output_tokens
+        if w.num_requests is not None:
+            arrival, prompt, output = arrival[:w.num_requests], prompt[:w.num_requests], output[:w.num_requests]
+        if len(arrival) == 0:
+            raise ConfigError("no trace rows in the chosen window", key="workload.trace", value=t.path)
+        return wl.make_requests(arrival, prompt, output)
+    if w.arrival == "closed":
+        n = w.num_requests
+        arrival = np.full(n, np.nan)
+    else:
+        n = w.num_requests
+        if n is None:  # enough to cover duration_s, then cut
+            n = int(w.rate * w.duration_s * 1.2 + 10 * math.sqrt(w.rate * w.duration_s) + 10)
+        if w.arrival == "poisson":
+            arrival = wl.poisson_arrivals(rng, w.rate, n)
+        elif w.arrival == "gamma":
+            arrival = wl.gamma_arrivals(rng, w.rate, w.cv, n)
+        else:
+            arrival = wl.constant_arrivals(w.rate, n)
+        if w.duration_s is not None:
+            arrival = arrival[arrival < w.duration_s]
+            n = len(arrival)
+    prompt = _lengths(w.prompt_tokens, rng, n, "workload.prompt_tokens", sc, model)
+    output = _lengths(w.output_tokens, rng, n, "workload.output_tokens", sc, model)
+    for key, spec in (("workload.prompt_tokens", w.prompt_tokens), ("workload.output_tokens", w.output_tokens)):
+        if spec.dist == "fixed" and spec.value >= model.max_context:
+            raise ConfigError(f"longer than the {model.max_context}-token context of {model.name}",
+                              key=key, value=spec.value)
+    if w.prompt_tokens.dist == "fixed" and w.output_tokens.dist == "fixed" and \
+            w.prompt_tokens.value + w.output_tokens.value > model.max_context:
+        raise ConfigError(f"prompt + output exceed the {model.max_context}-token context of {model.name}",
+                          key="workload.output_tokens", value=w.output_tokens.value)
+    return wl.make_requests(arrival, prompt, output)
+
+
+# --- the run ----------------------------------------------------------------------------
+class Sink:
+    """Collects request outcomes and wakes closed-loop clients."""
+
+    def __init__(self, env):
+        self.env = env
+        self.done = 0
+        self.waiters: dict[int, simpy.Event] = {}
+
+    def finished(self, req: Request) -> None:
+        self.done += 1
+        ev = self.waiters.pop(req.id, None)
+        if ev is not None:
+            ev.succeed()
+
+    def rejected(self, req: Request, reason: str) -> None:
+        req.status, req.reject_reason, req.finish_s = REJECTED, reason, self.env.now
+        self.finished(req)
+
+
+@dataclass
+class TopologyResult:
+    name: str
+    topology: object
+    requests: list
+    sim_end_s: float
+    events: int
+
+
+def _open_loop(env, topo, reqs, model):
+    for r in reqs:
+        if r.arrival_s > env.now:
+            yield env.timeout(r.arrival_s - env.now)
+        if r.prompt_tokens + r.output_tokens > model.max_context:
+            topo.sink.rejected(r, f"context: prompt+output = {r.prompt_tokens + r.output_tokens} tokens "
+                               f"exceed the {model.max_context}-token context of {model.name}")
+            continue
+        topo.route(r)
+
+
+def _client(env, topo, sink, queue, think_s):
+    while queue:
+        r = queue.pop()
+        r.arrival_s = env.now
+        ev = sink.waiters[r.id] = env.event()
+        topo.route(r)
+        yield ev
+        if think_s:
+            yield env.timeout(think_s)
+
+
+def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: ModelShape,
+                 bin_s: float) -> TopologyResult:
+    env = simpy.Environment()
+    sink = Sink(env)
+    ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s)
+    topo = build(name, spec, env, ctx, sink)
+    topo.sink = sink
+    reqs = [r.clone() for r in stream]
+    if sc.workload.arrival == "closed":
+        queue = list(reversed(reqs))
+        for _ in range(sc.workload.clients):
+            env.process(_client(env, topo, sink, queue, sc.workload.think_s))
+    else:
+        env.process(_open_loop(env, topo, reqs, model))
+    env.run(until=sc.horizon_s)
+    end = env.now
+    check_conservation(name, topo, reqs, sc.horizon_s is not None)
+    return TopologyResult(name, topo, reqs, end, getattr(env, "_eid", 0))
+
+
+def check_conservation(name, topo, reqs, has_horizon: bool) -> None:
+    """Nothing lost: every request ends in exactly one state; KV blocks all accounted for."""
+    counts = {FINISHED: 0, REJECTED: 0, UNFINISHED: 0}
+    for r in reqs:
+        if r.status == FINISHED:
+            if r.generated != r.output_tokens:
+                raise SimulationInvariantError(f"{name}: request {r.id} finished with {r.generated} of "
+                                               f"{r.output_tokens} output tokens")
+            counts[FINISHED] += 1
+        elif r.status == REJECTED:
+            counts[REJECTED] += 1
+        else:
+            r.status = UNFINISHED
+            counts[UNFINISHED] += 1
+    if sum(counts.values()) != len(reqs):
+        raise SimulationInvariantError(f"{name}: {len(reqs)} requests in, {counts} out")
+    if counts[UNFINISHED] and not has_horizon:
+        stuck = next(r for r in reqs if r.status == UNFINISHED)
+        raise SimulationInvariantError(f"{name}: {counts[UNFINISHED]} requests never finished without a horizon "
+                                       f"(first: id {stuck.id}); the simulation deadlocked")
+    for inst in topo.instances:
+        if not has_horizon and inst.kv.used_blocks != 0:
+            raise SimulationInvariantError(f"{name}/{inst.name}: {inst.kv.used_blocks} KV blocks still in use")
+
+
+def default_bin_s(sc: Scenario, stream: list[Request]) -> float:
+    if sc.timeseries_bin_s:
+        return sc.timeseries_bin_s
+    span = sc.horizon_s or (max((r.arrival_s for r in stream if r.arrival_s == r.arrival_s), default=0.0) or 1.0)
+    return max(0.01, float(f"{span / 200:.1g}"))
+
+
+def simulate(sc: Scenario, progress: bool = False) -> list[TopologyResult]:
+    model = resolve_model(sc)
+    stream = generate(sc, model)
+    bin_s = default_bin_s(sc, stream)
+    out = []
+    for name, spec in sc.topologies.items():
+        if progress:
+            print(f"pdsim: simulating {name} ({len(stream)} requests)...", file=sys.stderr, flush=True)
+        out.append(run_topology(sc, name, spec, stream, model, bin_s))
+    return out

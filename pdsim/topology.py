@@ -1,0 +1,252 @@
+"""Deployments as SimPy wiring: colocated replicas behind a router, or prefill and decode pools joined by KV links.
+
+``build(name, spec, env, ctx, sink)`` returns a topology with ``route(request)``.
+Routing, P->D assignment and link queueing are plain policies chosen by name.
+"""
+from __future__ import annotations
+
+import itertools
+
+import simpy
+
+from .config import ColocatedSpec, DisaggregatedSpec, PoolSpec
+from .costmodel import ConstantCost, LinearCost, RooflineCost
+from .devices import GiB, get_device
+from .errors import ConfigError
+from .instance import Instance
+from .kvcache import KVCache
+from .scheduler import SCHEDULERS, Limits
+from .workload import FINISHED, REJECTED, UNFINISHED, Request
+
+
+# --- routing policies: (instances, request) -> instance ------------------------------------
+def round_robin():
+    counter = itertools.count()
+    return lambda insts, req: insts[next(counter) % len(insts)]
+
+
+def least_outstanding():
+    return lambda insts, req: min(insts, key=lambda i: i.outstanding_tokens)
+
+
+def least_loaded():
+    return lambda insts, req: min(insts, key=lambda i: (i.kv.used_blocks + i.reserved_blocks, len(i.running)))
+
+
+def least_decode_work():
+    # an oracle that knows output lengths, as a simulator can: balances the decode tokens to come
+    return lambda insts, req: min(insts, key=lambda i: i.decode_work)
+
+
+ROUTERS = {"round_robin": round_robin, "least_outstanding": least_outstanding}
+ASSIGNERS = {"round_robin": round_robin, "least_loaded": least_loaded, "least_decode_work": least_decode_work}
+
+
+# --- building instances ----------------------------------------------------------------
+def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir, key: str):
+    cm = pool.cost_model
+    if cm.kind == "constant":
+        return ConstantCost(cm.step_s, pool.tp)
+    if cm.kind == "linear":
+        return LinearCost(cm.base_s, cm.per_token_s, cm.per_kv_token_s, pool.tp)
+    device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
+    model.validate_tp(pool.tp, key=f"{key}.tp")
+    return RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype)
+
+
+def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir, key: str) -> tuple[int, float]:
+    """(blocks, bytes per block per GPU): device memory x utilisation - weights/tp - activation reserve."""
+    # KV heads split across the tp GPUs; with tp > kv_heads each GPU keeps one (replicated) head
+    kv_tok_shard = model.kv_bytes_per_token(kv_dtype) * max(1, model.kv_heads // pool.tp) / model.kv_heads
+    block_bytes = pool.block_size * kv_tok_shard
+    if pool.kv_blocks is not None:
+        return pool.kv_blocks, block_bytes
+    device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
+    weights = model.weight_bytes(weight_dtype) / pool.tp
+    free = device.memory_bytes * pool.gpu_memory_utilization - weights - pool.activation_reserve_GiB * GiB
+    if free < block_bytes:
+        raise ConfigError(
+            f"{model.name} weights ({weights / GiB:.1f} GiB per GPU at tp={pool.tp}) plus "
+            f"{pool.activation_reserve_GiB} GiB activations do not fit {device.name} "
+            f"({device.memory_bytes / GiB:.1f} GiB x {pool.gpu_memory_utilization}); raise tp or use a larger device",
+            key=f"{key}.device", value=pool.device)
+    return int(free // block_bytes), block_bytes
+
+
+class Pool:
+    """Instances of one PoolSpec; keeps what metrics need (GPUs, price, peaks)."""
+
+    def __init__(self, env, topo: str, name: str, role: str, spec: PoolSpec, count: int, ctx, sink, key: str):
+        self.name, self.spec, self.role = name, spec, role
+        model = ctx.model
+        self.cost = make_cost(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
+        blocks, self.block_bytes = kv_blocks(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
+        self.device = get_device(spec.device, key=f"{key}.device", base_dir=ctx.base_dir) \
+            if spec.cost_model.kind == "roofline" or spec.kv_blocks is None else None
+        price = spec.price_per_gpu_hour_usd
+        if price is None:
+            price = self.device.price_per_hour_usd if self.device else 0.0
+        self.price_per_gpu_hour_usd = price
+        limits = Limits(spec.max_running, spec.token_budget)
+        policy = SCHEDULERS[spec.scheduler_name]
+        self.instances = [
+            Instance(env, f"{name}-{i}", name, role, self.cost,
+                     KVCache(blocks, spec.block_size, spec.watermark), policy, limits, spec.tp, sink, ctx.bin_s)
+            for i in range(count)]
+        for inst in self.instances:
+            inst.reserved_blocks = 0       # decode side: blocks held for KV still on the wire
+            inst.reserved_count = 0
+            inst.block_bytes = self.block_bytes
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.tp * len(self.instances)
+
+
+class Colocated:
+    kind = "colocated"
+
+    def __init__(self, env, name: str, spec: ColocatedSpec, ctx, sink):
+        self.env, self.name, self.spec, self.sink = env, name, spec, sink
+        self.pools = [Pool(env, name, "replica", "both", spec, spec.replicas, ctx, self, f"topologies.{name}")]
+        self.instances = self.pools[0].instances
+        self.router = ROUTERS[spec.router]()
+        self.links = []
+
+    def route(self, req: Request) -> None:
+        kv = self.instances[0].kv
+        if not kv.fits_ever(req.prompt_tokens + req.output_tokens - 1):
+            return self.sink.rejected(req, "kv_capacity: prompt+output needs "
+                                      f"{kv.blocks_for(req.prompt_tokens + req.output_tokens - 1)} KV blocks, "
+                                      f"an instance has {kv.total_blocks - kv.watermark_blocks}")
+        self.router(self.instances, req).submit(req)
+
+    # instance callbacks
+    def first_token(self, req):
+        pass
+
+    def finished(self, req, inst):
+        self.sink.finished(req)
+
+    def prefill_done(self, req, inst):  # pragma: no cover - colocated instances never hand off
+        raise AssertionError("colocated instance handed off a request")
+
+
+class KVLink:
+    """A FIFO link (one transfer at a time at full bandwidth): contention shows up as queueing."""
+
+    def __init__(self, env, name: str, bandwidth_Bps: float, latency_s: float):
+        self.name, self.bandwidth_Bps, self.latency_s = name, bandwidth_Bps, latency_s
+        self.res = simpy.Resource(env, capacity=1)
+        self.busy_s = 0.0
+        self.bytes = 0.0
+        self.transfers = 0
+
+
+class Disaggregated:
+    kind = "disaggregated"
+
+    def __init__(self, env, name: str, spec: DisaggregatedSpec, ctx, sink):
+        self.env, self.name, self.spec, self.sink = env, name, spec, sink
+        key = f"topologies.{name}"
+        self.model = ctx.model
+        self.prefill = Pool(env, name, "prefill", "prefill", spec.prefill, spec.prefill.instances, ctx, self,
+                            f"{key}.prefill")
+        self.decode = Pool(env, name, "decode", "decode", spec.decode, spec.decode.instances, ctx, self,
+                           f"{key}.decode")
+        self.pools = [self.prefill, self.decode]
+        self.instances = self.prefill.instances + self.decode.instances
+        self.router = ROUTERS[spec.router]()
+        self.assign = ASSIGNERS[spec.assignment]()
+        link = spec.kv_link
+        # every GPU of a prefill instance sends its own KV shard in parallel
+        bw = link.bandwidth_GBps * 1e9 * spec.prefill.tp
+        if link.shared:
+            shared = KVLink(env, "kv-link", bw, link.latency_us * 1e-6)
+            self.links = [shared]
+            self.link_of = {i.name: shared for i in self.prefill.instances}
+        else:
+            self.links = [KVLink(env, f"kv-link-{i.name}", bw, link.latency_us * 1e-6) for i in self.prefill.instances]
+            self.link_of = {i.name: l for i, l in zip(self.prefill.instances, self.links)}
+        self.kv_bytes_per_token = ctx.model.kv_bytes_per_token(ctx.kv_dtype)
+        self.pending = {d.name: [] for d in self.decode.instances}   # reservations waiting for blocks
+
+    def route(self, req: Request) -> None:
+        pkv, dkv = self.prefill.instances[0].kv, self.decode.instances[0].kv
+        if not pkv.fits_ever(req.prompt_tokens):
+            return self.sink.rejected(req, f"kv_capacity: prompt needs {pkv.blocks_for(req.prompt_tokens)} "
+                                      f"KV blocks, a prefill instance has {pkv.total_blocks - pkv.watermark_blocks}")
+        if not dkv.fits_ever(req.prompt_tokens + req.output_tokens - 1):
+            return self.sink.rejected(req, "kv_capacity: prompt+output needs "
+                                      f"{dkv.blocks_for(req.prompt_tokens + req.output_tokens - 1)} KV blocks, "
+                                      f"a decode instance has {dkv.total_blocks - dkv.watermark_blocks}")
+        self.router(self.prefill.instances, req).submit(req)
+
+    def first_token(self, req):
+        pass
+
+    def finished(self, req, inst):
+        if inst.role == "decode":
+            self.on_decode_freed(inst)
+        self.sink.finished(req)
+
+    def prefill_done(self, req, inst):
+        self.env.process(self._handoff(req, inst))
+
+    def _reserve(self, dec, req):
+        """Blocks on the decode side for the arriving KV; FIFO per decode instance."""
+        return len(dec.running) + dec.reserved_count < dec.limits.max_running and \
+            dec.kv.reserve(req, req.prompt_tokens)
+
+    def _handoff(self, req: Request, src: Instance):
+        env = self.env
+        t_ready = env.now
+        dec = self.assign(self.decode.instances, req)
+        # back-pressure: wait for decode blocks while the prefill side keeps holding this KV
+        src_blocks = req.blocks
+        req.blocks = 0                     # the decode side's allocation starts from zero
+        while not self._reserve(dec, req):
+            ev = env.event()
+            self.pending[dec.name].append(ev)
+            yield ev
+        dec.reserved_count += 1
+        dec.reserved_blocks += req.blocks
+        link = self.link_of[src.name]
+        bytes_ = req.prompt_tokens * self.kv_bytes_per_token
+        xfer_s = link.latency_s + bytes_ / link.bandwidth_Bps
+        if self.spec.kv_link.layerwise_overlap:
+            # layer l's KV leaves while layers l+1.. compute: only the part that outlasts prefill shows
+            L = self.model.layers
+            compute_s = req.prefill_end_s - req.prefill_start_s
+            xfer_s = max(xfer_s / L, xfer_s - compute_s * (L - 1) / L)
+        with link.res.request() as slot:
+            yield slot
+            t_start = env.now
+            yield env.timeout(xfer_s)
+            link.busy_s += xfer_s
+            link.bytes += bytes_
+            link.transfers += 1
+        req.kv_transfer_s = xfer_s
+        req.kv_wait_s = t_start - t_ready
+        # the prefill side frees its copy; the decode side starts
+        held = req.blocks
+        req.blocks = src_blocks
+        src.kv.release(req)
+        src.wake()
+        req.blocks = held
+        dec.reserved_count -= 1
+        dec.reserved_blocks -= held
+        req.status = UNFINISHED
+        req.decode_start_s = env.now
+        dec.accept(req)
+
+    def on_decode_freed(self, dec):
+        waiters, self.pending[dec.name] = self.pending[dec.name], []
+        for ev in waiters:
+            ev.succeed()
+
+
+def build(name: str, spec, env, ctx, sink):
+    if isinstance(spec, ColocatedSpec):
+        return Colocated(env, name, spec, ctx, sink)
+    return Disaggregated(env, name, spec, ctx, sink)
