@@ -213,7 +213,7 @@ class Disaggregated:
         dec.reserved_blocks += req.blocks
         link = self.link_of[src.name]
         bytes_ = req.prompt_tokens * self.kv_bytes_per_token
-        xfer_s = link.latency_s + bytes_ / link.bandwidth_Bps
+        wire_s = xfer_s = link.latency_s + bytes_ / link.bandwidth_Bps
         if self.spec.kv_link.layerwise_overlap:
             # layer l's KV leaves while layers l+1.. compute: only the part that outlasts prefill shows
             L = self.model.layers
@@ -223,7 +223,7 @@ class Disaggregated:
             yield slot
             t_start = env.now
             yield env.timeout(xfer_s)
-            link.busy_s += xfer_s
+            link.busy_s += wire_s      # overlapped layers were on the wire during prefill too
             link.bytes += bytes_
             link.transfers += 1
         req.kv_transfer_s = xfer_s
