@@ -208,6 +208,10 @@ def simulate(sc: Scenario, progress: bool = False) -> list[TopologyResult]:
     model = resolve_model(sc)
     stream = generate(sc, model)
     bin_s = default_bin_s(sc, stream)
+    # build every topology once before simulating any, so a bad pool fails in seconds, not after a long run
+    for name, spec in sc.topologies.items():
+        env = simpy.Environment()
+        build(name, spec, env, Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s), Sink(env))
     out = []
     for name, spec in sc.topologies.items():
         if progress:
