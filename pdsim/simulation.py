@@ -169,7 +169,10 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     env.run(until=sc.horizon_s)
     end = env.now
     check_conservation(name, topo, reqs, sc.horizon_s is not None)
-    return TopologyResult(name, topo, reqs, end, getattr(env, "_eid", 0))
+    # SimPy numbers every scheduled event; reading its counter is the cheapest exact count
+    eid = getattr(env, "_eid", None)
+    events = next(eid) if eid is not None and hasattr(eid, "__next__") else sum(i.steps for i in topo.instances)
+    return TopologyResult(name, topo, reqs, end, events)
 
 
 def check_conservation(name, topo, reqs, has_horizon: bool) -> None:
