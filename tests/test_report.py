@@ -83,3 +83,26 @@ def test_one_and_five_topologies_render(tmp_path, n):
     p = _Cells()
     p.feed((tmp_path / "report.html").read_text())
     assert {t for t, _ in p.cells} == {f"t{i}" for i in range(n)}
+
+
+def test_headless_chromium_renders_offline(tmp_path):
+    import os
+    import shutil
+    import subprocess
+
+    import matplotlib.image as mpimg
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed under CI (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium not installed")
+    _run(tmp_path)
+    url = (tmp_path / "report.html").as_uri()
+    base = [exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'prof'}",
+            "--proxy-server=127.0.0.1:9", "--window-size=1200,1600"]   # an unreachable proxy: no network
+    dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=90)
+    assert "pdsim report" in dom.stdout
+    shot = tmp_path / "shot.png"
+    subprocess.run(base + [f"--screenshot={shot}", url], capture_output=True, timeout=90)
+    img = mpimg.imread(shot)
+    assert img.std() > 0.01          # not a blank page
