@@ -13,6 +13,9 @@ output token counts.  Four on-disk formats are understood (see
   extra columns ignored) with no arrival times;
 * ``mooncake`` -- Mooncake FAST'25 JSON Lines with ``timestamp`` in ms.
 
+CSV fields are plain comma-separated values (no quoting).  Mooncake's
+``hash_ids`` (prefix-block hashes) are not read.
+
 Every problem with a file is a :class:`~pdsim.errors.TraceError` naming the
 file, the 1-based line (a CSV header is line 1), the column and the value.
 Rows are never dropped silently; rows out of arrival order are stable-sorted
@@ -45,7 +48,7 @@ _COLUMNS: dict[str, tuple[str | None, str, str]] = {
 MAX_TOKENS = 10_000_000           # no real request is this long; larger is a corrupt file
 MAX_ARRIVAL_S = 1e9               # ~31.7 years of relative time: beyond that it is junk
 MAX_FILE_BYTES = 2 * 1024**3      # refuse before reading rather than die of MemoryError
-MAX_LINE_BYTES = 1024**2          # real rows are < 4 KiB (Mooncake hash_ids included)
+MAX_LINE_BYTES = 1024**2          # the longest real row is 2.7 KB (Mooncake hash_ids)
 _AZURE_TIME_FORMATS = ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S")
 
 
@@ -71,9 +74,12 @@ class Trace:
         n = len(self.prompt_tokens)
         if len(self.output_tokens) != n or (self.arrival_s is not None and len(self.arrival_s) != n):
             raise ValueError("Trace arrays must have equal lengths")
-        for arr in (self.arrival_s, self.prompt_tokens, self.output_tokens):
-            if arr is not None:
-                arr.setflags(write=False)   # frozen should mean the data too
+        for field in ("arrival_s", "prompt_tokens", "output_tokens"):
+            arr = getattr(self, field)
+            if arr is not None and arr.flags.writeable:   # frozen should mean the data too,
+                view = arr.view()                        # without freezing the caller's array
+                view.setflags(write=False)
+                object.__setattr__(self, field, view)
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -228,25 +234,16 @@ def _load_csv(name: str, lines: list[tuple[int, str]], fmt: str) -> Trace:
         raise TraceError(f"cannot parse CSV: {e}", file=name) from None
     if len(df) != len(data):
         raise TraceError(f"CSV parser saw {len(df)} rows, expected {len(data)}", file=name)
-    prompt, output = (_tokens(_num(df[c]), df[c], line_no, c, name) for c in (prompt_col, output_col))
+    prompt, output = (_tokens(_num(df[c]), df[c].tolist(), line_no, c, name)
+                      for c in (prompt_col, output_col))
     if fmt == "lengths":
         return Trace(name, fmt, None, prompt, output)
-    raw_t = df[time_col]
     if fmt == "azure":
-        ns = _azure_ns(raw_t, line_no, time_col, name)
-        order = _sort_order(ns, name)
-        rel = ns - ns.min()   # integer ns first: float64 of absolute epoch ns loses µs
-        t_s = (rel if order is None else rel[order]) / 1e9
+        ns = _azure_ns(df[time_col], line_no, time_col, name)
+        t_s = (ns - ns.min()) / 1e9   # subtract in integer ns: float64 epoch-ns would lose µs
     else:
-        t_s = _seconds(_num(raw_t), list(raw_t),
-                       line_no, time_col, name, scale=1.0)
-        order = _sort_order(t_s, name)
-        if order is not None:
-            t_s = t_s[order]
-        t_s = t_s - t_s[0]
-    if order is not None:
-        prompt, output = prompt[order], output[order]
-    return Trace(name, fmt, t_s.astype(np.float64), prompt, output)
+        t_s = _seconds(_num(df[time_col]), df[time_col].tolist(), line_no, time_col, name, 1.0)
+    return _sorted_trace(name, fmt, t_s, prompt, output)
 
 
 def _load_mooncake(name: str, lines: list[tuple[int, str]]) -> Trace:
@@ -277,11 +274,8 @@ def _load_mooncake(name: str, lines: list[tuple[int, str]]) -> Trace:
     num = [np.fromiter(map(_json_number, col), dtype=np.float64, count=len(col)) for col in raw]
     prompt = _tokens(num[1], raw[1], lines_arr, keys[1], name)
     output = _tokens(num[2], raw[2], lines_arr, keys[2], name)
-    t_s = _seconds(num[0], raw[0], lines_arr, keys[0], name, scale=1e-3)
-    order = _sort_order(t_s, name)
-    if order is not None:
-        t_s, prompt, output = t_s[order], prompt[order], output[order]
-    return Trace(name, "mooncake", t_s - t_s[0], prompt, output)
+    t_s = _seconds(num[0], raw[0], lines_arr, keys[0], name, 1e-3)   # ms -> s
+    return _sorted_trace(name, "mooncake", t_s, prompt, output)
 
 
 def _num(col: pd.Series) -> np.ndarray:
@@ -301,13 +295,13 @@ def _json_number(v: Any) -> float:
     return math.nan
 
 
-def _tokens(vals: np.ndarray, raw: Sequence[Any] | pd.Series, line_no: np.ndarray,
-                    key: str, name: str) -> np.ndarray:
+def _tokens(vals: np.ndarray, raw: Sequence[Any], line_no: np.ndarray,
+            key: str, name: str) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(vals) & (vals >= 1) & (vals <= MAX_TOKENS) & (vals == np.floor(vals))
     if not ok.all():
         i = int(np.argmin(ok))
-        v, r = float(vals[i]), raw[i] if isinstance(raw, list) else raw.iloc[i]
+        v, r = float(vals[i]), raw[i]
         if not math.isfinite(v):
             why = _why_not_number(r)
         elif v < 1:
@@ -364,12 +358,14 @@ def _azure_ns(col: pd.Series, line_no: np.ndarray, key: str, name: str) -> np.nd
     return ts.to_numpy().astype("datetime64[ns]").astype(np.int64)
 
 
-def _sort_order(t: np.ndarray, name: str) -> np.ndarray | None:
-    """Stable sort order if arrivals ever decrease (with a warning), else None."""
-    n_back = int(np.count_nonzero(np.diff(t) < 0))
-    if n_back == 0:
-        return None
-    warnings.warn(f"{name}: {n_back} row(s) arrive earlier than the row before them; "
-                  f"stable-sorted {len(t)} rows by arrival time (none dropped)",
-                  TraceWarning, stacklevel=4)
-    return np.argsort(t, kind="stable")
+def _sorted_trace(name: str, fmt: str, t_s: np.ndarray, prompt: np.ndarray,
+                  output: np.ndarray) -> Trace:
+    """Stable-sort by arrival if it ever decreases (with a warning); first arrival -> 0.0."""
+    n_back = int(np.count_nonzero(np.diff(t_s) < 0))
+    if n_back:
+        warnings.warn(f"{name}: {n_back} row(s) arrive earlier than the row before them; "
+                      f"stable-sorted {len(t_s)} rows by arrival time (none dropped)",
+                      TraceWarning, stacklevel=4)   # -> the caller of load_trace
+        order = np.argsort(t_s, kind="stable")
+        t_s, prompt, output = t_s[order], prompt[order], output[order]
+    return Trace(name, fmt, (t_s - t_s[0]).astype(np.float64), prompt, output)

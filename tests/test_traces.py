@@ -3,6 +3,7 @@ present), window/scale_rate, and clean errors on malformed input."""
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import hashlib
 import json
 import math
@@ -173,8 +174,13 @@ def test_scale_rate_by_hand() -> None:
 
 
 def test_trace_arrays_are_read_only() -> None:
+    mine = np.array([3, 4], dtype=np.int64)
+    tr = Trace("t", "lengths", None, mine, mine.copy())
     with pytest.raises(ValueError):
-        small().prompt_tokens[0] = 5
+        tr.prompt_tokens[0] = 5
+    mine[0] = 7   # the caller's own array stays writable
+    with pytest.raises(ValueError):
+        Trace("t", "lengths", None, mine, mine[:1])
 
 
 arrivals = st.lists(st.floats(0, 1e4, allow_nan=False), min_size=0, max_size=50).map(
@@ -255,6 +261,14 @@ def test_non_numeric_token_on_line_4(tmp_path: Path) -> None:
     assert m.startswith(f"{p}:4: ContextTokens = '12abc'") and "not a number" in m
 
 
+def test_csv_blank_lines_skipped_but_counted(tmp_path: Path) -> None:
+    head = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+    tr = load_trace(write(tmp_path, "ok.csv", head + "0.0,5,5\n\n1.5,6,6\n\n\n"))
+    np.testing.assert_array_equal(tr.prompt_tokens, [5, 6])
+    p = write(tmp_path, "b.csv", head + "0.0,5,5\n   \n1.5,x7,6\n")
+    assert f"{p}:4: num_prefill_tokens = 'x7'" in err(p)
+
+
 @pytest.mark.parametrize("value,why", [("-3", ">= 1"), ("0", ">= 1"), ("nan", "NaN"),
                                        ("inf", "finite"), ("2.5", "whole"),
                                        ("99999999999", "above"), ("", "missing")])
@@ -285,6 +299,10 @@ def test_invalid_json_on_line_3_counts_blank_lines(tmp_path: Path) -> None:
     assert ":2:" in m and "output_length" in m and "hash_ids" not in m
     m = err(write(tmp_path, "n.jsonl", good + '{"timestamp": 1, "input_length": NaN, "output_length": 2}\n'))
     assert ":2: input_length = nan" in m
+    m = err(write(tmp_path, "o.jsonl", good + '{"timestamp": 1, "input_length": 1%s, "output_length": 2}\n' % ("0" * 400)))
+    assert ":2: input_length = 1000" in m and "too large" in m
+    m = err(write(tmp_path, "p.jsonl", good + '{"timestamp": -5, "input_length": 1, "output_length": 2}\n'))
+    assert ":2: timestamp = -5" in m and ">= 0" in m
 
 
 def test_binary_junk_names_line(tmp_path: Path) -> None:
@@ -327,7 +345,8 @@ def test_sorted_file_does_not_warn(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------- fuzz
 
-def load_or_error(p: Path) -> None:
+def load_or_error(p: Path, rows: int | None = None) -> None:
+    """A valid Trace (with every row, if ``rows`` is known) or a TraceError; nothing else."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceWarning)
         try:
@@ -335,11 +354,21 @@ def load_or_error(p: Path) -> None:
         except TraceError:
             return
     assert_valid(tr)
+    assert rows is None or len(tr) == rows
 
 
-FUZZ = settings(max_examples=150, deadline=None,
+FUZZ = settings(max_examples=100, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
-row_text = st.text(st.sampled_from("0123456789.,-e:nN \r\n{}\"[]x"), max_size=30)
+junk = st.text(st.sampled_from("0123456789.,-e:nN \r\n{}\"[]x"), max_size=12)
+number = st.integers(-3, 20_000) | st.floats(-1e3, 1e12) | st.sampled_from([math.nan, math.inf, 1e99])
+stamp = st.datetimes().map(lambda d: d.strftime("%Y-%m-%d %H:%M:%S.%f") + "7")   # years 1..9999
+near_stamp = st.datetimes(dt.datetime(2023, 11, 16), dt.datetime(2023, 11, 17)).map(
+    lambda d: d.strftime("%Y-%m-%d %H:%M:%S.%f") + "7")
+# Mostly-valid fields reach the checks past the header and field count.
+VALID = {"stamp": near_stamp, "secs": st.floats(0, 4e3).map(str), "tok": st.integers(1, 9_000).map(str)}
+CSV_HEADS = {"TIMESTAMP,ContextTokens,GeneratedTokens": ("stamp", "tok", "tok"),
+             "arrived_at,num_prefill_tokens,num_decode_tokens": ("secs", "tok", "tok"),
+             "num_prefill_tokens,num_decode_tokens,pd_ratio": ("tok", "tok", "secs")}
 
 
 @FUZZ
@@ -350,9 +379,24 @@ def test_fuzz_random_bytes(tmp_path: Path, data: bytes, ext: str) -> None:
 
 
 @FUZZ
-@given(head=st.sampled_from([AZ_HEAD, "arrived_at,num_prefill_tokens,num_decode_tokens\n",
-                             "num_prefill_tokens,num_decode_tokens,pd_ratio\n",
-                             '{"timestamp": 0, "input_length": 5, "output_length": 1}\n']),
-       rows=st.lists(row_text, max_size=6))
-def test_fuzz_near_valid_rows(tmp_path: Path, head: str, rows: list[str]) -> None:
-    load_or_error(write(tmp_path, "near.jsonl" if head[0] == "{" else "near.csv", head + "\n".join(rows)))
+@given(data=st.data(), head=st.sampled_from(sorted(CSV_HEADS)), eol=st.sampled_from(["\n", "\r\n"]),
+       n_rows=st.integers(0, 8))
+def test_fuzz_near_valid_csv(tmp_path: Path, data: st.DataObject, head: str, eol: str, n_rows: int) -> None:
+    def field(kind: str) -> str:
+        ok = data.draw(st.integers(0, 9)) > 0
+        return data.draw(VALID[kind] if ok else (number.map(str) | junk | stamp))
+    text = eol.join([head] + [",".join(field(k) for k in CSV_HEADS[head]) for _ in range(n_rows)])
+    load_or_error(write(tmp_path, "near.csv", text), sum(1 for x in text.split("\n")[1:] if x.strip()))
+
+
+@FUZZ
+@given(rows=st.lists(st.fixed_dictionaries(
+    {"timestamp": st.integers(0, 10**7), "input_length": st.integers(1, 10**5),
+     "output_length": st.integers(1, 10**4)}, optional={"hash_ids": st.lists(st.integers())}), max_size=8),
+    bad_row=st.integers(0, 8), bad_key=st.sampled_from(["timestamp", "input_length", "output_length"]),
+    bad_value=number | st.none() | st.booleans() | junk | st.lists(st.integers(), max_size=2) | st.just(10**400))
+def test_fuzz_near_valid_jsonl(tmp_path: Path, rows: list[dict], bad_row: int, bad_key: str,
+                               bad_value: object) -> None:
+    if bad_row < len(rows):
+        rows[bad_row][bad_key] = bad_value
+    load_or_error(write(tmp_path, "near.jsonl", "".join(json.dumps(r) + "\n" for r in rows)), len(rows))
