@@ -3,42 +3,70 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import shutil
+import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
 from pdsim import config
 from pdsim.output import write_outputs
+from pdsim.report import build_report
 from pdsim.simulation import simulate
 
+REPO = Path(__file__).resolve().parents[1]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-class _Cells(HTMLParser):
+
+class _Report(HTMLParser):
+    """Collects the summary table's data-key cells, the best-marked row, images and every src/href."""
+
     def __init__(self):
         super().__init__()
+        self.in_summary = False
         self.topo = self.key = None
         self.cells: dict = {}
+        self.best_rows: list = []
         self.imgs: list = []
+        self.urls: list = []
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "tr" and "data-topology" in a:
-            self.topo = a["data-topology"]
-        if tag == "td" and "data-key" in a:
-            self.key = a["data-key"]
+        for k in ("src", "href"):
+            if a.get(k):
+                self.urls.append(a[k])
         if tag == "img":
             self.imgs.append(a.get("src", ""))
+        if tag == "table" and "summary" in (a.get("class") or "").split():
+            self.in_summary = True
+        if not self.in_summary:
+            return
+        if tag == "tr" and "data-topology" in a:
+            self.topo = a["data-topology"]
+            if "best" in (a.get("class") or "").split():
+                self.best_rows.append(self.topo)
+        if tag == "td" and "data-key" in a:
+            self.key = a["data-key"]
+            self.cells[(self.topo, self.key)] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "td":
+            self.key = None
+        if tag == "table":
+            self.in_summary = False
 
     def handle_data(self, data):
         if self.key:
-            self.cells[(self.topo, self.key)] = data
-            self.key = None
+            self.cells[(self.topo, self.key)] += data.strip()
 
 
-def _run(tmp_path, extra=None):
-    sc = config.load("scenarios/quickstart.yaml", ["workload.num_requests=120"] + (extra or []))
-    write_outputs(simulate(sc), sc, tmp_path)
-    return (tmp_path / "report.html").read_text(), json.loads((tmp_path / "summary.json").read_text())
+def _parse(html: str) -> _Report:
+    p = _Report()
+    p.feed(html)
+    return p
 
 
 def _value(d, dotted):
@@ -47,62 +75,111 @@ def _value(d, dotted):
     return d
 
 
-def test_report_numbers_equal_summary_json(tmp_path):
-    html, summary = _run(tmp_path)
-    p = _Cells()
-    p.feed(html)
-    assert len(p.cells) >= 3 * 10
-    for (topo, key), text in p.cells.items():
-        want = _value(summary["topologies"][topo], key)
-        if want is None:
-            assert text == "-"
-        else:
-            assert float(text) == pytest.approx(want, rel=1e-5), (topo, key)
-
-
-def test_self_contained_with_decodable_images(tmp_path):
-    html, _ = _run(tmp_path)
-    assert not re.search(r'(src|href)\s*=\s*"https?://', html)
-    p = _Cells()
-    p.feed(html)
+def _assert_self_contained(html: str, p: _Report):
+    assert not re.search(r'(src|href)\s*=\s*["\']?\s*(https?:)?//', html, re.I)
+    assert "<script" not in html.lower() and "<link" not in html.lower() and "@import" not in html
+    assert all(u.startswith("data:") or u.startswith("#") for u in p.urls), p.urls
     assert p.imgs
     for src in p.imgs:
         assert src.startswith("data:image/png;base64,")
-        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(html) < 3 * 1024 * 1024
+        assert base64.b64decode(src.split(",", 1)[1], validate=True)[:8] == PNG_SIGNATURE
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quick")
+    sc = config.load(str(REPO / "scenarios/quickstart.yaml"), ["workload.num_requests=150"])
+    write_outputs(simulate(sc), sc, out)
+    html = (out / "report.html").read_text(encoding="utf-8")
+    return out, html, json.loads((out / "summary.json").read_text())
+
+
+def test_report_numbers_equal_summary_json(quick):
+    _, html, summary = quick
+    p = _parse(html)
+    topos = summary["topologies"]
+    assert {t for t, _ in p.cells} == set(topos)
+    keys = {k for _, k in p.cells}
+    assert {"ttft_s.p50", "ttft_s.p90", "ttft_s.p99", "tpot_s.p90", "e2e_s.p99", "slo_attainment", "gpus",
+            "throughput.output_tokens_per_s_per_gpu", "cost_per_million_output_tokens_usd"} <= keys
+    assert len(p.cells) == len(topos) * len(keys)
+    for (topo, key), text in p.cells.items():
+        want = _value(topos[topo], key)
+        if want is None:
+            assert text == "-", (topo, key)
+        else:
+            assert float(text) == pytest.approx(want, rel=1e-6, abs=1e-12), (topo, key, text, want)
+
+
+def test_best_topology_is_marked(quick):
+    _, html, summary = quick
+    topos = summary["topologies"]
+
+    def rank(n):
+        t = topos[n]
+        att, cost = t["slo_attainment"], t["cost_per_million_output_tokens_usd"]
+        return (-1 if att is None else att, -(float("inf") if cost is None else cost))
+    assert _parse(html).best_rows == [max(topos, key=rank)]
+    assert "PASS" in html or "FAIL" in html
+
+
+def test_self_contained_small_and_has_all_sections(quick):
+    out, html, summary = quick
+    p = _parse(html)
+    _assert_self_contained(html, p)
+    assert (out / "report.html").stat().st_size < 3 * 1024 * 1024
+    for title in ("CDF of TTFT", "CDF of TPOT", "Where the time goes", "Over time per pool", "KV-cache transfer",
+                  'class="card'):
+        assert title in html
+    assert summary["scenario"]["name"] in html and str(summary["pdsim_version"]) in html
+
+
+def test_build_report_rebuilds_from_files(quick):
+    out, html, _ = quick
+    path = build_report(out)
+    assert path == out / "report.html"
+    assert _parse(path.read_text(encoding="utf-8")).cells == _parse(html).cells
 
 
 @pytest.mark.parametrize("n", [1, 5])
 def test_one_and_five_topologies_render(tmp_path, n):
-    topo = {"kind": "colocated", "replicas": 2, "device": "h100-sxm"}
-    raw = {"name": f"t{n}", "model": "llama-3.1-8b",
-           "workload": {"arrival": "poisson", "rate": 4, "num_requests": 40, "prompt_tokens": 300, "output_tokens": 20},
-           "topologies": {f"t{i}": {**topo, "replicas": i + 1} for i in range(n)}}
+    sc = config.load(str(REPO / "scenarios/quickstart.yaml"), ["workload.num_requests=40"])
+    raw = sc.model_dump(mode="json")
+    kinds = [{"kind": "colocated", "replicas": 1, "device": "h100-sxm"},
+             {"kind": "colocated", "replicas": 2, "device": "h100-sxm", "chunked_prefill": {"token_budget": 512}},
+             {"kind": "disaggregated", "prefill": {"instances": 1, "device": "h100-sxm"},
+              "decode": {"instances": 1, "device": "h100-sxm"}, "kv_link": {"preset": "infiniband"}}]
+    raw = {k: raw[k] for k in ("name", "description", "seed", "model", "workload", "slo") if k in raw}
+    raw["topologies"] = {f"t{i}": kinds[i % len(kinds)] for i in range(n)}
     sc = config.parse(raw, "x.yaml")
     write_outputs(simulate(sc), sc, tmp_path)
-    p = _Cells()
-    p.feed((tmp_path / "report.html").read_text())
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    p = _parse(html)
     assert {t for t, _ in p.cells} == {f"t{i}" for i in range(n)}
+    _assert_self_contained(html, p)
+    assert ("KV-cache transfer" in html) == (n >= 3)
 
 
-def test_headless_chromium_renders_offline(tmp_path):
-    import os
-    import shutil
-    import subprocess
-
+def test_headless_chromium_renders_offline(quick, tmp_path):
     import matplotlib.image as mpimg
+
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         if os.environ.get("CI"):
-            pytest.fail("chromium is not installed under CI (.ci/run installs Debian's chromium)")
+            pytest.fail("chromium is not installed under CI (apt-get install -y chromium)")
         pytest.skip("chromium not installed")
-    _run(tmp_path)
-    url = (tmp_path / "report.html").as_uri()
+    out, _, summary = quick
+    url = (out / "report.html").as_uri()
     base = [exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'prof'}",
-            "--proxy-server=127.0.0.1:9", "--window-size=1200,1600"]   # an unreachable proxy: no network
-    dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=90)
-    assert "pdsim report" in dom.stdout
+            "--proxy-server=127.0.0.1:9",        # an unreachable proxy: any external fetch would fail
+            "--window-size=1200,2000"]
+    dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert f"<title>pdsim report: {summary['scenario']['name']}</title>" in dom.stdout, dom.stderr[-2000:]
+    assert 'class="summary"' in dom.stdout
     shot = tmp_path / "shot.png"
-    subprocess.run(base + [f"--screenshot={shot}", url], capture_output=True, timeout=90)
+    r = subprocess.run(base + [f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+    assert shot.exists(), r.stderr[-2000:]
+    assert shot.read_bytes()[:8] == PNG_SIGNATURE
     img = mpimg.imread(shot)
-    assert img.std() > 0.01          # not a blank page
+    assert img.shape[0] > 100 and img.shape[1] > 100
+    assert img[..., :3].std() > 0.01          # not a single colour: the page painted
