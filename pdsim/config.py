@@ -218,7 +218,6 @@ class Scenario(_Strict):
     slo: SLOSpec = SLOSpec()
     horizon_s: PosFloat | None = None       # stop the clock here; requests still in flight are unfinished
     timeseries_bin_s: PosFloat | None = None  # default: about 200 bins over the run
-    step_by_step: bool = False              # disable the multi-step decode fast path (for checks)
     topologies: dict[str, Topology] = Field(min_length=1)
 
     # where relative paths in the file are resolved; not part of the YAML

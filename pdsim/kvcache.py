@@ -34,9 +34,6 @@ class KVCache:
         """Could a request of this many tokens be held by an otherwise empty pool?"""
         return self.blocks_for(tokens) <= self.total_blocks
 
-    def needed(self, req: Request, tokens: int) -> int:
-        return max(0, self.blocks_for(tokens) - req.blocks)
-
     def grow(self, req: Request, tokens: int, admit: bool = False) -> bool:
         """Make ``req`` hold blocks for ``tokens`` cached tokens; False (nothing changed) if the pool is short.
 
