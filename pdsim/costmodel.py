@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .devices import DeviceProfile
 from .models import ModelShape, dtype_bytes
 
@@ -41,6 +43,21 @@ class CostModel:
              batch: int) -> StepCost:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def decode_steps(self, batch: int, attn0: float, kv0: int, k: int):
+        """Costs of ``k`` consecutive pure-decode steps of the same ``batch`` requests.
+
+        Step i (0-based) has ``attn_work = attn0 + batch * i`` and ``kv_read_tokens =
+        kv0 + batch * i``: every context grows by one token a step.  Returns numpy arrays
+        (time_s, flops, bytes), each element what :meth:`step` gives for that step (the
+        multi-step fast path of :class:`pdsim.instance.Instance` relies on it).
+        This generic version calls ``step``; subclasses vectorise it.
+        """
+        out = np.empty((3, k))
+        for i in range(k):
+            c = self.step(batch, attn0 + batch * i, kv0 + batch * i, batch, batch)
+            out[0, i], out[1, i], out[2, i] = c.time_s, c.flops, c.bytes
+        return out[0], out[1], out[2]
+
     def prefill_time(self, prompt_tokens: int) -> float:
         """A lone prefill of a whole prompt (TTFT of an idle instance)."""
         p = prompt_tokens
@@ -60,6 +77,9 @@ class ConstantCost(CostModel):
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
         return StepCost(self.step_s, 0.0, 0.0)
 
+    def decode_steps(self, batch, attn0, kv0, k):
+        return np.full(k, float(self.step_s)), np.zeros(k), np.zeros(k)
+
 
 @dataclass
 class LinearCost(CostModel):
@@ -72,6 +92,10 @@ class LinearCost(CostModel):
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
         return StepCost(self.base_s + self.per_token_s * tokens + self.per_kv_token_s * kv_read_tokens,
                         0.0, 0.0)
+
+    def decode_steps(self, batch, attn0, kv0, k):
+        kv = kv0 + batch * np.arange(k, dtype=np.float64)
+        return (self.base_s + self.per_token_s * batch) + self.per_kv_token_s * kv, np.zeros(k), np.zeros(k)
 
 
 @dataclass
@@ -167,6 +191,34 @@ class RooflineCost(CostModel):
         if self.tp > 1:
             time_s += 2 * self.model.layers * self.device.allreduce_time(tokens * self.model.hidden * 2.0, self.tp)
         return StepCost(time_s, flops, bytes_)
+
+    def decode_steps(self, batch, attn0, kv0, k):
+        """The same arithmetic as :meth:`step`, in the same order, on arrays (bitwise equal results)."""
+        dev = self.device
+        if dev.tables is not None:      # measured tables interpolate per call
+            return CostModel.decode_steps(self, batch, attn0, kv0, k)
+        m, L = self.model, self.model.layers
+        i = np.arange(k, dtype=np.float64)
+        attn = attn0 + batch * i
+        kv = kv0 + batch * i
+        t_lin, f_lin, b_lin = self._linear(batch)
+        # _attention + DeviceProfile.attention_time(prefill=False), vectorised
+        flops_a = 4.0 * self.q_heads * m.head_dim * attn
+        bytes_a = kv * 2 * self.kv_heads_shard * m.head_dim * self.kv_bytes \
+            + batch * (self.q_heads + 2 * self.kv_heads_shard) * m.head_dim * 2.0
+        e = dev.spec.efficiency
+        c_eff, m_eff = e.attention_prefill * 0.5, e.attention_decode_memory
+        t_att = np.maximum(flops_a / (dev.peak_flops(self.compute_dtype) * c_eff), bytes_a / (dev.mem_bw_Bps * m_eff)) \
+            + e.kernel_overhead_us * 1e-6
+        time_s = t_lin + t_att * L + dev.step_overhead_s
+        flops, bytes_ = f_lin + flops_a * L, b_lin + bytes_a * L
+        _, n, kk = self.lm_head
+        time_s = time_s + dev.gemm_time(batch, n, kk, 2.0, 2.0, self.compute_dtype)
+        flops = flops + 2.0 * batch * n * kk
+        bytes_ = bytes_ + n * kk * 2.0
+        if self.tp > 1:
+            time_s = time_s + 2 * L * dev.allreduce_time(batch * m.hidden * 2.0, self.tp)
+        return time_s, flops, bytes_
 
     # --- memory -------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:

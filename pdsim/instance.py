@@ -1,13 +1,26 @@
 """One serving instance (a replica, or a member of a prefill or decode pool) as a SimPy process.
 
 The loop is plan -> timeout(step cost) -> apply: one event per step, never per
-token per request.  ``role`` says what happens when a prompt's prefill ends:
+token per request.  With ``fast`` on (the default), a run of pure-decode steps
+over an unchanged batch is one event: the instance opens a *window* of k steps
+whose times it knows in advance (contexts grow by one token a step, so the
+cost model gives the k step times at once and a cumulative sum their ends),
+sleeps to the window's end, and applies the k steps in bulk.  The window ends
+at the first step that finishes a request or would run short of KV blocks;
+an input that could change the next plan (a new request, an arriving KV
+transfer, blocks reserved by a transfer) cuts it after the step in flight, and
+any reader of the instance's state calls :meth:`Instance.sync` first.  Results
+equal the step-by-step loop's (``fast=False``) to float rounding; see
+tests/test_fastpath.py.  ``role`` says what happens when a prompt's prefill ends:
 ``both`` keeps decoding it here (colocated), ``prefill`` hands it off for a KV
 transfer (disaggregated), ``decode`` instances receive transferred requests.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
+
+import numpy as np
 
 from .costmodel import CostModel
 from .kvcache import KVCache
@@ -43,6 +56,59 @@ class Series:
         if kv_used > self.kv_max[i]:
             self.kv_max[i] = kv_used
         # spread busy time, FLOPs and bytes over the bins the step covers
+        if int((t0 + dur) / b) == i:
+            self.busy_s[i] += dur
+            self.flops[i] += flops
+            self.bytes[i] += bytes_
+        else:
+            self._spread(t0, dur, flops, bytes_)
+
+
+    def record_many(self, starts, durs, flops, bytes_, batch: int, queued: int, kv_used) -> None:
+        """``record`` for many steps at once (numpy arrays of equal length, starts ascending)."""
+        b = self.bin_s
+        ends = starts + durs
+        i0 = (starts / b).astype(np.int64)
+        i1 = (ends / b).astype(np.int64)
+        self._grow(int(i1[-1]))
+        lo, hi = int(i0[0]), int(i0[-1])
+        if lo == hi:                        # the usual case: the whole window in one bin
+            self.steps[lo] += len(starts)
+            self.batch_sum[lo] += batch * len(starts)
+            if queued > self.queue_max[lo]:
+                self.queue_max[lo] = queued
+            k = int(kv_used.max())
+            if k > self.kv_max[lo]:
+                self.kv_max[lo] = k
+        else:
+            for j, cnt in enumerate(np.bincount(i0 - lo)):
+                if cnt:
+                    self.steps[lo + j] += int(cnt)
+                    self.batch_sum[lo + j] += batch * int(cnt)
+                    if queued > self.queue_max[lo + j]:
+                        self.queue_max[lo + j] = queued
+            kmax = np.full(hi - lo + 1, -1, dtype=np.int64)
+            np.maximum.at(kmax, i0 - lo, kv_used)
+            for j, k in enumerate(kmax.tolist()):
+                if k > self.kv_max[lo + j]:
+                    self.kv_max[lo + j] = k
+        inside = i0 == i1
+        if inside.all() and lo == int(i1[-1]):
+            self.busy_s[lo] += float(durs.sum())
+            self.flops[lo] += float(flops.sum())
+            self.bytes[lo] += float(bytes_.sum())
+            return
+        idx = i0[inside] - lo
+        n = int(i1[-1]) - lo + 1
+        for arr, v in ((self.busy_s, durs), (self.flops, flops), (self.bytes, bytes_)):
+            add = np.bincount(idx, weights=v[inside], minlength=n)
+            for j in np.nonzero(add)[0].tolist():
+                arr[lo + j] += float(add[j])
+        for j in np.nonzero(~inside)[0].tolist():   # a step across a bin edge: spread it exactly
+            self._spread(float(starts[j]), float(durs[j]), float(flops[j]), float(bytes_[j]))
+
+    def _spread(self, t0: float, dur: float, flops: float, bytes_: float) -> None:
+        b = self.bin_s
         t, end = t0, t0 + dur
         while t < end:
             j = int(t / b)
@@ -58,9 +124,26 @@ class Series:
             t += seg
 
 
+class _Window:
+    """k pure-decode steps of one batch, planned at once (see the module docstring)."""
+    __slots__ = ("plan", "reqs", "c0", "blk1", "k", "t0", "ends", "times", "flops", "bytes", "used",
+                 "extra", "applied", "event", "gen")
+
+
+def _exact_delay(now: float, target: float) -> float:
+    """A delay d with ``now + d == target`` in floats (SimPy schedules at now + delay)."""
+    d = target - now
+    for _ in range(4):
+        got = now + d
+        if got == target:
+            break
+        d = np.nextafter(d, np.inf if got < target else -np.inf)
+    return max(0.0, float(d))
+
+
 class Instance:
     def __init__(self, env, name: str, pool: str, role: str, cost: CostModel, kv: KVCache, policy,
-                 limits: Limits, gpus: int, sink, bin_s: float):
+                 limits: Limits, gpus: int, sink, bin_s: float, fast: bool = True, max_window: int = 4096):
         self.env, self.name, self.pool, self.role = env, name, pool, role
         self.cost, self.kv, self.policy, self.limits = cost, kv, policy, limits
         self.gpus = gpus
@@ -72,6 +155,9 @@ class Instance:
         self.busy_s = self.flops = self.bytes = 0.0
         self.steps = 0
         self.series = Series(bin_s)
+        self.fast, self.max_window = fast and role != "prefill", max_window
+        self._win: _Window | None = None
+        self.windows = 0                   # fast-path windows opened (for the benchmark)
         self._wake = env.event()
         self.proc = env.process(self.run())
 
@@ -82,6 +168,8 @@ class Instance:
 
     def submit(self, req: Request) -> None:
         """A new request (or one re-routed) joins the queue."""
+        if self._win is not None:
+            self.cut()
         req.instance = self.name
         self.waiting.append(req)
         self.outstanding_tokens += (req.known - req.computed) if self.role == "prefill" else req.remaining
@@ -90,6 +178,8 @@ class Instance:
 
     def accept(self, req: Request) -> None:
         """A request whose KV has arrived (blocks already reserved) starts decoding here."""
+        if self._win is not None:
+            self.cut()
         req.decode_instance = self.name
         self.running.append(req)
         self.outstanding_tokens += req.remaining
@@ -111,6 +201,12 @@ class Instance:
                 self._wake = env.event()
                 yield self._wake
                 continue
+            if self.fast and plan.sampled == len(plan.items) == plan.tokens == len(self.running) \
+                    and not plan.preempted:
+                w = self._open(plan)
+                if w is not None:
+                    yield from self._run_window(w)
+                    continue
             c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled, len(plan.items))
             t0 = env.now
             yield env.timeout(c.time_s)
@@ -151,3 +247,133 @@ class Instance:
                 self.sink.prefill_done(req, self)
         if leaving:
             self.running = [r for r in self.running if r.status == UNFINISHED]
+
+    # --- the multi-step fast path ----------------------------------------------------
+    def _open(self, plan) -> _Window | None:
+        """A window over this pure-decode plan and the steps after it, or None if only one step is sure.
+
+        The plan came from the policy with nothing admitted (waiting is empty, or its head
+        does not fit: it will not fit later either, as free blocks only shrink and the batch
+        stays), nothing preempted, and one token for every running request.
+        """
+        reqs = [r for r, _ in plan.items]
+        k = self.max_window
+        for r in reqs:
+            if r.generated < 1:      # a one-token prompt's prefill: its first token is an event
+                return None
+            left = r.output_tokens - r.generated
+            if left < k:
+                k = left   # the step that finishes the first request ends it
+        if k < 2:
+            return None
+        bs = self.kv.block_size
+        c0 = np.fromiter((r.computed for r in reqs), np.int64, len(reqs))
+        blk1 = np.fromiter((r.blocks for r in reqs), np.int64, len(reqs))
+        free1 = self.kv.free_blocks
+        # blocks the batch needs by step j (1-based): ceil((c0 + j) / bs) beyond what it holds after step 1
+        need_k = np.maximum(0, -(-(c0 + k) // bs) - blk1).sum()
+        if need_k > free1:
+            lo, hi = 1, k            # largest j with need(j) <= free1; need(1) == 0
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if np.maximum(0, -(-(c0 + mid) // bs) - blk1).sum() <= free1:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+            if k < 2:
+                return None
+        B = len(reqs)
+        times, flops, bytes_ = self.cost.decode_steps(B, plan.attn_work, plan.kv_read_tokens, k)
+        w = _Window()
+        w.plan, w.reqs, w.c0, w.blk1, w.k, w.extra = plan, reqs, c0, blk1, k, 0
+        w.t0 = self.env.now
+        ends = np.empty(k + 1)
+        ends[0] = w.t0
+        ends[1:] = times
+        np.cumsum(ends, out=ends)            # sequential sums: the step-by-step loop's env.now values
+        w.ends, w.times, w.flops, w.bytes = ends, times, flops, bytes_
+        w.applied = 0
+        w.gen = 0
+        self.windows += 1
+        return w
+
+    def _run_window(self, w: _Window):
+        env = self.env
+        self._win = w
+        w.event = env.event()
+        self._arm(w)
+        yield w.event
+        # at the end of step k: bulk-apply steps 1..k-1, then step k as the loop would
+        self._settle(w, w.k - 1)
+        self._win = None
+        j = w.k - 1
+        t0, dur = float(w.ends[j]), float(w.times[j])
+        self.busy_s += dur
+        self.flops += float(w.flops[j])
+        self.bytes += float(w.bytes[j])
+        self.steps += 1
+        self.series.record(t0, dur, float(w.flops[j]), float(w.bytes[j]), len(w.reqs), len(self.waiting),
+                           self.kv.used_blocks)
+        self._apply(w.plan, t0)
+
+    def _arm(self, w: _Window) -> None:
+        """Wake the process at the end of step w.k (a stale timer from before a cut is ignored)."""
+        w.gen += 1
+        gen = w.gen
+        timer = self.env.timeout(_exact_delay(self.env.now, float(w.ends[w.k])))
+        timer.callbacks.append(lambda _ev: gen == w.gen and not w.event.triggered and w.event.succeed())
+
+    def _settle(self, w: _Window, j: int) -> None:
+        """Apply steps up to j (of the window) and the block growth of step j + 1, in bulk."""
+        d = j - w.applied
+        if d > 0:
+            a = w.applied
+            for r in w.reqs:
+                r.computed += d
+                r.generated += d
+            B = len(w.reqs)
+            self.outstanding_tokens -= B * d
+            self.decode_work -= B * d
+            durs = w.times[a:j]
+            self.busy_s += float(durs.sum())
+            self.flops += float(w.flops[a:j].sum())
+            self.bytes += float(w.bytes[a:j].sum())
+            self.steps += d
+            # KV in use during step i: after step i's growth (what the loop records at its end)
+            bs = self.kv.block_size
+            grown = np.maximum(0, -(-(w.c0[:, None] + np.arange(a + 1, j + 1)) // bs) - w.blk1[:, None]).sum(axis=0)
+            used = (self.kv.used_blocks - w.extra) + grown
+            self.series.record_many(w.ends[a:j], durs, w.flops[a:j], w.bytes[a:j], B, len(self.waiting), used)
+            w.applied = j
+        # the step in flight (j + 1) has grown its blocks
+        if j + 1 <= w.k:
+            bs = self.kv.block_size
+            target = np.maximum(w.blk1, -(-(w.c0 + j + 1) // bs))
+            extra = int((target - w.blk1).sum())
+            if extra != w.extra:
+                for r, b in zip(w.reqs, target.tolist()):
+                    r.blocks = b
+                self.kv.free_blocks -= extra - w.extra
+                w.extra = extra
+            used = self.kv.total_blocks - self.kv.free_blocks
+            if used > self.kv.peak_used:
+                self.kv.peak_used = used
+
+    def sync(self) -> None:
+        """Bring counters, requests and KV up to ``env.now`` (call before reading them mid-window)."""
+        w = self._win
+        if w is not None:
+            j = min(bisect_right(w.ends, self.env.now) - 1, w.k - 1)  # steps ended by now
+            if j > w.applied:
+                self._settle(w, j)
+
+    def cut(self) -> None:
+        """An input arrived: sync, and end the window after the step in flight."""
+        w = self._win
+        if w is None:
+            return
+        self.sync()
+        if w.applied + 1 < w.k:
+            w.k = w.applied + 1
+            self._arm(w)

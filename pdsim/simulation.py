@@ -24,6 +24,7 @@ class Context:
     kv_dtype: str
     base_dir: Path
     bin_s: float
+    fast: bool = True        # multi-step decode windows (False: one event per step, the reference)
 
 
 def resolve_model(sc: Scenario) -> ModelShape:
@@ -153,10 +154,10 @@ def _client(env, topo, sink, queue, think_s):
 
 
 def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: ModelShape,
-                 bin_s: float) -> TopologyResult:
+                 bin_s: float, fast: bool = True) -> TopologyResult:
     env = simpy.Environment()
     sink = Sink(env)
-    ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s)
+    ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s, fast)
     topo = build(name, spec, env, ctx, sink)
     topo.sink = sink
     reqs = [r.clone() for r in stream]
@@ -168,6 +169,8 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
         env.process(_open_loop(env, topo, reqs, model))
     env.run(until=sc.horizon_s)
     end = env.now
+    for inst in topo.instances:     # apply the steps of open fast-path windows that ended by now
+        inst.sync()
     check_conservation(name, topo, reqs, sc.horizon_s is not None)
     # SimPy numbers every scheduled event; reading its counter is the cheapest exact count
     eid = getattr(env, "_eid", None)
@@ -207,7 +210,8 @@ def default_bin_s(sc: Scenario, stream: list[Request]) -> float:
     return max(0.01, float(f"{span / 200:.1g}"))
 
 
-def simulate(sc: Scenario, progress: bool = False) -> list[TopologyResult]:
+def simulate(sc: Scenario, progress: bool = False, fast: bool = True) -> list[TopologyResult]:
+    """Every topology of ``sc`` on the same request stream.  ``fast=False``: step-by-step reference loop."""
     model = resolve_model(sc)
     stream = generate(sc, model)
     bin_s = default_bin_s(sc, stream)
@@ -219,5 +223,5 @@ def simulate(sc: Scenario, progress: bool = False) -> list[TopologyResult]:
     for name, spec in sc.topologies.items():
         if progress:
             print(f"pdsim: simulating {name} ({len(stream)} requests)...", file=sys.stderr, flush=True)
-        out.append(run_topology(sc, name, spec, stream, model, bin_s))
+        out.append(run_topology(sc, name, spec, stream, model, bin_s, fast))
     return out

@@ -20,22 +20,30 @@ from .workload import FINISHED, REJECTED, UNFINISHED, Request
 
 
 # --- routing policies: (instances, request) -> instance ------------------------------------
+# Policies that read instance state sync the instances first (a fast-path window may be open).
 def round_robin():
     counter = itertools.count()
     return lambda insts, req: insts[next(counter) % len(insts)]
 
 
+def _synced(insts):
+    for i in insts:
+        i.sync()
+    return insts
+
+
 def least_outstanding():
-    return lambda insts, req: min(insts, key=lambda i: i.outstanding_tokens)
+    return lambda insts, req: min(_synced(insts), key=lambda i: i.outstanding_tokens)
 
 
 def least_loaded():
-    return lambda insts, req: min(insts, key=lambda i: (i.kv.used_blocks + i.reserved_blocks, len(i.running)))
+    return lambda insts, req: min(_synced(insts), key=lambda i: (i.kv.used_blocks + i.reserved_blocks,
+                                                                 len(i.running)))
 
 
 def least_decode_work():
     # an oracle that knows output lengths, as a simulator can: balances the decode tokens to come
-    return lambda insts, req: min(insts, key=lambda i: i.decode_work)
+    return lambda insts, req: min(_synced(insts), key=lambda i: i.decode_work)
 
 
 ROUTERS = {"round_robin": round_robin, "least_outstanding": least_outstanding}
@@ -91,7 +99,8 @@ class Pool:
         policy = SCHEDULERS[spec.scheduler_name]
         self.instances = [
             Instance(env, f"{name}-{i}", name, role, self.cost,
-                     KVCache(blocks, spec.block_size, spec.watermark), policy, limits, spec.tp, sink, ctx.bin_s)
+                     KVCache(blocks, spec.block_size, spec.watermark), policy, limits, spec.tp, sink, ctx.bin_s,
+                     fast=ctx.fast)
             for i in range(count)]
         for inst in self.instances:
             inst.reserved_blocks = 0       # decode side: blocks held for KV still on the wire
@@ -195,8 +204,13 @@ class Disaggregated:
 
     def _reserve(self, dec, req):
         """Blocks on the decode side for the arriving KV; FIFO per decode instance."""
-        return len(dec.running) + dec.reserved_count < dec.limits.max_running and \
-            dec.kv.reserve(req, req.prompt_tokens)
+        if len(dec.running) + dec.reserved_count >= dec.limits.max_running:
+            return False
+        dec.sync()
+        if not dec.kv.reserve(req, req.prompt_tokens):
+            return False
+        dec.cut()        # fewer free blocks: the decode window may not grow as planned
+        return True
 
     def _handoff(self, req: Request, src: Instance):
         env = self.env
