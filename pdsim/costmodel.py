@@ -107,6 +107,7 @@ class RooflineCost(CostModel):
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     _linear_cache: dict = field(default_factory=dict, repr=False)
+    _decode_cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         m, t = self.model, self.tp
@@ -192,32 +193,42 @@ class RooflineCost(CostModel):
             time_s += 2 * self.model.layers * self.device.allreduce_time(tokens * self.model.hidden * 2.0, self.tp)
         return StepCost(time_s, flops, bytes_)
 
-    def decode_steps(self, batch, attn0, kv0, k):
-        """The same arithmetic as :meth:`step`, in the same order, on arrays (bitwise equal results)."""
-        dev = self.device
-        if dev.tables is not None:      # measured tables interpolate per call
-            return CostModel.decode_steps(self, batch, attn0, kv0, k)
-        m, L = self.model, self.model.layers
-        i = np.arange(k, dtype=np.float64)
-        attn = attn0 + batch * i
-        kv = kv0 + batch * i
+    def _decode_consts(self, batch: int):
+        """Per batch size: the step's constant (time, flops, bytes) and attention coefficients."""
+        hit = self._decode_cache.get(batch)
+        if hit is not None:
+            return hit
+        dev, m, L = self.device, self.model, self.model.layers
         t_lin, f_lin, b_lin = self._linear(batch)
-        # _attention + DeviceProfile.attention_time(prefill=False), vectorised
-        flops_a = 4.0 * self.q_heads * m.head_dim * attn
-        bytes_a = kv * 2 * self.kv_heads_shard * m.head_dim * self.kv_bytes \
-            + batch * (self.q_heads + 2 * self.kv_heads_shard) * m.head_dim * 2.0
-        e = dev.spec.efficiency
-        c_eff, m_eff = e.attention_prefill * 0.5, e.attention_decode_memory
-        t_att = np.maximum(flops_a / (dev.peak_flops(self.compute_dtype) * c_eff), bytes_a / (dev.mem_bw_Bps * m_eff)) \
-            + e.kernel_overhead_us * 1e-6
-        time_s = t_lin + t_att * L + dev.step_overhead_s
-        flops, bytes_ = f_lin + flops_a * L, b_lin + bytes_a * L
         _, n, kk = self.lm_head
-        time_s = time_s + dev.gemm_time(batch, n, kk, 2.0, 2.0, self.compute_dtype)
-        flops = flops + 2.0 * batch * n * kk
-        bytes_ = bytes_ + n * kk * 2.0
+        t_c = t_lin + dev.step_overhead_s + dev.gemm_time(batch, n, kk, 2.0, 2.0, self.compute_dtype)
         if self.tp > 1:
-            time_s = time_s + 2 * L * dev.allreduce_time(batch * m.hidden * 2.0, self.tp)
+            t_c += 2 * L * dev.allreduce_time(batch * m.hidden * 2.0, self.tp)
+        e = dev.spec.efficiency
+        f_per_work = 4.0 * self.q_heads * m.head_dim            # attention FLOPs per unit of attn_work
+        b_per_kv = 2 * self.kv_heads_shard * m.head_dim * self.kv_bytes
+        b_fixed = batch * (self.q_heads + 2 * self.kv_heads_shard) * m.head_dim * 2.0
+        hit = (t_c, f_lin + 2.0 * batch * n * kk, b_lin + n * kk * 2.0, f_per_work, b_per_kv, b_fixed,
+               1.0 / (dev.peak_flops(self.compute_dtype) * e.attention_prefill * 0.5),
+               1.0 / (dev.mem_bw_Bps * e.attention_decode_memory), e.kernel_overhead_us * 1e-6)
+        if len(self._decode_cache) < 4096:
+            self._decode_cache[batch] = hit
+        return hit
+
+    def decode_steps(self, batch, attn0, kv0, k):
+        """:meth:`step` for decode steps on arrays: attention is affine in the step index, so a
+        few numpy operations give all k steps (equal to ``step`` to ~1e-15 relative)."""
+        if self.device.tables is not None:      # measured tables interpolate per call
+            return CostModel.decode_steps(self, batch, attn0, kv0, k)
+        t_c, f_c, b_c, f_w, b_kv, b_fixed, inv_c, inv_m, ovh = self._decode_consts(batch)
+        L = self.model.layers
+        i = np.arange(k, dtype=np.float64)
+        fa0, fa1 = f_w * attn0, f_w * batch          # attention FLOPs of step i: fa0 + fa1 * i
+        ba0, ba1 = b_kv * kv0 + b_fixed, b_kv * batch
+        t_att = np.maximum(fa0 * inv_c + (fa1 * inv_c) * i, ba0 * inv_m + (ba1 * inv_m) * i)
+        time_s = t_att * L + (t_c + ovh * L)
+        flops = (f_c + fa0 * L) + (fa1 * L) * i
+        bytes_ = (b_c + ba0 * L) + (ba1 * L) * i
         return time_s, flops, bytes_
 
     # --- memory -------------------------------------------------------------

@@ -64,44 +64,52 @@ class Series:
             self._spread(t0, dur, flops, bytes_)
 
 
-    def record_many(self, starts, durs, flops, bytes_, batch: int, queued: int, kv_used) -> None:
-        """``record`` for many steps at once (numpy arrays of equal length, starts ascending)."""
+    def record_many(self, starts, durs, flops, bytes_, batch: int, queued: int, kv_used_at,
+                    sums: tuple | None = None) -> None:
+        """``record`` for many steps at once (numpy arrays, starts ascending).
+
+        ``kv_used_at(positions)`` gives the blocks in use during those steps; it must be
+        non-decreasing over the steps (a decode window only grows), so a bin's maximum is
+        its last step's value and only those are asked for.
+        """
         b = self.bin_s
+        n = len(starts)
         ends = starts + durs
-        i0 = (starts / b).astype(np.int64)
-        i1 = (ends / b).astype(np.int64)
-        self._grow(int(i1[-1]))
-        lo, hi = int(i0[0]), int(i0[-1])
+        lo, hi = int(starts[0] / b), int(ends[-1] / b)
+        self._grow(hi)
         if lo == hi:                        # the usual case: the whole window in one bin
-            self.steps[lo] += len(starts)
-            self.batch_sum[lo] += batch * len(starts)
+            self.steps[lo] += n
+            self.batch_sum[lo] += batch * n
             if queued > self.queue_max[lo]:
                 self.queue_max[lo] = queued
-            k = int(kv_used.max())
+            k = int(kv_used_at(np.array([n - 1]))[0])
             if k > self.kv_max[lo]:
                 self.kv_max[lo] = k
-        else:
-            for j, cnt in enumerate(np.bincount(i0 - lo)):
-                if cnt:
-                    self.steps[lo + j] += int(cnt)
-                    self.batch_sum[lo + j] += batch * int(cnt)
-                    if queued > self.queue_max[lo + j]:
-                        self.queue_max[lo + j] = queued
-            kmax = np.full(hi - lo + 1, -1, dtype=np.int64)
-            np.maximum.at(kmax, i0 - lo, kv_used)
-            for j, k in enumerate(kmax.tolist()):
-                if k > self.kv_max[lo + j]:
-                    self.kv_max[lo + j] = k
-        inside = i0 == i1
-        if inside.all() and lo == int(i1[-1]):
-            self.busy_s[lo] += float(durs.sum())
-            self.flops[lo] += float(flops.sum())
-            self.bytes[lo] += float(bytes_.sum())
+            if sums is None:
+                sums = (float(durs.sum()), float(flops.sum()), float(bytes_.sum()))
+            self.busy_s[lo] += sums[0]
+            self.flops[lo] += sums[1]
+            self.bytes[lo] += sums[2]
             return
+        i0 = (starts / b).astype(np.int64)
+        i1 = (ends / b).astype(np.int64)
+        counts = np.bincount(i0 - lo)
+        last = np.cumsum(counts) - 1                      # last step of each bin (where counts > 0)
+        has = np.nonzero(counts)[0]
+        kv = kv_used_at(last[has])
+        for j, cnt, k in zip(has.tolist(), counts[has].tolist(), kv.tolist()):
+            i = lo + j
+            self.steps[i] += cnt
+            self.batch_sum[i] += batch * cnt
+            if queued > self.queue_max[i]:
+                self.queue_max[i] = queued
+            if k > self.kv_max[i]:
+                self.kv_max[i] = k
+        inside = i0 == i1
         idx = i0[inside] - lo
-        n = int(i1[-1]) - lo + 1
+        m = hi - lo + 1
         for arr, v in ((self.busy_s, durs), (self.flops, flops), (self.bytes, bytes_)):
-            add = np.bincount(idx, weights=v[inside], minlength=n)
+            add = np.bincount(idx, weights=v[inside], minlength=m)
             for j in np.nonzero(add)[0].tolist():
                 arr[lo + j] += float(add[j])
         for j in np.nonzero(~inside)[0].tolist():   # a step across a bin edge: spread it exactly
@@ -127,7 +135,7 @@ class Series:
 class _Window:
     """k pure-decode steps of one batch, planned at once (see the module docstring)."""
     __slots__ = ("plan", "reqs", "c0", "blk1", "k", "t0", "ends", "times", "flops", "bytes", "used",
-                 "extra", "applied", "event", "gen")
+                 "extra", "applied", "event", "gen", "grown", "blk1_sum", "need")
 
 
 def _exact_delay(now: float, target: float) -> float:
@@ -271,7 +279,7 @@ class Instance:
         blk1 = np.fromiter((r.blocks for r in reqs), np.int64, len(reqs))
         free1 = self.kv.free_blocks
         # blocks the batch needs by step j (1-based): ceil((c0 + j) / bs) beyond what it holds after step 1
-        need_k = np.maximum(0, -(-(c0 + k) // bs) - blk1).sum()
+        need_k = int(np.maximum(0, -(-(c0 + k) // bs) - blk1).sum())
         if need_k > free1:
             lo, hi = 1, k            # largest j with need(j) <= free1; need(1) == 0
             while lo < hi:
@@ -283,6 +291,7 @@ class Instance:
             k = lo
             if k < 2:
                 return None
+            need_k = int(np.maximum(0, -(-(c0 + k) // bs) - blk1).sum())
         B = len(reqs)
         times, flops, bytes_ = self.cost.decode_steps(B, plan.attn_work, plan.kv_read_tokens, k)
         w = _Window()
@@ -295,6 +304,9 @@ class Instance:
         w.ends, w.times, w.flops, w.bytes = ends, times, flops, bytes_
         w.applied = 0
         w.gen = 0
+        w.grown = 1                      # step 1's blocks were grown by the policy
+        w.blk1_sum = int(blk1.sum())
+        w.need = need_k                  # blocks the window grows by its last step
         self.windows += 1
         return w
 
@@ -327,6 +339,7 @@ class Instance:
     def _settle(self, w: _Window, j: int) -> None:
         """Apply steps up to j (of the window) and the block growth of step j + 1, in bulk."""
         d = j - w.applied
+        bs = self.kv.block_size
         if d > 0:
             a = w.applied
             for r in w.reqs:
@@ -335,30 +348,54 @@ class Instance:
             B = len(w.reqs)
             self.outstanding_tokens -= B * d
             self.decode_work -= B * d
-            durs = w.times[a:j]
-            self.busy_s += float(durs.sum())
-            self.flops += float(w.flops[a:j].sum())
-            self.bytes += float(w.bytes[a:j].sum())
+            durs, fl, by = w.times[a:j], w.flops[a:j], w.bytes[a:j]
+            sums = (float(durs.sum()), float(fl.sum()), float(by.sum()))
+            self.busy_s += sums[0]
+            self.flops += sums[1]
+            self.bytes += sums[2]
             self.steps += d
-            # KV in use during step i: after step i's growth (what the loop records at its end)
-            bs = self.kv.block_size
-            grown = np.maximum(0, -(-(w.c0[:, None] + np.arange(a + 1, j + 1)) // bs) - w.blk1[:, None]).sum(axis=0)
-            used = (self.kv.used_blocks - w.extra) + grown
-            self.series.record_many(w.ends[a:j], durs, w.flops[a:j], w.bytes[a:j], B, len(self.waiting), used)
+            base = self.kv.used_blocks - w.extra
+            c0, blk1 = w.c0, w.blk1
+
+            def used_at(pos):   # KV in use during step a + 1 + pos: after that step's growth
+                if len(pos) == 1:
+                    return np.array([base + int(np.maximum(0, -(-(c0 + (a + 1 + int(pos[0]))) // bs) - blk1).sum())])
+                steps = (a + 1 + pos)[None, :]
+                return base + np.maximum(0, -(-(c0[:, None] + steps) // bs) - blk1[:, None]).sum(axis=0)
+
+            self.series.record_many(w.ends[a:j], durs, fl, by, B, len(self.waiting), used_at, sums)
             w.applied = j
+        elif w.grown == j + 1:
+            return
         # the step in flight (j + 1) has grown its blocks
-        if j + 1 <= w.k:
-            bs = self.kv.block_size
-            target = np.maximum(w.blk1, -(-(w.c0 + j + 1) // bs))
-            extra = int((target - w.blk1).sum())
-            if extra != w.extra:
-                for r, b in zip(w.reqs, target.tolist()):
-                    r.blocks = b
-                self.kv.free_blocks -= extra - w.extra
-                w.extra = extra
+        w.grown = j + 1
+        target = np.maximum(w.blk1, -(-(w.c0 + (j + 1)) // bs))
+        extra = int(target.sum()) - w.blk1_sum
+        if extra != w.extra:
+            for r, b in zip(w.reqs, target.tolist()):
+                r.blocks = b
+            self.kv.free_blocks -= extra - w.extra
+            w.extra = extra
             used = self.kv.total_blocks - self.kv.free_blocks
             if used > self.kv.peak_used:
                 self.kv.peak_used = used
+
+    def _done_unapplied(self) -> int:
+        """Steps of the open window that have ended by now but are not applied yet."""
+        w = self._win
+        return min(bisect_right(w.ends, self.env.now) - 1, w.k - 1) - w.applied
+
+    def load_tokens(self) -> int:
+        """``outstanding_tokens`` as of now, without settling the window (the router's signal)."""
+        if self._win is None:
+            return self.outstanding_tokens
+        return self.outstanding_tokens - len(self._win.reqs) * self._done_unapplied()
+
+    def load_decode(self) -> int:
+        """``decode_work`` as of now, without settling the window."""
+        if self._win is None:
+            return self.decode_work
+        return self.decode_work - len(self._win.reqs) * self._done_unapplied()
 
     def sync(self) -> None:
         """Bring counters, requests and KV up to ``env.now`` (call before reading them mid-window)."""
@@ -367,6 +404,14 @@ class Instance:
             j = min(bisect_right(w.ends, self.env.now) - 1, w.k - 1)  # steps ended by now
             if j > w.applied:
                 self._settle(w, j)
+
+    def blocks_taken(self) -> None:
+        """Blocks of this pool were taken from outside (a KV reservation): cut only if the window needs them."""
+        w = self._win
+        if w is not None:
+            self.sync()
+            if w.need - w.extra > self.kv.free_blocks:
+                self.cut()
 
     def cut(self) -> None:
         """An input arrived: sync, and end the window after the step in flight."""

@@ -33,7 +33,7 @@ def _synced(insts):
 
 
 def least_outstanding():
-    return lambda insts, req: min(_synced(insts), key=lambda i: i.outstanding_tokens)
+    return lambda insts, req: min(insts, key=lambda i: i.load_tokens())
 
 
 def least_loaded():
@@ -43,7 +43,7 @@ def least_loaded():
 
 def least_decode_work():
     # an oracle that knows output lengths, as a simulator can: balances the decode tokens to come
-    return lambda insts, req: min(_synced(insts), key=lambda i: i.decode_work)
+    return lambda insts, req: min(insts, key=lambda i: i.load_decode())
 
 
 ROUTERS = {"round_robin": round_robin, "least_outstanding": least_outstanding}
@@ -209,7 +209,7 @@ class Disaggregated:
         dec.sync()
         if not dec.kv.reserve(req, req.prompt_tokens):
             return False
-        dec.cut()        # fewer free blocks: the decode window may not grow as planned
+        dec.blocks_taken()   # fewer free blocks: the decode window may not grow as planned
         return True
 
     def _handoff(self, req: Request, src: Instance):
