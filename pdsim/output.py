@@ -19,7 +19,8 @@ def _clean(x):
     return x
 
 
-def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = False) -> dict:
+def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = False,
+                  report: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     df = metrics.requests_frame(results)
     df.to_csv(out / "requests.csv", index=False, float_format="%.9g")
@@ -30,6 +31,8 @@ def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = 
                "scenario": sc.model_dump(mode="json")}
     summary = _clean(summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if not report:
+        return summary
     try:
         from .report import build_report
     except ImportError:
