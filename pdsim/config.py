@@ -21,6 +21,12 @@ PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PosInt = Annotated[int, Field(gt=0, le=10**9)]
 
+#: bounds that keep a run inside memory and floating point: beyond them a value is a typo
+MAX_REQUESTS = 10_000_000        # Request objects in memory; a 10M-request run is hours of wall time
+MAX_INSTANCES = 4096             # replicas / instances per pool
+Requests = Annotated[int, Field(gt=0, le=MAX_REQUESTS)]
+Instances = Annotated[int, Field(gt=0, le=MAX_INSTANCES)]
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -65,7 +71,7 @@ class ChunkedPrefillSpec(_Strict):
 
 class PoolSpec(_Strict):
     """One kind of serving instance: device, tensor parallelism, batching limits, memory."""
-    instances: PosInt = 1
+    instances: Instances = 1
     tp: PosInt = 1
     device: str = "h100-sxm"
     scheduler: Literal["fcfs", "chunked"] = "fcfs"
@@ -91,7 +97,7 @@ class PoolSpec(_Strict):
 
 class ColocatedSpec(PoolSpec):
     kind: Literal["colocated"]
-    replicas: PosInt = 1
+    replicas: Instances = 1
     router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
 
 
@@ -104,7 +110,8 @@ LINK_PRESETS = {
 
 class KVLinkSpec(_Strict):
     preset: Literal["nvlink", "infiniband", "roce", "ethernet", "pcie"] | None = None
-    bandwidth_GBps: PosFloat | None = None     # per GPU of the prefill instance, one direction
+    # per GPU of the prefill instance, one direction; >= 1 MB/s (5e-324 made transfer times overflow)
+    bandwidth_GBps: Annotated[float, Field(ge=1e-3, allow_inf_nan=False)] | None = None
     latency_us: NonNegFloat | None = None
     layerwise_overlap: bool = False
     shared: bool = False                       # one link for the whole pool instead of one per prefill instance
@@ -174,11 +181,13 @@ class LengthSpec(_Strict):
 
 class WorkloadSpec(_Strict):
     arrival: Literal["poisson", "gamma", "constant", "closed", "trace"] = "poisson"
-    rate: PosFloat | None = None            # requests per second (open loop)
-    cv: PosFloat = 1.0                      # gamma inter-arrival coefficient of variation
-    clients: PosInt | None = None           # closed loop: concurrent users
+    # requests per second (open loop); >= 1e-9 so that 1/rate stays finite
+    rate: Annotated[float, Field(ge=1e-9, allow_inf_nan=False)] | None = None
+    # gamma inter-arrival coefficient of variation; the shape 1/cv^2 must stay finite and nonzero
+    cv: Annotated[float, Field(ge=1e-3, le=1e3, allow_inf_nan=False)] = 1.0
+    clients: Requests | None = None         # closed loop: concurrent users
     think_s: NonNegFloat = 0.0              # closed loop: pause between a reply and the next request
-    num_requests: PosInt | None = None
+    num_requests: Requests | None = None
     duration_s: PosFloat | None = None      # open loop: arrivals in [0, duration_s)
     prompt_tokens: LengthSpec = LengthSpec(value=512)
     output_tokens: LengthSpec = LengthSpec(value=128)
@@ -196,6 +205,10 @@ class WorkloadSpec(_Strict):
             raise ValueError("give num_requests or duration_s")
         if self.arrival == "closed" and self.num_requests is None:
             raise ValueError("arrival: closed needs num_requests")
+        if self.rate is not None and self.num_requests is None and self.duration_s is not None \
+                and self.arrival != "trace" and self.rate * self.duration_s > MAX_REQUESTS:
+            raise ValueError(f"rate x duration_s = {self.rate * self.duration_s:.3g} requests, more than "
+                             f"{MAX_REQUESTS:,}; give num_requests or a shorter duration_s")
         return self
 
 
@@ -210,7 +223,7 @@ class SLOSpec(_Strict):
 class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**63 - 1)   # numpy seeds are non-negative
     model: str | InlineModel = "llama-3.1-8b"
     weight_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] = "bf16"
     kv_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8"] = "bf16"
@@ -227,6 +240,21 @@ class Scenario(_Strict):
         p = Path(path)
         return p if p.is_absolute() else Path(self.base_dir) / p
 
+    @model_validator(mode="after")
+    def _resolve_device_paths(self):
+        """A pool's ``device: profiles/x.yaml`` is relative to the scenario file, as trace paths are,
+        never to the working directory (``devices.get_device`` would look there first)."""
+        for topo in self.topologies.values():
+            for pool in (topo,) if isinstance(topo, ColocatedSpec) else (topo.prefill, topo.decode):
+                if _is_profile_path(pool.device) and not Path(pool.device).is_absolute():
+                    pool.device = str(self.resolve(pool.device))
+        return self
+
+
+def _is_profile_path(device: str) -> bool:
+    """The rule of ``devices.get_device``: a preset name has no '/' and no file suffix."""
+    return device.endswith((".yaml", ".yml", ".json")) or "/" in device
+
 
 # --- loading -----------------------------------------------------------------------
 def _vocabulary() -> set[str]:
@@ -241,7 +269,8 @@ _TAGS = {"colocated", "disaggregated", "str", "InlineModel", "function-after[_ne
 
 
 def _key(loc) -> str:
-    parts = [str(p) for p in loc if str(p) not in _TAGS and not str(p).startswith(("function-", "json-or-python"))]
+    parts = [str(p) for p in loc if str(p) not in _TAGS and str(p) != "[key]"
+             and not str(p).startswith(("function-", "json-or-python"))]
     return ".".join(parts)
 
 
@@ -249,9 +278,12 @@ def validation_error(exc: ValidationError, file: str | None) -> ConfigError:
     """The first pydantic error as one line: file, dotted key, value, and a did-you-mean for typos."""
     errs = exc.errors()
     # prefer a concrete error over "expected str" noise from the model: str | InlineModel union
-    err = next((e for e in errs if e["type"] == "extra_forbidden"), errs[0])
+    err = next((e for e in errs if e["type"] in ("extra_forbidden", "invalid_key")
+                or (e["type"] == "string_type" and e["loc"][-1:] == ("[key]",))), errs[0])
     key = _key(err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "invalid_key" or err["loc"][-1:] == ("[key]",):   # {1: ...}, {true: ...}, {null: ...}
+        return ConfigError(f"a key must be a string, not {type(err['input']).__name__}", file=file, key=key)
     if err["type"] == "extra_forbidden":
         last = str(err["loc"][-1])
         close = difflib.get_close_matches(last, sorted(_vocabulary()), n=1, cutoff=0.6)
@@ -293,6 +325,8 @@ def parse(raw: Any, file: str | None = None, overrides: list[str] | None = None,
     if not isinstance(raw, dict):
         raise ConfigError("a scenario must be a YAML mapping", file=file)
     raw = apply_overrides(raw, overrides or [], file)
+    if "base_dir" in raw:   # set from the file's location below, never from the file
+        raise ConfigError("unknown key", file=file, key="base_dir")
     try:
         sc = Scenario.model_validate({**raw, "base_dir": str(base_dir)})
     except ValidationError as exc:
@@ -313,24 +347,108 @@ def _check_numbers(node, file, path=""):
         raise ConfigError("must be a finite number", file=file, key=path, value=node, has_value=True)
 
 
+#: a scenario is a few hundred nodes, six levels deep; these bounds stop alias bombs
+#: ("billion laughs") and deep nesting before anything walks the tree
+MAX_YAML_NODES = 1_000_000      # counting every alias as a copy of what it names
+MAX_YAML_DEPTH = 64
+MAX_YAML_BYTES = 16 * 1024 * 1024
+
+
+def _check_tree(root, file: str) -> None:
+    """Reject a composed YAML graph whose expanded size or depth is out of bounds, or that refers to itself."""
+    sizes: dict[int, int] = {}      # id(node) -> expanded node count (memo: shared aliases counted once each)
+    active: set[int] = set()        # nodes on the current path (a cycle is an alias to an ancestor)
+
+    def size(node, depth: int) -> int:
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"YAML nested more than {MAX_YAML_DEPTH} levels deep", file=file,
+                              line=node.start_mark.line + 1)
+        k = id(node)
+        if k in sizes:
+            return sizes[k]
+        if k in active:
+            raise ConfigError("YAML alias refers to a node that contains it", file=file,
+                              line=node.start_mark.line + 1)
+        n = 1
+        if isinstance(node, yaml.MappingNode):   # PyYAML would keep the last of two equal keys silently
+            seen: dict[tuple[str, str], int] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if (key.tag, key.value) in seen:
+                        raise ConfigError(f"duplicate key (first on line {seen[key.tag, key.value]})",
+                                          file=file, key=str(key.value), line=key.start_mark.line + 1)
+                    seen[key.tag, key.value] = key.start_mark.line + 1
+        if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
+            active.add(k)
+            children = node.value if isinstance(node, yaml.SequenceNode) else \
+                [c for pair in node.value for c in pair]
+            for c in children:
+                n += size(c, depth + 1)
+                if n > MAX_YAML_NODES:
+                    raise ConfigError(f"YAML expands to more than {MAX_YAML_NODES:,} nodes "
+                                      "(aliases nested in aliases?)", file=file, line=node.start_mark.line + 1)
+            active.discard(k)
+        sizes[k] = n
+        return n
+
+    size(root, 0)
+
+
+class _ValueErrorsAsYAML:
+    """Value errors while building (a 5000-digit int, month 13, a bad !!timestamp) become YAML errors with a line."""
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, AttributeError, OverflowError, LookupError) as exc:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read value {node.value!r:.60}: {str(exc) or type(exc).__name__}"
+                if isinstance(node, yaml.ScalarNode) else f"cannot read value: {exc}", node.start_mark) from None
+
+
+class _PyLoader(_ValueErrorsAsYAML, yaml.SafeLoader):
+    """The pure-Python parser: used where PyYAML was built without libyaml."""
+
+
+#: libyaml's parser when PyYAML has it: ~30x faster on a large file, and it caps nesting itself
+_Loader = type("_Loader", (_ValueErrorsAsYAML, yaml.CSafeLoader), {}) if getattr(yaml, "CSafeLoader", None) \
+    else _PyLoader
+
+
 def read_yaml(path: str | Path) -> Any:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("scenario file not found" if not path.is_dir() else "is a directory, not a file",
-                          file=str(path))
-    if path.stat().st_size > 16 * 1024 * 1024:
-        raise ConfigError("scenario file larger than 16 MiB; is this the right file?", file=str(path))
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not path.is_file():
+            raise ConfigError("scenario file not found" if not path.is_dir() else "is a directory, not a file",
+                              file=str(path))
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise ConfigError(f"scenario file larger than {MAX_YAML_BYTES >> 20} MiB; is this the right file?",
+                              file=str(path))
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start})", file=str(path)) from None
+    except (OSError, ValueError) as exc:   # permissions, a NUL in the path...
+        raise ConfigError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", file=str(path)) from None
+    loader = None
+    try:
+        loader = _Loader(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_tree(node, str(path))
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
+        if isinstance(exc, yaml.reader.ReaderError):   # a control character: it has a position, not a mark
+            line = text.count("\n", 0, exc.position) + 1
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"not valid YAML: {problem}", file=str(path), line=line) from None
     except RecursionError:
         raise ConfigError("YAML nested too deeply", file=str(path)) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Scenario:

@@ -31,8 +31,21 @@ class InputError(PdsimError):
             where.append(f"line {line}")
         if key:
             shown = value if has_value or (has_value is None and value is not None) else None
-            where.append(f"{key} = {shown!r}" if shown is not None else key)
+            where.append(f"{key} = {_short(shown)}" if shown is not None else key)
         super().__init__(": ".join(where + [message]))
+
+
+def _short(value: object, limit: int = 100) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a 5 MB string or an alias bomb stays one short line.
+
+    >>> _short("x" * 1000, 20)
+    "'xxxxxxxxxxxxxxxxxx... (1,002 characters)"
+    """
+    try:
+        text = repr(value)
+    except Exception:   # a hostile __repr__ (or an int too long to print) must not hide the error
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit - 1]}... ({len(text):,} characters)"
 
 
 class ConfigError(InputError):

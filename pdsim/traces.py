@@ -106,6 +106,8 @@ def load_trace(path: str | Path, format: str = "auto") -> Trace:
         raise TraceError("no such file", file=name) from None
     except OSError as e:
         raise TraceError(f"cannot read: {e.strerror}", file=name) from None
+    except ValueError as e:   # "embedded null byte" in the path
+        raise TraceError(f"not a usable path: {e}", file=name) from None
     if format == "auto":
         format = _detect(p, lines)
     if format == "mooncake":
