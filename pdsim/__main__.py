@@ -36,9 +36,13 @@ def cmd_run(args) -> int:
     from . import config, metrics
     from .output import write_outputs
     from .simulation import simulate
+    from .errors import InputError
     sc = config.load(args.scenario, args.set)
     t0 = time.perf_counter()
-    results = simulate(sc, progress=not args.quiet)
+    try:
+        results = simulate(sc, progress=not args.quiet, fast=not args.step_by_step)
+    except InputError as exc:   # a key found bad once the run started: name the scenario file
+        raise exc.in_file(args.scenario) from None
     wall = time.perf_counter() - t0
     out = Path(args.out or f"reports/{Path(args.scenario).stem}")
     summary = write_outputs(results, sc, out, wall_s=wall, progress=not args.quiet)
@@ -94,6 +98,29 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from .plan import DaskExecutor, LocalExecutor, load_plan, print_table, run_plan, write_plan_outputs
+    plan = load_plan(args.plan, args.set)
+    out = Path(args.out or f"reports/{Path(args.plan).stem}")
+    if args.executor == "dask":
+        ex = DaskExecutor(args.scheduler)
+    else:
+        ex = LocalExecutor(args.jobs)
+    if not args.quiet:
+        print(f"pdsim plan: {len(plan.configs)} configs in the search space ({len(plan.excluded)} excluded by "
+              f"budget or fit) on the {ex.name} executor", file=sys.stderr)
+    cache = None if args.no_cache else Path(args.cache or out / "cache")
+    try:
+        result = run_plan(plan, ex, cache, progress=not args.quiet)
+    finally:
+        ex.close()
+    write_plan_outputs(plan, result, out, progress=not args.quiet)
+    print_table(result)
+    print(f"\nwrote {out}/ (plan.csv, plan.json, plan.html{', winner.yaml' if result['winner'] else ''}): "
+          f"{result['simulations']} simulations, {result['cached']} cached, {result['wall_s']:.1f} s", file=sys.stderr)
+    return 0 if result["winner"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pdsim", description="Simulate colocated and prefill/decode-"
                                  "disaggregated LLM serving.")
@@ -104,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set workload.rate=8")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument("--step-by-step", action="store_true",
+                   help="one event per engine step (the reference loop; slower, same results)")
     r.set_defaults(fn=cmd_run)
     e = sub.add_parser("estimate", help="cost-model time of one prefill or decode step")
     e.add_argument("--model", required=True)
@@ -117,6 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--kv-dtype", default="bf16")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_estimate)
+    pl = sub.add_parser("plan", help="find the cheapest deployment that meets the SLO (goodput search)")
+    pl.add_argument("plan")
+    pl.add_argument("--out", help="output folder (default reports/<plan name>)")
+    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pl.add_argument("--executor", choices=["local", "dask"], default="local")
+    pl.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786")
+    pl.add_argument("--jobs", type=int, help="local worker processes (default: all cores)")
+    pl.add_argument("--cache", help="result cache folder (default OUT/cache)")
+    pl.add_argument("--no-cache", action="store_true")
+    pl.add_argument("--quiet", action="store_true")
+    pl.set_defaults(fn=cmd_plan)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")
     rp.add_argument("dir")
     rp.set_defaults(fn=cmd_report)

@@ -23,7 +23,11 @@ class InputError(PdsimError):
                  key: str | None = None, line: int | None = None,
                  value: object = None, has_value: bool | None = None):
         self.file, self.key, self.line, self.value = file, key, line, value
-        self.reason = message
+        self.reason, self.has_value = message, has_value
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        file, key, line, value, has_value = self.file, self.key, self.line, self.value, self.has_value
         where = []
         if file:
             where.append(f"{file}:{line}" if line is not None else str(file))
@@ -32,7 +36,17 @@ class InputError(PdsimError):
         if key:
             shown = value if has_value or (has_value is None and value is not None) else None
             where.append(f"{key} = {_short(shown)}" if shown is not None else key)
-        super().__init__(": ".join(where + [message]))
+        return ": ".join(where + [self.reason])
+
+    def in_file(self, file: str) -> "InputError":
+        """Name ``file`` when the error was raised without one (a scenario key found bad at run time)."""
+        if not self.file and self.key and not self.key.startswith("--"):
+            self.file = file
+            self.args = (self._text(),)
+        return self
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else self._text()
 
 
 def _short(value: object, limit: int = 100) -> str:

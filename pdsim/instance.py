@@ -39,6 +39,19 @@ class Series:
         self.busy_s, self.flops, self.bytes = [], [], []
         self.steps, self.batch_sum, self.queue_max, self.kv_max = [], [], [], []
 
+    MAX_BINS = 20_000   # a run far longer than its arrivals (a slow CPU pool) coarsens the bins instead
+
+    def _fit(self, t_end: float) -> None:
+        """Double the bin width (merging pairs) until ``t_end`` falls within MAX_BINS bins."""
+        while t_end / self.bin_s >= self.MAX_BINS:
+            self.bin_s *= 2
+            for name in ("busy_s", "flops", "bytes", "steps", "batch_sum"):
+                a = getattr(self, name)
+                setattr(self, name, [sum(a[i:i + 2]) for i in range(0, len(a), 2)])
+            for name in ("queue_max", "kv_max"):
+                a = getattr(self, name)
+                setattr(self, name, [max(a[i:i + 2]) for i in range(0, len(a), 2)])
+
     def _grow(self, i: int) -> None:
         while len(self.busy_s) <= i:
             for a in (self.busy_s, self.flops, self.bytes, self.steps, self.batch_sum, self.queue_max, self.kv_max):
@@ -46,6 +59,8 @@ class Series:
 
     def record(self, t0: float, dur: float, flops: float, bytes_: float, batch: int, queued: int,
                kv_used: int) -> None:
+        if t0 + dur >= self.bin_s * self.MAX_BINS:
+            self._fit(t0 + dur)
         b = self.bin_s
         i = int(t0 / b)
         self._grow(int((t0 + dur) / b))
@@ -72,9 +87,11 @@ class Series:
         non-decreasing over the steps (a decode window only grows), so a bin's maximum is
         its last step's value and only those are asked for.
         """
-        b = self.bin_s
         n = len(starts)
         ends = starts + durs
+        if ends[-1] >= self.bin_s * self.MAX_BINS:
+            self._fit(float(ends[-1]))
+        b = self.bin_s
         lo, hi = int(starts[0] / b), int(ends[-1] / b)
         self._grow(hi)
         if lo == hi:                        # the usual case: the whole window in one bin

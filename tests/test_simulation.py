@@ -143,3 +143,14 @@ def test_same_seed_same_requests_csv(tmp_path):
     write_outputs(simulate(sc), sc, a)
     write_outputs(simulate(sc), sc, b)
     assert (a / "requests.csv").read_bytes() == (b / "requests.csv").read_bytes()
+
+
+def test_run_much_longer_than_its_arrivals_keeps_bins_bounded():
+    from pdsim.instance import Series
+    sc = scenario({"c": {"kind": "colocated", "cost_model": {"kind": "constant", "step_s": 1e300}, "kv_blocks": 100}},
+                  rate=10.0, num_requests=5, prompt_tokens=10, output_tokens=3)
+    res = simulate(sc)
+    s = res[0].topology.instances[0].series
+    assert all(r.status == "finished" for r in res[0].requests)
+    assert len(s.busy_s) <= Series.MAX_BINS and sum(s.steps) == res[0].topology.instances[0].steps
+    assert math.isclose(sum(s.busy_s), res[0].topology.instances[0].busy_s, rel_tol=1e-9)
