@@ -1,0 +1,724 @@
+"""Capacity planning: the cheapest deployment that meets the SLO, found by simulation.
+
+A plan file names a model, a workload, SLOs, a search space (devices, TP, colocated
+replicas, chunked-prefill budgets, prefill/decode instance counts, KV links), a budget
+and an objective.  For every configuration in the space pdsim finds its **goodput**
+(DistServe's definition: the highest arrival rate whose SLO attainment stays at or above
+the target), by a bracketing search over the request rate with a stated relative
+tolerance, each rate simulated on several seeds (attainment pooled over them).
+
+Before simulating anything, analytic upper bounds prune the space: a replica or pool
+cannot serve more requests per second than its FLOP/s allow for the prompts (linear
+layers only, at the largest batch a step can hold) plus its memory bandwidth allows for
+the decodes (at the largest batch its KV cache holds), and a configuration whose lone
+prefill or lone decode already misses the bounds for too many requests can never meet
+the SLO.  A configuration whose bound is below the goodput of a cheaper one already
+measured is dominated and skipped.
+
+Simulations run as independent tasks on an executor: a local process pool (default) or
+a Dask distributed cluster; rounds are formed from results only, so both give the same
+table.  Results are cached on disk by a hash of the exact scenario and seed.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, ValidationError, model_validator
+
+from . import __version__
+from .config import (LINK_PRESETS, PosFloat, SLOSpec, WorkloadSpec, _Strict, parse, read_yaml,
+                     validation_error)
+from .errors import ConfigError, PdsimError
+
+# --- the plan file -----------------------------------------------------------------------
+
+
+class DeviceChoice(_Strict):
+    name: str                                     # preset name or profile path (relative to the plan file)
+    price_per_hour_usd: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+
+class ColocatedSpace(_Strict):
+    tp: list[int] = [1]
+    replicas: list[int] = [1]
+    chunked_prefill: list[int | None] = [None]     # token budgets; null = no chunking (fcfs)
+
+
+class DisaggregatedSpace(_Strict):
+    prefill_tp: list[int] = [1]
+    prefill_instances: list[int] = [1]
+    decode_tp: list[int] = [1]
+    decode_instances: list[int] = [1]
+    decode_devices: list[str | DeviceChoice] | None = None   # default: the prefill device
+    kv_link: list[Literal["nvlink", "infiniband", "roce", "ethernet", "pcie"]] = ["infiniband"]
+
+
+class SearchSpace(_Strict):
+    devices: list[str | DeviceChoice] = Field(min_length=1)
+    colocated: ColocatedSpace | None = None
+    disaggregated: DisaggregatedSpace | None = None
+    pool: dict[str, Any] = {}                     # extra pool keys for every pool (max_running, cost_model, ...)
+
+    @model_validator(mode="after")
+    def _some(self):
+        if self.colocated is None and self.disaggregated is None:
+            raise ValueError("empty search space: give colocated: and/or disaggregated:")
+        for name in ("colocated", "disaggregated"):
+            space = getattr(self, name)
+            if space is None:
+                continue
+            for k, v in space:
+                if isinstance(v, list) and not v:
+                    raise ValueError(f"empty search space: {name}.{k} is an empty list")
+                if isinstance(v, list) and any(isinstance(x, int) and x < 1 for x in v):
+                    raise ValueError(f"{name}.{k} values must be >= 1, got {v}")
+        return self
+
+
+class BudgetSpec(_Strict):
+    max_gpus: int | None = Field(None, gt=0)
+    max_usd_per_hour: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+class TargetSpec(_Strict):
+    rate: PosFloat | None = None                  # requests/s the deployment must serve; None: find goodput
+
+
+class GoodputSpec(_Strict):
+    tolerance: float = Field(0.05, gt=0, lt=1)    # relative width of the final rate bracket
+    seeds: int = Field(2, ge=1, le=32)
+    # worst_seed: a rate passes only if every seed's attainment meets the target (conservative: the
+    # recommendation holds on a fresh seed); pooled: attainment over all seeds' requests together
+    aggregate: Literal["worst_seed", "pooled"] = "worst_seed"
+    max_rounds: int = Field(14, ge=2, le=60)
+
+
+class PlanSpec(_Strict):
+    name: str = "plan"
+    description: str = ""
+    seed: int = Field(0, ge=0, le=2**31)
+    model: Any = "llama-3.1-8b"
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    workload: dict[str, Any]
+    slo: SLOSpec = SLOSpec()
+    target: TargetSpec = TargetSpec()
+    objective: Literal["cheapest", "goodput_per_gpu", "goodput_per_usd"] | None = None
+    search: SearchSpace
+    budget: BudgetSpec = BudgetSpec()
+    goodput: GoodputSpec = GoodputSpec()
+
+    @model_validator(mode="after")
+    def _objective(self):
+        if self.objective is None:
+            self.objective = "cheapest" if self.target.rate else "goodput_per_usd"
+        if self.objective == "cheapest" and not self.target.rate:
+            raise ValueError("objective: cheapest needs target: {rate: REQUESTS_PER_S}")
+        return self
+
+
+@dataclass
+class Plan:
+    spec: PlanSpec
+    file: str
+    base_dir: Path
+    configs: list["Config"] = field(default_factory=list)
+    excluded: list[dict] = field(default_factory=list)     # configs outside the budget or that cannot run
+
+
+@dataclass
+class Config:
+    name: str
+    topology: dict                # a scenario topology entry
+    gpus: int
+    usd_per_hour: float
+    bound_rate: float = math.inf  # analytic upper bound on goodput (requests/s)
+    infeasible: str = ""          # why it can never meet the SLO ("" if it might)
+
+
+def _device(choice) -> DeviceChoice:
+    return choice if isinstance(choice, DeviceChoice) else DeviceChoice(name=choice)
+
+
+def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
+    from .config import apply_overrides
+    path = Path(path)
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError("a plan must be a YAML mapping", file=str(path))
+    raw = apply_overrides(raw, overrides or [], str(path))
+    return parse_plan(raw, str(path), path.parent)
+
+
+def parse_plan(raw: dict, file: str = "plan.yaml", base_dir: Path | str = ".") -> Plan:
+    try:
+        spec = PlanSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise validation_error(exc, file) from None
+    plan = Plan(spec, file, Path(base_dir))
+    w = spec.workload
+    if w.get("arrival", "poisson") == "closed":
+        raise ConfigError("a plan searches over the arrival rate: use an open-loop arrival "
+                          "(poisson, gamma, constant or trace)", file=file, key="workload.arrival", value="closed")
+    # the workload must validate as a scenario's would (rate is the search variable)
+    probe = _scenario_dict(plan, {"probe": {"kind": "colocated", "device": _device(spec.search.devices[0]).name}},
+                           1.0, spec.seed)
+    parse(probe, file, base_dir=base_dir)
+    _enumerate(plan)
+    return plan
+
+
+# --- the search space ----------------------------------------------------------------------
+def _pool(plan: Plan, dev: DeviceChoice, **keys) -> dict:
+    d = {**plan.spec.search.pool, "device": dev.name, **keys}
+    if dev.price_per_hour_usd is not None:
+        d["price_per_gpu_hour_usd"] = dev.price_per_hour_usd
+    return d
+
+
+def _enumerate(plan: Plan) -> None:
+    from .simulation import resolve_model
+    from .topology import Pool  # noqa: F401  (import check: topology module loads)
+    s = plan.spec.search
+    raw_topos: list[tuple[str, dict]] = []
+    for choice in s.devices:
+        dev = _device(choice)
+        short = Path(dev.name).stem
+        if s.colocated:
+            c = s.colocated
+            for tp, n, chunk in itertools.product(c.tp, c.replicas, c.chunked_prefill):
+                t = {"kind": "colocated", "replicas": n, **_pool(plan, dev, tp=tp)}
+                if chunk:
+                    t["chunked_prefill"] = {"token_budget": chunk}
+                raw_topos.append((f"colo-{short}-tp{tp}x{n}" + (f"-chunk{chunk}" if chunk else ""), t))
+        if s.disaggregated:
+            d = s.disaggregated
+            decs = [_device(x) for x in d.decode_devices] if d.decode_devices else [dev]
+            for ptp, pn, dec, dtp, dn, link in itertools.product(d.prefill_tp, d.prefill_instances, decs,
+                                                                 d.decode_tp, d.decode_instances, d.kv_link):
+                t = {"kind": "disaggregated", "prefill": _pool(plan, dev, tp=ptp, instances=pn),
+                     "decode": _pool(plan, dec, tp=dtp, instances=dn), "kv_link": {"preset": link}}
+                dshort = "" if dec.name == dev.name else f"-{Path(dec.name).stem}"
+                raw_topos.append((f"pd-{short}-{pn}p{ptp}-{dn}d{dtp}{dshort}-{link}", t))
+    # validate each, price it, and check the budget and that it can run at all
+    sc_all = parse(_scenario_dict(plan, dict(raw_topos[:1]), 1.0, plan.spec.seed), plan.file,
+                   base_dir=plan.base_dir)
+    model = resolve_model(sc_all)
+    b = plan.spec.budget
+    for name, t in raw_topos:
+        try:
+            sc = parse(_scenario_dict(plan, {name: t}, 1.0, plan.spec.seed), plan.file, base_dir=plan.base_dir)
+            cfg = _price_and_bound(plan, sc, name, t, model)
+        except PdsimError as exc:
+            plan.excluded.append({"config": name, "reason": str(exc)})
+            continue
+        if b.max_gpus is not None and cfg.gpus > b.max_gpus:
+            plan.excluded.append({"config": name, "reason": f"{cfg.gpus} GPUs > budget.max_gpus {b.max_gpus}"})
+            continue
+        if b.max_usd_per_hour is not None and cfg.usd_per_hour > b.max_usd_per_hour:
+            plan.excluded.append({"config": name, "reason": f"${cfg.usd_per_hour:.2f}/h > budget.max_usd_per_hour "
+                                                            f"{b.max_usd_per_hour}"})
+            continue
+        plan.configs.append(cfg)
+    if not plan.configs:
+        cheapest = min((e for e in plan.excluded), key=lambda e: e["reason"], default=None)
+        raise ConfigError("no configuration of the search space fits the budget and the model"
+                          + (f" (e.g. {cheapest['config']}: {cheapest['reason']})" if cheapest else ""),
+                          file=plan.file, key="budget")
+    plan.configs.sort(key=lambda c: (c.usd_per_hour, c.gpus, c.name))
+
+
+def _scenario_dict(plan: Plan, topologies: dict, rate: float, seed: int) -> dict:
+    """A scenario (raw dict) of the plan's workload at ``rate`` requests/s."""
+    s = plan.spec
+    w = json.loads(json.dumps(s.workload))
+    if w.get("arrival", "poisson") == "trace":
+        w.setdefault("trace", {})
+        w["trace"]["rate_scale"] = rate / plan_base_rate(plan) if rate else 1.0
+    else:
+        w["rate"] = rate
+    if "num_requests" not in w and "duration_s" not in w:
+        w["num_requests"] = 1000
+    return {"name": s.name, "seed": seed, "model": s.model, "weight_dtype": s.weight_dtype,
+            "kv_dtype": s.kv_dtype, "workload": w, "slo": s.slo.model_dump(), "topologies": topologies}
+
+
+_BASE_RATES: dict = {}
+
+
+def plan_base_rate(plan: Plan) -> float:
+    """A trace workload's own request rate over the rows used (what rate_scale multiplies)."""
+    key = json.dumps(plan.spec.workload, sort_keys=True, default=str) + str(plan.base_dir)
+    if key not in _BASE_RATES:
+        from .simulation import generate, resolve_model
+        w = json.loads(json.dumps(plan.spec.workload))
+        w.setdefault("trace", {})["rate_scale"] = 1.0
+        raw = {"model": plan.spec.model, "workload": w, "topologies": {"x": {"kind": "colocated"}}}
+        sc = parse(raw, plan.file, base_dir=plan.base_dir)
+        reqs = generate(sc, resolve_model(sc))
+        t = np.array([r.arrival_s for r in reqs])
+        span = float(t.max() - t.min()) if len(t) > 1 else 0.0
+        if span <= 0:
+            raise ConfigError("the trace window has no time span to scale", file=plan.file, key="workload.trace")
+        _BASE_RATES[key] = (len(t) - 1) / span
+    return _BASE_RATES[key]
+
+
+# --- analytic bounds ---------------------------------------------------------------------
+def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
+    import simpy
+
+    from .simulation import Context, Sink, generate
+    from .topology import build
+    env = simpy.Environment()
+    ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), 1.0)
+    topo = build(name, sc.topologies[name], env, ctx, Sink(env))   # raises if weights do not fit, bad tp...
+    gpus = sum(p.gpus for p in topo.pools)
+    usd = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
+    cfg = Config(name, t, gpus, usd)
+    reqs = generate(sc, model)
+    prompt = np.array([r.prompt_tokens for r in reqs], float)
+    out = np.array([r.output_tokens for r in reqs], float)
+    p_mean, d_mean = float(prompt.mean()), float(np.maximum(out - 1, 0).mean())
+
+    def prefill_s_per_token(pool) -> float:
+        """Least linear-layer time per prompt token over the step sizes the scheduler can form:
+        up to the token budget and max_running prompts, or one whole prompt above the budget."""
+        cm, spec = pool.cost, pool.spec
+        p_max = int(prompt.max())
+        t_max = max(min(spec.token_budget, spec.max_running * p_max), min(p_max, spec.max_running * p_max))
+        best = math.inf
+        for T in {t_max, min(spec.token_budget, t_max), min(p_max, t_max)}:
+            best = min(best, cm.step(T, 0.0, 0, 0, 1).time_s / T)
+        return best
+
+    def decode_s_per_token(pool) -> float:
+        """Least time per output token: the largest batch its KV cache and max_running allow."""
+        cm, spec, kv = pool.cost, pool.spec, pool.instances[0].kv
+        per_req_blocks = kv.blocks_for(int(p_mean) + 1)
+        b = max(1, min(spec.max_running, kv.total_blocks // max(1, per_req_blocks)))
+        return cm.step(b, 0.0, 0, b, b).time_s / b
+
+    if topo.kind == "colocated":
+        p = topo.pools[0]
+        per_req = p_mean * prefill_s_per_token(p) + d_mean * decode_s_per_token(p)
+        cfg.bound_rate = len(p.instances) / per_req if per_req > 0 else math.inf
+    else:
+        pp, dp = topo.prefill, topo.decode
+        pre = p_mean * prefill_s_per_token(pp)
+        dec = d_mean * decode_s_per_token(dp)
+        cfg.bound_rate = min(len(pp.instances) / pre if pre > 0 else math.inf,
+                             len(dp.instances) / dec if dec > 0 else math.inf)
+    # SLO bounds that no rate can fix: a lone request's prefill / decode step already too slow
+    slo, need = sc.slo, sc.slo.attainment_target
+    first = topo.pools[0].cost
+    last = topo.pools[-1].cost
+    lone_ttft = np.array([first.step(int(pt), pt * pt / 2.0, int(pt), 1, 1).time_s for pt in prompt[:400]])
+    lone_tpot = np.array([last.decode_time(1, int(pt)) for pt in prompt[:400]])
+    ok = (lone_ttft <= slo.ttft_s) & ((out[:400] <= 1) | (lone_tpot <= slo.tpot_s))
+    if ok.mean() < need:
+        which = []
+        if (lone_ttft <= slo.ttft_s).mean() < need:
+            which.append(f"TTFT: a lone prefill exceeds {slo.ttft_s} s for {(lone_ttft > slo.ttft_s).mean():.0%}")
+        if (lone_tpot <= slo.tpot_s).mean() < need:
+            which.append(f"TPOT: a lone decode step exceeds {slo.tpot_s} s for {(lone_tpot > slo.tpot_s).mean():.0%}")
+        cfg.infeasible = "; ".join(which) or f"only {ok.mean():.0%} of requests can meet the SLO even alone"
+    return cfg
+
+
+# --- one simulation (a task: picklable, runs in any worker) ----------------------------
+def evaluate(task: dict) -> dict:
+    """Simulate one scenario dict at one seed; SLO attainment and latency percentiles."""
+    from . import metrics
+    from .simulation import simulate
+    sc = parse(task["scenario"], task.get("file", "plan"), base_dir=task["base_dir"])
+    res = simulate(sc)
+    df = metrics.requests_frame(res)
+    slo = sc.slo
+    fin = df[df.status == "finished"]
+    ttft_ok = (df.status == "finished") & (df.ttft_s <= slo.ttft_s)
+    tpot_ok = (df.status == "finished") & (df.tpot_s.isna() | (df.tpot_s <= slo.tpot_s))
+
+    def q(x, p):
+        x = x.dropna()
+        return float(np.percentile(x, p)) if len(x) else None
+    return {"n": len(df), "ok": int((ttft_ok & tpot_ok).sum()), "ttft_ok": int(ttft_ok.sum()),
+            "tpot_ok": int(tpot_ok.sum()), "finished": len(fin),
+            "ttft_p": q(df.ttft_s, slo.ttft_percentile), "tpot_p": q(fin.tpot_s, slo.tpot_percentile)}
+
+
+def task_key(task: dict) -> str:
+    blob = json.dumps({"v": __version__, "s": task["scenario"], "b": str(task["base_dir"])}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+# --- executors ---------------------------------------------------------------------------
+class LocalExecutor:
+    """A process pool over this machine's cores (inline when jobs == 1)."""
+    name = "local"
+
+    def __init__(self, jobs: int | None = None):
+        self.jobs = jobs or os.cpu_count() or 1
+        self._pool = None
+
+    def map(self, fn, tasks: list) -> list:
+        if self.jobs == 1 or len(tasks) == 1:
+            return [fn(t) for t in tasks]
+        if self._pool is None:
+            from concurrent.futures import ProcessPoolExecutor
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs)
+        return list(self._pool.map(fn, tasks))
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+class DaskExecutor:
+    """Dask distributed: ``scheduler`` is an address (tcp://HOST:8786) or a ``distributed.Client``."""
+    name = "dask"
+
+    def __init__(self, scheduler):
+        try:
+            from distributed import Client
+        except ImportError:
+            raise ConfigError("the dask executor needs 'distributed': pip install 'pdsim[dask]'",
+                              key="--executor", value="dask") from None
+        if isinstance(scheduler, Client):
+            self.client, self._own = scheduler, False
+        else:
+            if not scheduler:
+                raise ConfigError("--executor dask needs --scheduler tcp://HOST:8786", key="--scheduler")
+            try:
+                self.client, self._own = Client(scheduler, timeout=20), True
+            except (OSError, TimeoutError) as exc:
+                raise ConfigError(f"cannot reach the Dask scheduler: {exc}", key="--scheduler",
+                                  value=scheduler) from None
+
+    def map(self, fn, tasks: list) -> list:
+        futures = self.client.map(fn, tasks, pure=False)
+        return self.client.gather(futures)
+
+    def close(self):
+        if self._own:
+            self.client.close()
+
+
+# --- the search ----------------------------------------------------------------------------
+@dataclass
+class Search:
+    """Goodput bracketing for one config: lo passes (or 0), hi fails (or the bound)."""
+    cfg: Config
+    tol: float
+    lo: float = 0.0
+    hi: float = math.inf
+    points: dict = field(default_factory=dict)     # rate -> pooled result
+    done: bool = False
+    note: str = ""
+
+    def next_rate(self) -> float | None:
+        if self.done:
+            return None
+        if self.lo == 0.0 and not self.points:
+            return self.cfg.bound_rate * 0.5 if math.isfinite(self.cfg.bound_rate) else 1.0
+        if math.isinf(self.hi):                      # no failure seen yet: go up
+            r = min(self.lo * 2, self.cfg.bound_rate) if math.isfinite(self.cfg.bound_rate) else self.lo * 2
+            if r <= self.lo * (1 + self.tol):        # the bound itself passes: goodput is at the bound
+                self.done, self.note = True, "reaches the analytic bound"
+                return None
+            return r
+        if self.lo == 0.0:                           # no pass yet: go down
+            r = min(self.points) / 4
+            if r < self.hi * 1e-3:
+                self.done, self.note = True, "misses the SLO even at a trickle"
+                return None
+            return r
+        if self.hi - self.lo <= self.tol * self.hi:
+            self.done = True
+            return None
+        return 0.5 * (self.lo + self.hi)
+
+    def update(self, rate: float, res: dict, target: float) -> None:
+        self.points[rate] = res
+        if res["pass_att"] >= target:
+            self.lo = max(self.lo, rate)
+        else:
+            self.hi = min(self.hi, rate)
+
+    @property
+    def goodput(self) -> float:
+        return self.lo
+
+
+def _pooled(results: list[dict]) -> dict:
+    out = {k: sum(r[k] for r in results) for k in ("n", "ok", "ttft_ok", "tpot_ok", "finished")}
+    out["min_att"] = min(r["ok"] / r["n"] for r in results)   # a rate passes only if it passes on every seed
+    for k in ("ttft_p", "tpot_p"):   # worst seed: a percentile bound must hold on each
+        vals = [r[k] for r in results if r[k] is not None]
+        out[k] = max(vals) if vals else None
+    return out
+
+
+class _Runner:
+    """Runs tasks through the executor with the on-disk cache; counts simulations."""
+
+    def __init__(self, plan: Plan, executor, cache_dir: Path | None, progress: bool):
+        self.plan, self.ex, self.cache_dir, self.progress = plan, executor, cache_dir, progress
+        self.simulated = self.cached = 0
+        self.t0 = time.perf_counter()
+        if cache_dir:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+
+    def run(self, cfg_rates: list[tuple[Config, float]]) -> list[dict]:
+        seeds = [self.plan.spec.seed + i for i in range(self.plan.spec.goodput.seeds)]
+        tasks = [{"scenario": _scenario_dict(self.plan, {c.name: c.topology}, r, s), "file": self.plan.file,
+                  "base_dir": str(self.plan.base_dir)} for c, r in cfg_rates for s in seeds]
+        results: list[dict | None] = [None] * len(tasks)
+        todo = []
+        for i, t in enumerate(tasks):
+            hit = self._load(t)
+            if hit is not None:
+                results[i] = hit
+                self.cached += 1
+            else:
+                todo.append(i)
+        if todo:
+            for i, r in zip(todo, self.ex.map(evaluate, [tasks[i] for i in todo])):
+                results[i] = r
+                self._store(tasks[i], r)
+            self.simulated += len(todo)
+        k = len(seeds)
+        pooled = [_pooled(results[j * k:(j + 1) * k]) for j in range(len(cfg_rates))]
+        worst = self.plan.spec.goodput.aggregate == "worst_seed"
+        for p in pooled:
+            p["pass_att"] = p["min_att"] if worst else p["ok"] / p["n"]
+        return pooled
+
+    def _path(self, t):
+        return self.cache_dir / f"{task_key(t)}.json" if self.cache_dir else None
+
+    def _load(self, t):
+        p = self._path(t)
+        if p is not None and p.is_file():
+            try:
+                return json.loads(p.read_text())
+            except (OSError, ValueError):
+                return None
+        return None
+
+    def _store(self, t, r):
+        p = self._path(t)
+        if p is not None:
+            p.write_text(json.dumps(r))
+
+    def log(self, msg: str) -> None:
+        if self.progress:
+            el = time.perf_counter() - self.t0
+            print(f"pdsim plan: {msg} [{self.simulated} simulated, {self.cached} cached, {el:.0f} s]",
+                  file=sys.stderr, flush=True)
+
+
+def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress: bool = False) -> dict:
+    """Search the plan's space; returns the result dict (rows ranked best first)."""
+    spec = plan.spec
+    target_rate, att = spec.target.rate, spec.slo.attainment_target
+    ex = executor or LocalExecutor()
+    runner = _Runner(plan, ex, cache_dir, progress)
+    rows: dict[str, dict] = {}
+    for c in plan.configs:
+        rows[c.name] = {"config": c.name, "kind": c.topology["kind"], "gpus": c.gpus, "usd_per_hour": c.usd_per_hour,
+                        "bound_rate": c.bound_rate, "status": "", "goodput": None, "bracket": None, "points": {}, "note": "",
+                        "topology": c.topology}
+    live = []
+    for c in plan.configs:
+        if c.infeasible:
+            rows[c.name].update(status="infeasible", goodput=0.0, note=c.infeasible)
+        elif target_rate and c.bound_rate < target_rate:
+            rows[c.name].update(status="below target (bound)", note=f"analytic bound {c.bound_rate:.3g} req/s "
+                                f"< target {target_rate:g}")
+        else:
+            live.append(c)
+    # target mode: every live config at the target rate first
+    if target_rate:
+        runner.log(f"{len(live)} configs at the target rate {target_rate:g} req/s "
+                   f"({len(plan.configs) - len(live)} pruned by bounds)")
+        res = runner.run([(c, target_rate) for c in live])
+        passing = []
+        for c, r in zip(live, res):
+            rows[c.name]["at_target"] = r
+            rows[c.name]["points"][target_rate] = r
+            if r["pass_att"] >= att:
+                passing.append(c)
+            else:
+                rows[c.name].update(status="misses SLO at target", note=_misses(r, spec.slo))
+        live = passing
+    searches = {c.name: Search(c, spec.goodput.tolerance) for c in live}
+    if target_rate:
+        for c in live:
+            searches[c.name].update(target_rate, rows[c.name]["at_target"], att)
+    rounds = 0
+    while True:
+        # dominance: a config whose bound is at most the goodput found for a cheaper one is skipped
+        finished = [s for s in searches.values() if s.done]
+        for s in searches.values():
+            if s.done:
+                continue
+            dom = next((f for f in finished if f.cfg.usd_per_hour <= s.cfg.usd_per_hour and f.goodput > 0
+                        and s.cfg.bound_rate <= f.goodput and f.cfg.name != s.cfg.name), None)
+            if dom is not None:
+                s.done, s.note = True, f"dominated: bound {s.cfg.bound_rate:.3g} <= goodput of {dom.cfg.name}"
+        batch = [(s.cfg, r) for s in searches.values() for r in [s.next_rate()] if r is not None]
+        if not batch or rounds >= spec.goodput.max_rounds:
+            break
+        rounds += 1
+        left = sum(1 for s in searches.values() if not s.done)
+        runner.log(f"round {rounds}: {len(batch)} configs x {spec.goodput.seeds} seeds; {left} searches open")
+        for (c, r), res in zip(batch, runner.run(batch)):
+            searches[c.name].update(r, res, att)
+    for name, s in searches.items():
+        row = rows[name]
+        row["points"].update(s.points)
+        row["goodput"] = s.goodput
+        row["bracket"] = [s.lo, s.hi if math.isfinite(s.hi) else None]   # passes at lo, fails at hi
+        dominated = s.note.startswith("dominated")
+        row["status"] = row["status"] or ("dominated (not fully searched)" if dominated else "ok")
+        row["note"] = s.note if not row["note"] else row["note"]
+        if not s.done:
+            row["note"] = (row["note"] + "; " if row["note"] else "") + "search stopped at max_rounds"
+    ex_close = getattr(ex, "close", None)
+    if executor is None and ex_close:
+        ex_close()
+    return _rank(plan, rows, runner)
+
+
+def _misses(r: dict, slo) -> str:
+    n = r["n"]
+    parts = []
+    if r["ttft_ok"] / n < slo.attainment_target:
+        parts.append(f"TTFT: {r['ttft_ok'] / n:.0%} within {slo.ttft_s} s"
+                     + (f" (p{slo.ttft_percentile:g} {r['ttft_p']:.3g} s)" if r["ttft_p"] is not None else ""))
+    if r["tpot_ok"] / n < slo.attainment_target:
+        parts.append(f"TPOT: {r['tpot_ok'] / n:.0%} within {slo.tpot_s} s"
+                     + (f" (p{slo.tpot_percentile:g} {r['tpot_p']:.3g} s)" if r["tpot_p"] is not None else ""))
+    return "; ".join(parts) or f"attainment {r['ok'] / n:.0%} < {slo.attainment_target:.0%} (TTFT and TPOT each pass)"
+
+
+def _rank(plan: Plan, rows: dict, runner: _Runner) -> dict:
+    spec = plan.spec
+    target_rate, att = spec.target.rate, spec.slo.attainment_target
+    for row in rows.values():
+        g = row["goodput"]
+        row["goodput_per_gpu"] = g / row["gpus"] if g is not None else None
+        row["goodput_per_usd_hour"] = g / row["usd_per_hour"] if g is not None and row["usd_per_hour"] > 0 else None
+        at = row.get("at_target")
+        row["attainment_at_target"] = at["pass_att"] if at else None
+        row["ttft_p_at_target_s"] = at["ttft_p"] if at else None
+        row["tpot_p_at_target_s"] = at["tpot_p"] if at else None
+        row["meets"] = row["status"] == "ok" and (row["goodput"] or 0) > 0 and \
+            (not target_rate or (row["attainment_at_target"] or 0) >= att)
+        row["points"] = {f"{r:.6g}": {"attainment": v["ok"] / v["n"], "worst_seed_attainment": v["min_att"],
+                                      "ttft_p": v["ttft_p"], "tpot_p": v["tpot_p"]}
+                         for r, v in sorted(row["points"].items())}
+    if spec.objective == "cheapest":
+        key = lambda r: (not r["meets"], r["usd_per_hour"] if r["meets"] else -(r["attainment_at_target"] or 0),
+                         -(r["goodput"] or 0), r["config"])
+    elif spec.objective == "goodput_per_gpu":
+        key = lambda r: (not r["meets"], -(r["goodput_per_gpu"] or 0), r["usd_per_hour"], r["config"])
+    else:
+        key = lambda r: (not r["meets"], -(r["goodput_per_usd_hour"] or 0), r["usd_per_hour"], r["config"])
+    ranked = sorted(rows.values(), key=key)
+    for i, r in enumerate(ranked, 1):
+        r["rank"] = i
+    # Pareto frontier over ($/h down, goodput up) among measured configs
+    measured = sorted((r for r in ranked if r["goodput"]), key=lambda r: (r["usd_per_hour"], -r["goodput"]))
+    frontier, best = [], -1.0
+    for r in measured:
+        if r["goodput"] > best:
+            frontier.append(r["config"])
+            best = r["goodput"]
+    for r in ranked:
+        r["pareto"] = r["config"] in frontier
+    winner = ranked[0] if ranked and ranked[0]["meets"] else None
+    return {"plan": spec.name, "pdsim_version": __version__, "objective": spec.objective, "target_rate": target_rate,
+            "slo": spec.slo.model_dump(), "tolerance": spec.goodput.tolerance, "seeds": spec.goodput.seeds,
+            "winner": winner["config"] if winner else None, "rows": ranked, "frontier": frontier,
+            "excluded": plan.excluded, "simulations": runner.simulated, "cached": runner.cached,
+            "wall_s": time.perf_counter() - runner.t0}
+
+
+# --- outputs -------------------------------------------------------------------------------
+def winner_scenario(plan: Plan, result: dict) -> dict | None:
+    """The winner as a ready-to-run scenario (paths made absolute), at the target rate or its goodput."""
+    if not result["winner"]:
+        return None
+    row = next(r for r in result["rows"] if r["config"] == result["winner"])
+    rate = plan.spec.target.rate or row["goodput"]
+    sc = _scenario_dict(plan, {row["config"]: row["topology"]}, rate, plan.spec.seed)
+    sc["description"] = (f"Winner of plan '{plan.spec.name}' ({plan.spec.objective}): {row['gpus']} GPUs, "
+                         f"${row['usd_per_hour']:.2f}/h, goodput {row['goodput']:.3g} req/s; written by pdsim plan")
+    w = sc["workload"]
+    if "trace" in w and "path" in w["trace"]:
+        w["trace"]["path"] = str((plan.base_dir / w["trace"]["path"]).resolve())
+    for t in sc["topologies"].values():
+        for pool in (t, t.get("prefill"), t.get("decode")):
+            if pool and "device" in pool and (pool["device"].endswith((".yaml", ".yml", ".json"))):
+                pool["device"] = str((plan.base_dir / pool["device"]).resolve())
+    return sc
+
+
+TABLE_COLS = ["rank", "config", "gpus", "usd_per_hour", "goodput", "goodput_per_gpu", "goodput_per_usd_hour",
+              "attainment_at_target", "ttft_p_at_target_s", "tpot_p_at_target_s", "bound_rate", "pareto",
+              "status", "note"]
+
+
+def write_plan_outputs(plan: Plan, result: dict, out: Path, progress: bool = False) -> None:
+    import pandas as pd
+    import yaml
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([{k: r.get(k) for k in TABLE_COLS} for r in result["rows"]]).to_csv(out / "plan.csv", index=False)
+    (out / "plan.json").write_text(json.dumps(result, indent=2, default=str))
+    win = winner_scenario(plan, result)
+    if win is not None:
+        (out / "winner.yaml").write_text("# Ready to run: pdsim run winner.yaml\n"
+                                         + yaml.safe_dump(win, sort_keys=False))
+    try:
+        from .plan_report import build_plan_report
+    except ImportError:  # pragma: no cover - report extras missing
+        return
+    if progress:
+        print("pdsim plan: building plan.html...", file=sys.stderr, flush=True)
+    build_plan_report(result, out)
+
+
+def print_table(result: dict, out=sys.stdout, limit: int = 25) -> None:
+    def f(x, d=3):
+        return "-" if x is None else (f"{x:.{d}g}" if isinstance(x, float) else str(x))
+    cols = ["#", "config", "GPUs", "$/h", "goodput req/s", "/GPU", "/($/h)", "att@target", "status"]
+    rows = [[f(r["rank"]), r["config"] + (" *" if r["pareto"] else ""), f(r["gpus"]), f(r["usd_per_hour"], 4),
+             f(r["goodput"]), f(r["goodput_per_gpu"]), f(r["goodput_per_usd_hour"]),
+             "-" if r["attainment_at_target"] is None else f"{r['attainment_at_target']:.1%}",
+             r["status"] + (f": {r['note']}" if r["note"] and r["status"] != "ok" else "")]
+            for r in result["rows"][:limit]]
+    w = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w[i]) for i, c in enumerate(cols)), file=out)
+    for r in rows:
+        print("  ".join(v.ljust(w[i]) for i, v in enumerate(r)), file=out)
+    if len(result["rows"]) > limit:
+        print(f"... {len(result['rows']) - limit} more in plan.csv", file=out)
+    print("(* = on the cost/goodput Pareto frontier)", file=out)
+    if result["winner"]:
+        print(f"\nrecommended: {result['winner']}", file=out)
+    else:
+        print("\nno configuration meets the SLO"
+              + (f" at {result['target_rate']:g} req/s" if result["target_rate"] else "")
+              + " within the budget; closest above (see status for which SLO each misses)", file=out)

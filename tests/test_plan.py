@@ -1,0 +1,155 @@
+"""Capacity planning: the recommendation holds on a fresh seed and the next-cheaper config does not,
+goodput matches M/D/1 theory, Dask gives the local executor's table, the cache is reused, bad plans fail clearly."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from pdsim.__main__ import main
+from pdsim.errors import ConfigError
+from pdsim.plan import LocalExecutor, parse_plan, run_plan
+
+LINEAR = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-6}
+
+
+def small_plan(**over) -> dict:
+    raw = {"name": "small", "model": "llama-3.1-8b", "seed": 0,
+           "workload": {"arrival": "poisson", "num_requests": 400,
+                        "prompt_tokens": {"dist": "uniform", "low": 50, "high": 400},
+                        "output_tokens": {"dist": "uniform", "low": 5, "high": 40}},
+           "slo": {"ttft_s": 0.5, "tpot_s": 0.03, "attainment_target": 0.9},
+           "target": {"rate": 20},
+           "search": {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                      "colocated": {"replicas": [1, 2, 3, 4]},
+                      "pool": {"kv_blocks": 2000, "cost_model": LINEAR}},
+           "goodput": {"tolerance": 0.05, "seeds": 2}}
+    raw.update(over)
+    return raw
+
+
+def _summary(out):
+    return json.loads((out / "summary.json").read_text())["topologies"]
+
+
+def test_recommended_config_meets_slo_on_fresh_seed_next_cheaper_does_not(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(small_plan()))
+    out = tmp_path / "out"
+    assert main(["plan", str(path), "--out", str(out), "--jobs", "2", "--quiet"]) == 0
+    result = json.loads((out / "plan.json").read_text())
+    assert result["winner"] == "colo-h100-sxm-tp1x2"
+    winner = yaml.safe_load((out / "winner.yaml").read_text())
+    name = next(iter(winner["topologies"]))
+    assert winner["workload"]["rate"] == 20
+    # a fresh seed: the recommendation still meets the SLO ...
+    assert main(["run", str(out / "winner.yaml"), "--set", "seed=12345", "--out", str(tmp_path / "w"),
+                 "--quiet"]) == 0
+    assert _summary(tmp_path / "w")[name]["slo_met"] is True
+    # ... and the next-cheaper config of the space (one replica) does not
+    assert main(["run", str(out / "winner.yaml"), "--set", "seed=12345", "--set", f"topologies.{name}.replicas=1",
+                 "--out", str(tmp_path / "c"), "--quiet"]) == 0
+    assert _summary(tmp_path / "c")[name]["slo_met"] is False
+    for f in ("plan.csv", "plan.html"):
+        assert (out / f).stat().st_size > 0
+    html = (out / "plan.html").read_text()
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+
+
+def _md1_wait_cdf(t: float, lam: float, D: float) -> float:
+    """P(W <= t) in an M/D/1 queue (Erlang's formula)."""
+    s = sum((lam * (k * D - t)) ** k / math.factorial(k) * math.exp(-lam * (k * D - t))
+            for k in range(int(math.floor(t / D)) + 1))
+    return (1 - lam * D) * s
+
+
+def test_goodput_of_constant_cost_server_matches_md1_quantile():
+    D, bound, target = 0.1, 0.5, 0.9          # TTFT = wait + D <= 0.5 s for 90% of requests
+    lo, hi = 1e-3, 1 / D - 1e-9
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _md1_wait_cdf(bound - D, mid, D) >= target else (lo, mid)
+    analytic = lo                                # ~7.58 req/s
+    raw = small_plan(target={}, objective="goodput_per_usd",
+                     workload={"arrival": "poisson", "num_requests": 10000, "prompt_tokens": 8, "output_tokens": 1},
+                     slo={"ttft_s": bound, "tpot_s": 10.0, "attainment_target": target},
+                     search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}],
+                             "colocated": {"replicas": [1]},
+                             "pool": {"max_running": 1, "kv_blocks": 1000,
+                                      "cost_model": {"kind": "constant", "step_s": D}}},
+                     goodput={"tolerance": 0.03, "seeds": 4, "aggregate": "pooled"})
+    row = run_plan(parse_plan(raw), LocalExecutor(2))["rows"][0]
+    assert row["bound_rate"] == pytest.approx(1 / D)       # the analytic bound: one request per D
+    g_lo, g_hi = row["bracket"]
+    assert g_hi - g_lo <= 0.03 * g_hi
+    # the analytic rate lies in the final bracket, widened by 3% for sampling error (40k requests)
+    assert 0.97 * g_lo <= analytic <= 1.03 * g_hi, (row["bracket"], analytic)
+
+
+def test_dask_executor_gives_the_local_table():
+    distributed = pytest.importorskip("distributed")
+    from pdsim.plan import DaskExecutor
+    raw = small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                             "colocated": {"replicas": [1, 2]},
+                             "disaggregated": {"prefill_instances": [1], "decode_instances": [1]},
+                             "pool": {"kv_blocks": 2000, "cost_model": LINEAR}},
+                     workload={"arrival": "poisson", "num_requests": 200,
+                               "prompt_tokens": {"dist": "uniform", "low": 50, "high": 400},
+                               "output_tokens": {"dist": "uniform", "low": 5, "high": 40}})
+    local = run_plan(parse_plan(raw), LocalExecutor(1))
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        dask = run_plan(parse_plan(raw), DaskExecutor(client))
+    keep = ("config", "goodput", "bracket", "status", "attainment_at_target", "rank")
+    assert [{k: r[k] for k in keep} for r in local["rows"]] == [{k: r[k] for k in keep} for r in dask["rows"]]
+    assert local["winner"] == dask["winner"] and local["simulations"] == dask["simulations"]
+
+
+def test_cache_reuses_results(tmp_path):
+    plan = parse_plan(small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                                         "colocated": {"replicas": [1, 2]},
+                                         "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}))
+    first = run_plan(plan, LocalExecutor(1), cache_dir=tmp_path)
+    again = run_plan(plan, LocalExecutor(1), cache_dir=tmp_path)
+    assert first["simulations"] > 0 and again["simulations"] == 0 and again["cached"] == first["simulations"]
+    assert [r["goodput"] for r in first["rows"]] == [r["goodput"] for r in again["rows"]]
+
+
+def test_nothing_meets_the_slo_says_which_slo_each_misses(tmp_path):
+    raw = small_plan(slo={"ttft_s": 0.5, "tpot_s": 0.011, "attainment_target": 0.9})   # decode step >= 10 ms
+    result = run_plan(parse_plan(raw), LocalExecutor(1))
+    assert result["winner"] is None
+    assert all("TPOT" in r["note"] for r in result["rows"]), [r["note"] for r in result["rows"]]
+
+
+def test_bounds_prune_configs_that_cannot_reach_the_target():
+    result = run_plan(parse_plan(small_plan(target={"rate": 60})), LocalExecutor(1))
+    one = next(r for r in result["rows"] if r["config"] == "colo-h100-sxm-tp1x1")
+    assert one["status"] == "below target (bound)" and not one["points"]
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"search": {"devices": ["h100-sxm"], "colocated": {"replicas": []}}}, "search"),
+    ({"search": {"devices": ["h100-sxm"]}}, "search"),
+    ({"slo": {"ttft_s": 1, "tpot_s": 0.1, "ttft_percentile": 0}}, "slo.ttft_percentile"),
+    ({"slo": {"ttft_s": 1, "tpot_s": 0.1, "tpot_percentile": 150}}, "slo.tpot_percentile"),
+    ({"budget": {"max_usd_per_hour": 0.5}}, "budget"),
+    ({"budget": {"max_gpus": 0}}, "budget.max_gpus"),
+    ({"target": {"rate": -3}}, "target.rate"),
+    ({"objective": "fastest"}, "objective"),
+    ({"workload": {"arrival": "closed", "clients": 2, "num_requests": 5}}, "workload.arrival"),
+])
+def test_bad_plans_fail_clearly(over, key):
+    with pytest.raises(ConfigError) as e:
+        parse_plan(small_plan(**over), "p.yaml")
+    assert str(e.value).startswith("p.yaml") and key in str(e.value), str(e.value)
+
+
+def test_cli_bad_plan_exit_2(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(small_plan(budget={"max_gpus": 1, "max_usd_per_hour": 0.1})))
+    assert main(["plan", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "budget" in err and "Traceback" not in err
