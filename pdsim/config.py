@@ -85,6 +85,8 @@ class PoolSpec(_Strict):
     watermark: float = Field(0.01, ge=0, lt=1)
     price_per_gpu_hour_usd: NonNegFloat | None = None   # default: the device profile's
     cost_model: CostModelSpec = CostModelSpec()
+    # admission control: a request routed to an instance with this many queued is rejected
+    max_queue: PosInt | None = None
 
     @property
     def scheduler_name(self) -> str:
@@ -192,6 +194,8 @@ class WorkloadSpec(_Strict):
     prompt_tokens: LengthSpec = LengthSpec(value=512)
     output_tokens: LengthSpec = LengthSpec(value=128)
     trace: TraceSpec | None = None
+    # a client abandons a request that has no first token this long after it was sent
+    timeout_s: PosFloat | None = None
 
     @model_validator(mode="after")
     def _need(self):
@@ -220,6 +224,43 @@ class SLOSpec(_Strict):
     attainment_target: float = Field(0.9, gt=0, le=1)
 
 
+# --- faults ---------------------------------------------------------------------------
+class InstanceFaultSpec(_Strict):
+    """One instance down at ``at_s`` for ``down_s``, then ``warmup_s`` loading weights before it serves."""
+    at_s: NonNegFloat
+    instance: str                       # e.g. replica-0, prefill-1, decode-0
+    down_s: PosFloat
+    warmup_s: NonNegFloat = 0.0
+    topology: str | None = None         # default: every topology that has this instance
+
+
+class RandomFaultsSpec(_Strict):
+    """Failures with exponential times between them (mean mtbf_s per instance) and repairs (mean mttr_s)."""
+    mtbf_s: PosFloat
+    mttr_s: PosFloat
+    warmup_s: NonNegFloat = 0.0
+    pools: list[Literal["replica", "prefill", "decode"]] | None = None   # default: all pools
+
+
+class LinkFaultSpec(_Strict):
+    """KV links at ``bandwidth_fraction`` of their bandwidth (0: down) from at_s for duration_s."""
+    at_s: NonNegFloat
+    duration_s: PosFloat
+    bandwidth_fraction: float = Field(0.0, ge=0, le=1)
+    topology: str | None = None
+
+
+class FaultsSpec(_Strict):
+    instances: list[InstanceFaultSpec] = []
+    random: RandomFaultsSpec | None = None
+    links: list[LinkFaultSpec] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, v):
+        return {"instances": v} if isinstance(v, list) else v
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
@@ -232,6 +273,7 @@ class Scenario(_Strict):
     horizon_s: PosFloat | None = None       # stop the clock here; requests still in flight are unfinished
     timeseries_bin_s: PosFloat | None = None  # default: about 200 bins over the run
     topologies: dict[str, Topology] = Field(min_length=1)
+    faults: FaultsSpec | None = None
 
     # where relative paths in the file are resolved; not part of the YAML
     base_dir: str = Field(".", exclude=True)
@@ -250,6 +292,32 @@ class Scenario(_Strict):
                     pool.device = str(self.resolve(pool.device))
         return self
 
+    def instance_names(self, topology: str) -> list[str]:
+        t = self.topologies[topology]
+        if isinstance(t, ColocatedSpec):
+            return [f"replica-{i}" for i in range(t.replicas)]
+        return [f"prefill-{i}" for i in range(t.prefill.instances)] + \
+            [f"decode-{i}" for i in range(t.decode.instances)]
+
+    @model_validator(mode="after")
+    def _check_faults(self):
+        """Every scheduled fault names an instance (and topology) that exists: none is dropped silently."""
+        if self.faults is None:
+            return self
+        for i, f in enumerate(self.faults.instances):
+            if f.topology is not None and f.topology not in self.topologies:
+                raise ValueError(f"faults.instances[{i}].topology: no topology '{f.topology}' "
+                                 f"(have {', '.join(self.topologies)})")
+            names = [f.topology] if f.topology else list(self.topologies)
+            if not any(f.instance in self.instance_names(n) for n in names):
+                raise ValueError(f"faults.instances[{i}].instance: no instance '{f.instance}' in "
+                                 f"{'topology ' + f.topology if f.topology else 'any topology'} "
+                                 "(names are replica-N, prefill-N, decode-N)")
+        for i, f in enumerate(self.faults.links):
+            if f.topology is not None and f.topology not in self.topologies:
+                raise ValueError(f"faults.links[{i}].topology: no topology '{f.topology}'")
+        return self
+
 
 def _is_profile_path(device: str) -> bool:
     """The rule of ``devices.get_device``: a preset name has no '/' and no file suffix."""
@@ -260,7 +328,8 @@ def _is_profile_path(device: str) -> bool:
 def _vocabulary() -> set[str]:
     names: set[str] = set()
     for cls in (InlineModel, CostModelSpec, ChunkedPrefillSpec, PoolSpec, ColocatedSpec, KVLinkSpec,
-                DisaggregatedSpec, TraceSpec, LengthSpec, WorkloadSpec, SLOSpec, Scenario):
+                DisaggregatedSpec, TraceSpec, LengthSpec, WorkloadSpec, SLOSpec, Scenario, InstanceFaultSpec,
+                RandomFaultsSpec, LinkFaultSpec, FaultsSpec):
         names.update(cls.model_fields)
     return names
 
@@ -280,7 +349,7 @@ def validation_error(exc: ValidationError, file: str | None) -> ConfigError:
     # prefer a concrete error over "expected str" noise from the model: str | InlineModel union
     err = next((e for e in errs if e["type"] in ("extra_forbidden", "invalid_key")
                 or (e["type"] == "string_type" and e["loc"][-1:] == ("[key]",))), errs[0])
-    key = _key(err["loc"])
+    key = _key(err["loc"]) or (repr(str(err["loc"][-1])) if err["loc"] else "")   # '' is a key too
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "invalid_key" or err["loc"][-1:] == ("[key]",):   # {1: ...}, {true: ...}, {null: ...}
         return ConfigError(f"a key must be a string, not {type(err['input']).__name__}", file=file, key=key)

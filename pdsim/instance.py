@@ -25,6 +25,8 @@ import numpy as np
 from .costmodel import CostModel
 from .kvcache import KVCache
 from .scheduler import Limits
+import simpy
+
 from .workload import FINISHED, UNFINISHED, Request
 
 HANDOFF = "handoff"   # prefilled, KV held here until it reaches a decode instance
@@ -183,6 +185,9 @@ class Instance:
         self.fast, self.max_window = fast and role != "prefill", max_window
         self._win: _Window | None = None
         self.windows = 0                   # fast-path windows opened (for the benchmark)
+        self.down = False                  # failed or warming up: serves nothing, routers skip it
+        self.epoch = 0                     # failures so far: KV held from an earlier epoch is gone
+        self.down_s = 0.0                  # total time down (failure + warm-up)
         self._wake = env.event()
         self.proc = env.process(self.run())
 
@@ -213,6 +218,19 @@ class Instance:
 
     # --- the process ------------------------------------------------------------
     def run(self):
+        while True:
+            try:
+                yield from self._serve()
+            except simpy.Interrupt:      # failed (see fail): the step in flight is lost
+                pass
+            while self.down:
+                self._wake = self.env.event()
+                try:
+                    yield self._wake
+                except simpy.Interrupt:
+                    pass
+
+    def _serve(self):
         env = self.env
         while True:
             if not (self.running or self.waiting):
@@ -243,10 +261,57 @@ class Instance:
                                self.kv.used_blocks)
             self._apply(plan, t0)
 
+    # --- failure -------------------------------------------------------------------------
+    def fail(self) -> list[Request]:
+        """Lose the GPU: the step in flight and every KV block.  Returns the requests to re-route
+        (running ones must recompute their tokens; queued ones just move)."""
+        if self._win is not None:
+            self.sync()              # steps that ended before the failure happened
+            self._win = None
+        self.down = True
+        self.epoch += 1
+        lost = []
+        for r in self.running:
+            if r.status == UNFINISHED:
+                r.recomputed_tokens += r.computed
+                r.computed = 0
+                r.blocks = 0
+                r.fault_hits += 1
+                lost.append(r)
+        for r in self.waiting:
+            r.fault_hits += 1
+            lost.append(r)
+        self.running, self.waiting = [], deque()
+        self.outstanding_tokens = self.decode_work = 0
+        self.kv.reset()
+        if self.env.active_process is not self.proc:
+            self.proc.interrupt("failure")
+        return lost
+
+    def recover(self) -> None:
+        self.down = False
+        self.wake()
+
+    def drop(self, req: Request) -> bool:
+        """Take out a request that the client abandoned (before its first token); True if it was here."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req in self.running:
+            self.running.remove(req)
+            self.kv.release(req)
+            self.wake()                # blocks freed: something waiting may fit now
+        else:
+            return False
+        self.outstanding_tokens -= (req.known - req.computed) if self.role == "prefill" else req.remaining
+        self.decode_work -= req.output_tokens - req.generated
+        return True
+
     def _apply(self, plan, t0: float) -> None:
         now = self.env.now
         leaving = False
         for req, n in plan.items:
+            if req.status != UNFINISHED:   # abandoned by its client while the step ran
+                continue
             if req.prefill_start_s != req.prefill_start_s:  # NaN: first compute of this request
                 req.prefill_start_s = t0
             req.computed += n

@@ -57,6 +57,10 @@ class KVCache:
         """Blocks for KV that arrives from elsewhere (a prefill instance's transfer)."""
         return self.grow(req, tokens, admit=True)
 
+    def reset(self) -> None:
+        """Every block free again (the instance failed and lost its memory)."""
+        self.free_blocks = self.total_blocks
+
     def release(self, req: Request) -> None:
         self.free_blocks += req.blocks
         req.blocks = 0

@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 
 from .config import Scenario
-from .workload import FINISHED, REJECTED, UNFINISHED
+from .workload import ABANDONED, FINISHED, REJECTED, UNFINISHED
 
 REQUEST_COLUMNS = ["topology", "request_id", "arrival_s", "prompt_tokens", "output_tokens", "status",
                    "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s",
                    "kv_wait_s", "kv_transfer_s", "decode_queue_s", "preemptions", "recomputed_tokens",
-                   "instance", "decode_instance", "reject_reason"]
+                   "instance", "decode_instance", "reject_reason", "fault_hits"]
 
 
 def requests_frame(results) -> pd.DataFrame:
@@ -28,7 +28,8 @@ def requests_frame(results) -> pd.DataFrame:
             rows.append((res.name, r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.status,
                          r.first_token_s, r.finish_s, ttft, tpot, e2e, r.prefill_start_s - r.arrival_s,
                          r.prefill_end_s - r.prefill_start_s, r.kv_wait_s, r.kv_transfer_s, dq,
-                         r.preemptions, r.recomputed_tokens, r.instance, r.decode_instance, r.reject_reason))
+                         r.preemptions, r.recomputed_tokens, r.instance, r.decode_instance, r.reject_reason,
+                         r.fault_hits))
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
 
@@ -88,8 +89,10 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
         span = res.sim_end_s or 1.0
         counts = {"total": len(d), "finished": int((d.status == FINISHED).sum()),
                   "rejected": int((d.status == REJECTED).sum()),
+                  "abandoned": int((d.status == ABANDONED).sum()),
                   "unfinished": int((d.status == UNFINISHED).sum())}
-        assert counts["total"] == counts["finished"] + counts["rejected"] + counts["unfinished"]
+        assert counts["total"] == counts["finished"] + counts["rejected"] + counts["abandoned"] + counts["unfinished"]
+        rej = d[d.status == REJECTED].reject_reason.str.split(":").str[0]
         gpus = sum(p.gpus for p in topo.pools)
         cost_per_hour = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
         out_tokens = float(fin.output_tokens.sum())
@@ -133,6 +136,53 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "pools": pools,
             "links": links,
             "preemptions": int(d.preemptions.sum()),
+            "rejected_by_reason": {k: int(v) for k, v in rej.value_counts().items()},
             "sim_end_s": res.sim_end_s,
+            "faults": fault_summary(topo, d, sc.slo) if getattr(topo, "fault_log", None) else None,
         }
     return out
+
+
+def fault_summary(topo, d: pd.DataFrame, slo, window_s: float = 30.0) -> dict:
+    """What the faults cost: requests hit, extra latency, attainment inside vs outside the fault
+    windows (by arrival time), recomputed tokens, and the time to get back to steady state
+    (the first moment after a fault ends from which the median TTFT of the next ``window_s``
+    of arrivals is within 25% of the median TTFT of arrivals outside every fault window)."""
+    wins = [(e["at_s"], e["until_s"]) for e in topo.fault_log if "until_s" in e]
+    arr = d.arrival_s.to_numpy()
+    inside = np.zeros(len(d), bool)
+    for a, b in wins:
+        inside |= (arr >= a) & (arr < b)
+    hit = d.fault_hits.to_numpy() > 0
+    fin = (d.status == FINISHED).to_numpy()
+    e2e = d.e2e_s.to_numpy()
+
+    def mean(mask):
+        m = mask & fin
+        return float(np.nanmean(e2e[m])) if m.any() else None
+
+    base_ttft = float(d.ttft_s[~inside].median()) if (~inside).any() else None
+    recover = []
+    for a, b in wins:
+        t, got = b, None
+        if base_ttft is not None and base_ttft == base_ttft:
+            last = float(np.nanmax(arr)) if len(arr) else b
+            while t <= last:
+                m = (arr >= t) & (arr < t + window_s)
+                if m.any() and float(np.nanmedian(d.ttft_s.to_numpy()[m])) <= 1.25 * base_ttft:
+                    got = t - b
+                    break
+                t += window_s / 6
+        recover.append({"fault_start_s": a, "fault_end_s": b, "time_to_recover_s": got})
+    return {
+        "events": topo.fault_log,
+        "requests_affected": int(hit.sum()),
+        "recomputed_tokens": int(d.recomputed_tokens.sum()),
+        "extra_e2e_s_affected": (mean(hit) - mean(~hit)) if mean(hit) is not None and mean(~hit) is not None
+        else None,
+        "slo_attainment_inside_fault_windows": slo_attainment(d[inside], slo) if inside.any() else None,
+        "slo_attainment_outside_fault_windows": slo_attainment(d[~inside], slo) if (~inside).any() else None,
+        "requests_arriving_in_fault_windows": int(inside.sum()),
+        "recovery": recover,
+        "instance_down_s": {i.name: i.down_s for i in topo.instances if i.down_s},
+    }

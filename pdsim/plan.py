@@ -244,7 +244,12 @@ def _scenario_dict(plan: Plan, topologies: dict, rate: float, seed: int) -> dict
     w = json.loads(json.dumps(s.workload))
     if w.get("arrival", "poisson") == "trace":
         w.setdefault("trace", {})
-        w["trace"]["rate_scale"] = rate / plan_base_rate(plan) if rate else 1.0
+        base = plan_base_rate(plan)
+        w["trace"]["rate_scale"] = rate / base if rate else 1.0
+        # a trace replays the same requests whatever the seed: replicate over successive windows
+        k = seed - s.seed
+        if k and "num_requests" in w:
+            w["trace"]["start_s"] = w["trace"].get("start_s", 0.0) + k * w["num_requests"] / base
     else:
         w["rate"] = rate
     if "num_requests" not in w and "duration_s" not in w:

@@ -14,7 +14,7 @@ from .config import LengthSpec, Scenario
 from .errors import ConfigError, SimulationInvariantError
 from .models import ModelShape, get_model
 from .topology import build
-from .workload import FINISHED, REJECTED, UNFINISHED, Request
+from .workload import ABANDONED, FINISHED, REJECTED, UNFINISHED, Request
 
 
 @dataclass
@@ -106,13 +106,17 @@ def generate(sc: Scenario, model: ModelShape) -> list[Request]:
 class Sink:
     """Collects request outcomes and wakes closed-loop clients."""
 
-    def __init__(self, env):
+    def __init__(self, env, expected: int | None = None):
         self.env = env
         self.done = 0
+        self.expected = expected
+        self.all_done = env.event()        # every request finished, rejected or abandoned
         self.waiters: dict[int, simpy.Event] = {}
 
     def finished(self, req: Request) -> None:
         self.done += 1
+        if self.done == self.expected:
+            self.all_done.succeed()
         ev = self.waiters.pop(req.id, None)
         if ev is not None:
             ev.succeed()
@@ -131,23 +135,28 @@ class TopologyResult:
     events: int
 
 
-def _open_loop(env, topo, reqs, model):
+def _send(env, topo, r, model, timeout_s):
+    if r.prompt_tokens + r.output_tokens > model.max_context:
+        return topo.sink.rejected(r, f"context: prompt+output = {r.prompt_tokens + r.output_tokens} tokens "
+                                  f"exceed the {model.max_context}-token context of {model.name}")
+    if timeout_s is not None:
+        env.timeout(timeout_s).callbacks.append(lambda _ev, r=r: topo.abandon(r))
+    topo.route(r)
+
+
+def _open_loop(env, topo, reqs, model, timeout_s=None):
     for r in reqs:
         if r.arrival_s > env.now:
             yield env.timeout(r.arrival_s - env.now)
-        if r.prompt_tokens + r.output_tokens > model.max_context:
-            topo.sink.rejected(r, f"context: prompt+output = {r.prompt_tokens + r.output_tokens} tokens "
-                               f"exceed the {model.max_context}-token context of {model.name}")
-            continue
-        topo.route(r)
+        _send(env, topo, r, model, timeout_s)
 
 
-def _client(env, topo, sink, queue, think_s):
+def _client(env, topo, sink, queue, think_s, model=None, timeout_s=None):
     while queue:
         r = queue.pop()
         r.arrival_s = env.now
         ev = sink.waiters[r.id] = env.event()
-        topo.route(r)
+        _send(env, topo, r, model, timeout_s)
         yield ev
         if think_s:
             yield env.timeout(think_s)
@@ -156,18 +165,27 @@ def _client(env, topo, sink, queue, think_s):
 def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: ModelShape,
                  bin_s: float, fast: bool = True) -> TopologyResult:
     env = simpy.Environment()
-    sink = Sink(env)
+    sink = Sink(env, len(stream))
     ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s, fast)
     topo = build(name, spec, env, ctx, sink)
     topo.sink = sink
     reqs = [r.clone() for r in stream]
+    timeout_s = sc.workload.timeout_s
     if sc.workload.arrival == "closed":
         queue = list(reversed(reqs))
         for _ in range(sc.workload.clients):
-            env.process(_client(env, topo, sink, queue, sc.workload.think_s))
+            env.process(_client(env, topo, sink, queue, sc.workload.think_s, model, timeout_s))
     else:
-        env.process(_open_loop(env, topo, reqs, model))
-    env.run(until=sc.horizon_s)
+        env.process(_open_loop(env, topo, reqs, model, timeout_s))
+    if sc.faults is not None:
+        from .faults import schedule_faults
+        schedule_faults(env, sc, name, topo)
+    # stop when every request is settled (stale fast-path timers and fault processes may run on)
+    try:
+        env.run(until=sc.horizon_s if sc.horizon_s is not None else sink.all_done)
+    except RuntimeError as exc:     # the queue ran dry first: a deadlock, reported by check_conservation
+        if "until" not in str(exc):
+            raise
     end = env.now
     for inst in topo.instances:     # apply the steps of open fast-path windows that ended by now
         inst.sync()
@@ -180,9 +198,13 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
 
 def check_conservation(name, topo, reqs, has_horizon: bool) -> None:
     """Nothing lost: every request ends in exactly one state; KV blocks all accounted for."""
-    counts = {FINISHED: 0, REJECTED: 0, UNFINISHED: 0}
+    counts = {FINISHED: 0, REJECTED: 0, ABANDONED: 0, UNFINISHED: 0}
     for r in reqs:
-        if r.status == FINISHED:
+        if r.status == ABANDONED:
+            if not r.finish_s >= r.arrival_s:
+                raise SimulationInvariantError(f"{name}: request {r.id} abandoned before it arrived")
+            counts[ABANDONED] += 1
+        elif r.status == FINISHED:
             if r.generated != r.output_tokens:
                 raise SimulationInvariantError(f"{name}: request {r.id} finished with {r.generated} of "
                                                f"{r.output_tokens} output tokens")
@@ -196,6 +218,9 @@ def check_conservation(name, topo, reqs, has_horizon: bool) -> None:
         raise SimulationInvariantError(f"{name}: {len(reqs)} requests in, {counts} out")
     if counts[UNFINISHED] and not has_horizon:
         stuck = next(r for r in reqs if r.status == UNFINISHED)
+        if sc_stuck_hint := getattr(topo, "backlog", None):
+            raise SimulationInvariantError(f"{name}: {len(sc_stuck_hint)} requests left waiting for an instance "
+                                           "that never recovered")
         raise SimulationInvariantError(f"{name}: {counts[UNFINISHED]} requests never finished without a horizon "
                                        f"(first: id {stuck.id}); the simulation deadlocked")
     for inst in topo.instances:

@@ -16,7 +16,7 @@ from .errors import ConfigError
 from .instance import Instance
 from .kvcache import KVCache
 from .scheduler import SCHEDULERS, Limits
-from .workload import FINISHED, REJECTED, UNFINISHED, Request
+from .workload import ABANDONED, FINISHED, REJECTED, UNFINISHED, Request
 
 
 # --- routing policies: (instances, request) -> instance ------------------------------------
@@ -106,21 +106,77 @@ class Pool:
             inst.reserved_blocks = 0       # decode side: blocks held for KV still on the wire
             inst.reserved_count = 0
             inst.block_bytes = self.block_bytes
+            inst.pool_spec = spec
 
     @property
     def gpus(self) -> int:
         return self.spec.tp * len(self.instances)
 
 
-class Colocated:
+class _Serving:
+    """What both topologies share: dispatch to live instances, failures and recovery, abandonment."""
+
+    def _setup_common(self):
+        self.by_name = {i.name: i for i in self.instances}
+        self.backlog: list[Request] = []      # arrived while every entry instance was down
+        self.fault_log: list[dict] = []
+
+    def _dispatch(self, req: Request, admit: bool = True) -> None:
+        live = [i for i in self.entry if not i.down]
+        if not live:
+            self.backlog.append(req)
+            return
+        inst = self.router(live, req)
+        q = inst.pool_spec.max_queue
+        if admit and q is not None and len(inst.waiting) >= q:
+            return self.sink.rejected(req, f"admission: {inst.name} has {len(inst.waiting)} requests queued "
+                                      f"(max_queue {q})")
+        inst.submit(req)
+
+    def fail_instance(self, inst, until_s: float) -> None:
+        if inst.down:
+            self.fault_log.append({"instance": inst.name, "at_s": self.env.now, "skipped": "already down"})
+            return
+        lost = inst.fail()
+        self.fault_log.append({"instance": inst.name, "at_s": self.env.now, "until_s": until_s,
+                               "requests_lost": len(lost)})
+        self._after_failure(inst, lost)
+
+    def _after_failure(self, inst, lost) -> None:
+        for r in lost:
+            self._dispatch(r, admit=False)
+
+    def recover_instance(self, inst) -> None:
+        inst.recover()
+        backlog, self.backlog = self.backlog, []
+        for r in backlog:
+            self._dispatch(r, admit=False)
+
+    def abandon(self, req: Request) -> None:
+        """The client gave up (no first token by workload.timeout_s)."""
+        if req.status != UNFINISHED or req.generated > 0:
+            return
+        if req in self.backlog:
+            self.backlog.remove(req)
+        else:
+            inst = self.by_name.get(req.instance)
+            if inst is None or not inst.drop(req):
+                return                                  # in a hand-off: it has its first token
+        req.status, req.finish_s = ABANDONED, self.env.now
+        self.sink.finished(req)
+
+
+class Colocated(_Serving):
     kind = "colocated"
 
     def __init__(self, env, name: str, spec: ColocatedSpec, ctx, sink):
         self.env, self.name, self.spec, self.sink = env, name, spec, sink
         self.pools = [Pool(env, name, "replica", "both", spec, spec.replicas, ctx, self, f"topologies.{name}")]
         self.instances = self.pools[0].instances
+        self.entry = self.instances
         self.router = ROUTERS[spec.router]()
         self.links = []
+        self._setup_common()
 
     def route(self, req: Request) -> None:
         kv = self.instances[0].kv
@@ -128,7 +184,7 @@ class Colocated:
             return self.sink.rejected(req, "kv_capacity: prompt+output needs "
                                       f"{kv.blocks_for(req.prompt_tokens + req.output_tokens - 1)} KV blocks, "
                                       f"an instance has {kv.total_blocks - kv.watermark_blocks}")
-        self.router(self.instances, req).submit(req)
+        self._dispatch(req)
 
     # instance callbacks
     def first_token(self, req):
@@ -150,9 +206,18 @@ class KVLink:
         self.busy_s = 0.0
         self.bytes = 0.0
         self.transfers = 0
+        self.factor = 1.0                  # bandwidth fraction (faults.links); 0 = down
+        self.restored = env.event()        # fires when a down link comes back
+
+    def degrade(self, env, fraction: float) -> None:
+        self.factor = fraction
+        if fraction > 0 and not self.restored.triggered:
+            self.restored.succeed()
+        elif fraction == 0 and self.restored.triggered:
+            self.restored = env.event()
 
 
-class Disaggregated:
+class Disaggregated(_Serving):
     kind = "disaggregated"
 
     def __init__(self, env, name: str, spec: DisaggregatedSpec, ctx, sink):
@@ -179,6 +244,9 @@ class Disaggregated:
             self.link_of = {i.name: l for i, l in zip(self.prefill.instances, self.links)}
         self.kv_bytes_per_token = ctx.model.kv_bytes_per_token(ctx.kv_dtype)
         self.pending = {d.name: [] for d in self.decode.instances}   # reservations waiting for blocks
+        self.entry = self.prefill.instances
+        self.decode_up: list = []          # hand-offs waiting for any decode instance to come back
+        self._setup_common()
 
     def route(self, req: Request) -> None:
         pkv, dkv = self.prefill.instances[0].kv, self.decode.instances[0].kv
@@ -189,7 +257,7 @@ class Disaggregated:
             return self.sink.rejected(req, "kv_capacity: prompt+output needs "
                                       f"{dkv.blocks_for(req.prompt_tokens + req.output_tokens - 1)} KV blocks, "
                                       f"a decode instance has {dkv.total_blocks - dkv.watermark_blocks}")
-        self.router(self.prefill.instances, req).submit(req)
+        self._dispatch(req)
 
     def first_token(self, req):
         pass
@@ -204,44 +272,69 @@ class Disaggregated:
 
     def _reserve(self, dec, req):
         """Blocks on the decode side for the arriving KV; FIFO per decode instance."""
-        if len(dec.running) + dec.reserved_count >= dec.limits.max_running:
+        if dec.down or len(dec.running) + dec.reserved_count >= dec.limits.max_running:
             return False
         dec.sync()
-        if not dec.kv.reserve(req, req.prompt_tokens):
+        if not dec.kv.reserve(req, req.computed):
             return False
         dec.blocks_taken()   # fewer free blocks: the decode window may not grow as planned
         return True
 
+    def _pick_decode(self, req):
+        live = [d for d in self.decode.instances if not d.down]
+        return self.assign(live, req) if live else None
+
     def _handoff(self, req: Request, src: Instance):
         env = self.env
         t_ready = env.now
-        dec = self.assign(self.decode.instances, req)
-        # back-pressure: wait for decode blocks while the prefill side keeps holding this KV
+        src_epoch = src.epoch
         src_blocks = req.blocks
         req.blocks = 0                     # the decode side's allocation starts from zero
-        while not self._reserve(dec, req):
-            ev = env.event()
-            self.pending[dec.name].append(ev)
-            yield ev
-        dec.reserved_count += 1
-        dec.reserved_blocks += req.blocks
         link = self.link_of[src.name]
-        bytes_ = req.prompt_tokens * self.kv_bytes_per_token
-        wire_s = xfer_s = link.latency_s + bytes_ / link.bandwidth_Bps
-        if self.spec.kv_link.layerwise_overlap:
-            # layer l's KV leaves while layers l+1.. compute: only the part that outlasts prefill shows
-            L = self.model.layers
-            compute_s = req.prefill_end_s - req.prefill_start_s
-            xfer_s = max(xfer_s / L, xfer_s - compute_s * (L - 1) / L)
-        with link.res.request() as slot:
-            yield slot
-            t_start = env.now
-            yield env.timeout(xfer_s)
-            link.busy_s += wire_s      # overlapped layers were on the wire during prefill too
-            link.bytes += bytes_
-            link.transfers += 1
-        req.kv_transfer_s = xfer_s
-        req.kv_wait_s = t_start - t_ready
+        kv_tokens = req.computed
+        bytes_ = kv_tokens * self.kv_bytes_per_token
+        while True:
+            # back-pressure: wait for decode blocks while the prefill side keeps holding this KV
+            dec = self._pick_decode(req)
+            while dec is None or not self._reserve(dec, req):
+                ev = env.event()
+                (self.decode_up if dec is None else self.pending[dec.name]).append(ev)
+                yield ev
+                if src.epoch != src_epoch:
+                    return self._lost_on_prefill(req)
+                if dec is None or dec.down:
+                    dec = self._pick_decode(req)
+            dec_epoch = dec.epoch
+            dec.reserved_count += 1
+            dec.reserved_blocks += req.blocks
+            with link.res.request() as slot:
+                yield slot
+                while link.factor == 0.0:             # link down: the KV waits on the prefill side
+                    yield link.restored
+                t_start = env.now
+                wire_s = xfer_s = link.latency_s + bytes_ / (link.bandwidth_Bps * link.factor)
+                if self.spec.kv_link.layerwise_overlap:
+                    # layer l's KV leaves while layers l+1.. compute: only the part that outlasts prefill shows
+                    L = self.model.layers
+                    compute_s = req.prefill_end_s - req.prefill_start_s
+                    xfer_s = max(xfer_s / L, xfer_s - compute_s * (L - 1) / L)
+                yield env.timeout(xfer_s)
+                link.busy_s += wire_s      # overlapped layers were on the wire during prefill too
+                link.bytes += bytes_
+                link.transfers += 1
+            req.kv_transfer_s = xfer_s
+            req.kv_wait_s = t_start - t_ready
+            if src.epoch != src_epoch:     # the prefill instance failed: its copy is gone
+                if dec.epoch == dec_epoch:
+                    dec.reserved_count -= 1
+                    dec.reserved_blocks -= req.blocks
+                    dec.kv.release(req)
+                    self.on_decode_freed(dec)
+                return self._lost_on_prefill(req)
+            if dec.epoch != dec_epoch:     # the decode instance failed meanwhile: send the KV elsewhere
+                req.blocks = 0
+                continue
+            break
         # the prefill side frees its copy; the decode side starts
         held = req.blocks
         req.blocks = src_blocks
@@ -253,6 +346,29 @@ class Disaggregated:
         req.status = UNFINISHED
         req.decode_start_s = env.now
         dec.accept(req)
+
+    def _lost_on_prefill(self, req: Request) -> None:
+        """KV lost with a failed instance before it reached decode: prefill again (recompute)."""
+        req.recomputed_tokens += req.computed
+        req.computed = 0
+        req.blocks = 0
+        req.fault_hits += 1
+        req.status = UNFINISHED
+        self._dispatch(req, admit=False)
+
+    def _after_failure(self, inst, lost) -> None:
+        if inst.role == "decode":
+            inst.reserved_count = inst.reserved_blocks = 0   # reservations vanished with its memory
+            self.on_decode_freed(inst)                       # waiting hand-offs pick another instance
+        for r in lost:   # prefill: restart; decode: its KV is gone, prefill prompt + generated again
+            self._dispatch(r, admit=False)
+
+    def recover_instance(self, inst) -> None:
+        super().recover_instance(inst)
+        if inst.role == "decode":
+            waiters, self.decode_up = self.decode_up, []
+            for ev in waiters:
+                ev.succeed()
 
     def on_decode_freed(self, dec):
         waiters, self.pending[dec.name] = self.pending[dec.name], []

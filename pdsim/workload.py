@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 FINISHED, REJECTED, UNFINISHED = "finished", "rejected", "unfinished"
+ABANDONED = "abandoned"     # the client gave up waiting for a first token (workload.timeout_s)
 
 
 @dataclass(slots=True, eq=False)
@@ -37,6 +38,7 @@ class Request:
     kv_wait_s: float = 0.0                  # held on the prefill side for link or decode blocks
     preemptions: int = 0
     recomputed_tokens: int = 0
+    fault_hits: int = 0                     # times a failure took its KV cache or its place in a queue
     instance: str = ""                      # where it prefilled / ran
     decode_instance: str = ""
 

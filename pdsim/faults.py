@@ -1,0 +1,69 @@
+"""Fault injection: instances failing and recovering (a schedule, or random with MTBF/MTTR), KV links
+degraded or down.  Each fault is a small SimPy process acting on a built topology.
+
+A failed instance loses its step in flight and its whole KV cache: running requests are re-routed
+and recompute their tokens (a decode instance's requests are prefilled again, prompt and generated
+tokens), queued requests move to live instances (or wait in the topology's backlog while none is
+up).  After ``down_s`` plus ``warmup_s`` (weight loading) it serves again with an empty cache.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+
+def _instance_fault(env, topo, inst, at_s: float, down_s: float, warmup_s: float):
+    if at_s > env.now:
+        yield env.timeout(at_s - env.now)
+    until = env.now + down_s + warmup_s
+    was_down = inst.down
+    topo.fail_instance(inst, until)
+    if was_down:
+        return
+    yield env.timeout(down_s + warmup_s)
+    inst.down_s += down_s + warmup_s
+    topo.recover_instance(inst)
+
+
+def _random_faults(env, topo, inst, rng, mtbf_s: float, mttr_s: float, warmup_s: float):
+    while True:
+        yield env.timeout(rng.exponential(mtbf_s))
+        repair = rng.exponential(mttr_s)
+        yield from _instance_fault(env, topo, inst, env.now, repair, warmup_s)
+
+
+def _link_fault(env, topo, at_s: float, duration_s: float, fraction: float):
+    if at_s > env.now:
+        yield env.timeout(at_s - env.now)
+    topo.fault_log.append({"link": "all", "at_s": env.now, "until_s": env.now + duration_s,
+                           "bandwidth_fraction": fraction})
+    for link in topo.links:
+        link.degrade(env, fraction)
+    yield env.timeout(duration_s)
+    for link in topo.links:
+        link.degrade(env, 1.0)
+
+
+def schedule_faults(env, sc, name: str, topo) -> None:
+    f = sc.faults
+    by_name = {i.name: i for i in topo.instances}
+    for spec in f.instances:
+        if spec.topology not in (None, name) or spec.instance not in by_name:
+            continue       # validated: it exists in some topology of the scenario
+        env.process(_instance_fault(env, topo, by_name[spec.instance], spec.at_s, spec.down_s, spec.warmup_s))
+    if f.random is not None:
+        r = f.random
+        for idx, inst in enumerate(topo.instances):
+            if r.pools is None or inst.pool in r.pools:
+                rng = np.random.default_rng([sc.seed, zlib.crc32(name.encode()), idx])
+                env.process(_random_faults(env, topo, inst, rng, r.mtbf_s, r.mttr_s, r.warmup_s))
+    if topo.links:
+        for spec in f.links:
+            if spec.topology in (None, name):
+                env.process(_link_fault(env, topo, spec.at_s, spec.duration_s, spec.bandwidth_fraction))
+
+
+def fault_windows(topo) -> list[tuple[float, float]]:
+    """[start, end) of every fault that happened in this topology's run."""
+    return [(e["at_s"], e["until_s"]) for e in topo.fault_log if "until_s" in e]

@@ -1,0 +1,167 @@
+"""Faults, overload and abandonment: nothing lost, ever; failures cost what they should."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import REPO, scenario
+from pdsim import config, metrics
+from pdsim.errors import ConfigError
+from pdsim.simulation import simulate
+
+CONST = {"cost_model": {"kind": "constant", "step_s": 0.01}}
+LIN = {"cost_model": {"kind": "linear", "base_s": 0.005, "per_token_s": 5e-5, "per_kv_token_s": 1e-7}}
+
+
+def _with(sc, **update):
+    return sc.model_copy(update=update)
+
+
+def test_failed_replica_moves_its_request_and_recomputes_exactly():
+    # one request (arrives at t=1) of 100 prompt + 50 output tokens on replica-0 (round robin); constant
+    # 10 ms steps: prefill ends at 1.01, a decode step every 10 ms; at t=1.105 it has computed 100 + 9 tokens
+    # (10 steps done, the 11th in flight is lost) -> re-prefilled on replica-1 from token 0.
+    topo = {"kind": "colocated", "replicas": 2, "router": "round_robin", "kv_blocks": 100, **CONST}
+    sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=100, output_tokens=50)
+    sc = _with(sc, faults=config.FaultsSpec(instances=[{"at_s": 1.105, "instance": "replica-0", "down_s": 1.0}]))
+    (res,) = simulate(sc)
+    r = res.requests[0]
+    assert r.status == "finished" and r.instance == "replica-1"
+    assert r.recomputed_tokens == 109 and r.fault_hits == 1
+    # 10 steps before, then 1 re-prefill step (109 + 1 tokens) and 39 decode steps on replica-1
+    assert r.finish_s == pytest.approx(1.105 + 0.01 * 40, abs=1e-9)
+    assert res.topology.instances[0].down is True         # the run ends (1.505) before it recovers (2.105)
+
+
+FAULT_TOPOS = st.sampled_from([
+    {"kind": "colocated", "replicas": 2, "kv_blocks": 60, **LIN},
+    {"kind": "colocated", "replicas": 3, "kv_blocks": 40, "chunked_prefill": {"token_budget": 64}, **LIN},
+    {"kind": "disaggregated", "prefill": {"instances": 2, "kv_blocks": 40, **LIN},
+     "decode": {"instances": 2, "kv_blocks": 50, "max_running": 6, **LIN}, "kv_link": {"bandwidth_GBps": 1}},
+    {"kind": "disaggregated", "prefill": {"kv_blocks": 40, "device": "h100-sxm"},
+     "decode": {"instances": 2, "kv_blocks": 40, "device": "h100-sxm"}, "assignment": "least_decode_work",
+     "kv_link": {"shared": True, "bandwidth_GBps": 0.5}},
+])
+
+
+@st.composite
+def fault_schedules(draw, names):
+    n = draw(st.integers(0, 4))
+    inst = [{"at_s": draw(st.floats(0, 3)), "instance": draw(st.sampled_from(names)),
+             "down_s": draw(st.floats(0.01, 2)), "warmup_s": draw(st.floats(0, 0.5))} for _ in range(n)]
+    links = [{"at_s": draw(st.floats(0, 3)), "duration_s": draw(st.floats(0.01, 2)),
+              "bandwidth_fraction": draw(st.sampled_from([0.0, 0.1, 0.5]))} for _ in range(draw(st.integers(0, 2)))]
+    return {"instances": inst, "links": links}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=FAULT_TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 40), rate=st.floats(1, 60),
+       data=st.data(), timeout=st.sampled_from([None, None, 0.5]), fast=st.booleans())
+def test_nothing_lost_under_random_faults(topo, seed, n, rate, data, timeout, fast):
+    sc = scenario({"t": topo}, rate=rate, num_requests=n, timeout_s=timeout,
+                  prompt_tokens={"dist": "uniform", "low": 1, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 1, "high": 60})
+    names = sc.instance_names("t")
+    sc = _with(sc, seed=seed, faults=config.FaultsSpec(**data.draw(fault_schedules(names))))
+    (res,) = simulate(sc, fast=fast)        # check_conservation raises on lost requests or leaked blocks
+    states = {r.status for r in res.requests}
+    assert states <= {"finished", "abandoned", "rejected"}
+    for r in res.requests:
+        assert r.finish_s >= r.arrival_s
+        if r.status == "finished":
+            assert r.generated == r.output_tokens and r.first_token_s >= r.arrival_s
+            if r.decode_instance:
+                assert r.decode_start_s >= r.prefill_end_s
+        if r.status == "abandoned":
+            assert r.finish_s == pytest.approx(r.arrival_s + timeout) and r.generated == 0
+    for inst in res.topology.instances:
+        if not inst.down:
+            assert inst.kv.free_blocks == inst.kv.total_blocks
+    # recovery restores capacity: every fault that ended before the run did is over
+    for e in res.topology.fault_log:
+        if "until_s" in e and e["until_s"] < res.sim_end_s:
+            inst = res.topology.by_name[e["instance"]] if "instance" in e else None
+            if inst is not None and not any(f.get("instance") == inst.name and f.get("until_s", 0) > res.sim_end_s
+                                            for f in res.topology.fault_log):
+                assert not inst.down
+
+
+def test_decode_failure_in_2p2d_costs_more_than_a_replica_failure_in_colocated4():
+    sc = config.load(REPO / "scenarios" / "faults-decode-vs-replica.yaml")
+    res = simulate(sc)
+    df = metrics.requests_frame(res)
+    summ = metrics.summarize(res, df, sc)
+    colo, dis = summ["colocated-4"]["faults"], summ["disagg-2p2d"]["faults"]
+    # a decode instance holds half the running decodes, a replica a quarter: twice the requests lose KV
+    assert dis["requests_affected"] > 1.5 * colo["requests_affected"] > 0
+    assert dis["recomputed_tokens"] > colo["recomputed_tokens"]
+    assert summ["disagg-2p2d"]["tpot_s"]["p90"] > summ["colocated-4"]["tpot_s"]["p90"]
+    for f in (colo, dis):
+        assert f["instance_down_s"] and f["recovery"][0]["time_to_recover_s"] is not None
+
+
+def test_link_down_holds_kv_on_the_prefill_side():
+    topo = {"kind": "disaggregated", "prefill": {"kv_blocks": 400, **LIN}, "decode": {"kv_blocks": 400, **LIN},
+            "kv_link": {"bandwidth_GBps": 10}}
+    sc = scenario({"t": topo}, arrival="constant", rate=20.0, num_requests=60, prompt_tokens=100, output_tokens=5)
+    (base,) = simulate(sc)
+    (down,) = simulate(_with(sc, faults=config.FaultsSpec(links=[{"at_s": 1.0, "duration_s": 1.0}])))
+    waits = np.array([r.kv_wait_s for r in down.requests])
+    hit = [r for r in down.requests if 1.0 <= r.prefill_end_s < 2.0]
+    assert hit and all(r.kv_wait_s + r.prefill_end_s >= 2.0 - 1e-9 for r in hit)   # waited for the link
+    assert waits.max() > 0.5 > max(r.kv_wait_s for r in base.requests)
+    assert down.topology.prefill.instances[0].kv.peak_used > base.topology.prefill.instances[0].kv.peak_used
+
+
+def test_overload_10x_with_timeouts_and_admission_stays_bounded(tmp_path):
+    # prefill costs 0.5 ms a token: one replica serves at most ~10 req/s of 200-token prompts;
+    # 100 req/s for 600 s of simulated time
+    topo = {"kind": "colocated", "replicas": 1, "kv_blocks": 2000, "max_queue": 64,
+            "cost_model": {"kind": "linear", "base_s": 0.005, "per_token_s": 5e-4}}
+    sc = scenario({"t": topo}, rate=100.0, num_requests=None, duration_s=600.0, timeout_s=2.0,
+                  prompt_tokens=200, output_tokens=20)
+    from pdsim.output import write_outputs
+    summary = write_outputs(simulate(sc), sc, tmp_path, report=False)["topologies"]["t"]
+    req = summary["requests"]
+    assert req["total"] > 55_000
+    assert req["rejected"] > 0.5 * req["total"] and req["abandoned"] > 0 and 0 < req["finished"] < 0.2 * req["total"]
+    assert req["total"] == req["finished"] + req["rejected"] + req["abandoned"] + req["unfinished"]
+    assert summary["rejected_by_reason"]["admission"] == req["rejected"]
+
+
+def test_timeout_abandons_waiting_requests_at_the_timeout():
+    topo = {"kind": "colocated", "replicas": 1, "max_running": 1, "kv_blocks": 1000, **CONST}
+    sc = scenario({"t": topo}, arrival="constant", rate=1000.0, num_requests=50, timeout_s=0.1,
+                  prompt_tokens=10, output_tokens=2)
+    (res,) = simulate(sc)
+    ab = [r for r in res.requests if r.status == "abandoned"]
+    assert ab and all(r.finish_s == pytest.approx(r.arrival_s + 0.1) for r in ab)
+    assert all(r.status == "finished" for r in res.requests if r not in ab)
+
+
+@pytest.mark.parametrize("faults, key", [
+    ([{"at_s": 1, "instance": "decode-7", "down_s": 1}], "faults.instances[0].instance"),
+    ([{"at_s": 1, "instance": "replica-0", "down_s": -1}], "faults.instances.0.down_s"),
+    ({"links": [{"at_s": 1, "duration_s": 1, "bandwidth_fraction": 2}]}, "faults.links.0.bandwidth_fraction"),
+    ({"instances": [], "random": {"mtbf_s": 0, "mttr_s": 1}}, "faults.random.mtbf_s"),
+])
+def test_bad_fault_specs_fail_clearly(faults, key):
+    raw = {"model": "llama-3.1-8b", "workload": {"rate": 1, "num_requests": 2},
+           "topologies": {"c": {"kind": "colocated"}}, "faults": faults}
+    with pytest.raises(ConfigError) as e:
+        config.parse(raw, "f.yaml")
+    assert str(e.value).startswith("f.yaml") and key in str(e.value), str(e.value)
+
+
+def test_random_faults_are_seeded_and_counted():
+    topo = {"kind": "colocated", "replicas": 3, "kv_blocks": 200, **LIN}
+    sc = scenario({"t": topo}, rate=20.0, num_requests=300, prompt_tokens=100, output_tokens=30)
+    sc = _with(sc, faults=config.FaultsSpec(random={"mtbf_s": 5.0, "mttr_s": 1.0, "warmup_s": 0.2}))
+    a, b = simulate(sc)[0], simulate(sc)[0]
+    assert a.topology.fault_log == b.topology.fault_log and len(a.topology.fault_log) > 0
+    assert [r.finish_s for r in a.requests] == [r.finish_s for r in b.requests]
+    summ = metrics.summarize([a], metrics.requests_frame([a]), sc)["t"]["faults"]
+    assert json.dumps(summ, default=float)
