@@ -100,6 +100,9 @@ class GoodputSpec(_Strict):
     # worst_seed: a rate passes only if every seed's attainment meets the target (conservative: the
     # recommendation holds on a fresh seed); pooled: attainment over all seeds' requests together
     aggregate: Literal["worst_seed", "pooled"] = "worst_seed"
+    # each simulation covers at least this much arrival time (more requests at high rates), so a
+    # high rate is judged in steady state rather than on the first seconds of an empty cluster
+    min_duration_s: float = Field(60.0, ge=0, allow_inf_nan=False)
     max_rounds: int = Field(14, ge=2, le=60)
 
 
@@ -242,18 +245,23 @@ def _scenario_dict(plan: Plan, topologies: dict, rate: float, seed: int) -> dict
     """A scenario (raw dict) of the plan's workload at ``rate`` requests/s."""
     s = plan.spec
     w = json.loads(json.dumps(s.workload))
+    if "num_requests" not in w and "duration_s" not in w:
+        w["num_requests"] = 1000
+    if "num_requests" in w and rate:
+        w["num_requests"] = max(int(w["num_requests"]), int(math.ceil(rate * s.goodput.min_duration_s)))
     if w.get("arrival", "poisson") == "trace":
         w.setdefault("trace", {})
-        base = plan_base_rate(plan)
+        base, span = plan_base_rate(plan, with_span=True)
         w["trace"]["rate_scale"] = rate / base if rate else 1.0
         # a trace replays the same requests whatever the seed: replicate over successive windows
         k = seed - s.seed
         if k and "num_requests" in w:
-            w["trace"]["start_s"] = w["trace"].get("start_s", 0.0) + k * w["num_requests"] / base
+            win = w["num_requests"] / base                 # trace seconds the window needs
+            room = span - win
+            if room > 0:
+                w["trace"]["start_s"] = w["trace"].get("start_s", 0.0) + (k * win) % room
     else:
         w["rate"] = rate
-    if "num_requests" not in w and "duration_s" not in w:
-        w["num_requests"] = 1000
     return {"name": s.name, "seed": seed, "model": s.model, "weight_dtype": s.weight_dtype,
             "kv_dtype": s.kv_dtype, "workload": w, "slo": s.slo.model_dump(), "topologies": topologies}
 
@@ -261,13 +269,15 @@ def _scenario_dict(plan: Plan, topologies: dict, rate: float, seed: int) -> dict
 _BASE_RATES: dict = {}
 
 
-def plan_base_rate(plan: Plan) -> float:
-    """A trace workload's own request rate over the rows used (what rate_scale multiplies)."""
+def plan_base_rate(plan: Plan, with_span: bool = False):
+    """A trace workload's own request rate (what rate_scale multiplies) over the whole trace window
+    after start_s/duration_s (and its span in trace seconds when ``with_span``)."""
     key = json.dumps(plan.spec.workload, sort_keys=True, default=str) + str(plan.base_dir)
     if key not in _BASE_RATES:
         from .simulation import generate, resolve_model
         w = json.loads(json.dumps(plan.spec.workload))
         w.setdefault("trace", {})["rate_scale"] = 1.0
+        w.pop("num_requests", None)
         raw = {"model": plan.spec.model, "workload": w, "topologies": {"x": {"kind": "colocated"}}}
         sc = parse(raw, plan.file, base_dir=plan.base_dir)
         reqs = generate(sc, resolve_model(sc))
@@ -275,8 +285,9 @@ def plan_base_rate(plan: Plan) -> float:
         span = float(t.max() - t.min()) if len(t) > 1 else 0.0
         if span <= 0:
             raise ConfigError("the trace window has no time span to scale", file=plan.file, key="workload.trace")
-        _BASE_RATES[key] = (len(t) - 1) / span
-    return _BASE_RATES[key]
+        _BASE_RATES[key] = ((len(t) - 1) / span, span)
+    rate, span = _BASE_RATES[key]
+    return (rate, span) if with_span else rate
 
 
 # --- analytic bounds ---------------------------------------------------------------------
