@@ -150,25 +150,52 @@ def _components(df: pd.DataFrame, names: list, figures: list) -> None:
     fin = df[df.status == "finished"].copy()
     if not len(fin):
         return
-    for c in ("queue_s", "prefill_s", "kv_wait_s", "kv_transfer_s"):
-        fin[c] = fin[c].fillna(0)
+    for c in ("queue_s", "prefill_s", "kv_wait_s", "kv_transfer_s", "decode_queue_s"):
+        fin[c] = fin[c].fillna(0).clip(lower=0)
     fin["kv_s"] = fin.kv_wait_s + fin.kv_transfer_s
-    fin["decode_s"] = (fin.e2e_s - fin.queue_s - fin.prefill_s - fin.kv_s).clip(lower=0)
-    cols = ["queue_s", "prefill_s", "kv_s", "decode_s"]
-    labels = ["queue", "prefill", "KV wait + transfer", "decode (rest of E2E)"]
-    comp = fin.groupby("topology")[cols].mean().reindex([n for n in names if n in set(fin.topology)])
-    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.45 * max(2, len(comp))))
-    left = np.zeros(len(comp))
-    for i, (c, lab) in enumerate(zip(cols, labels)):
-        ax.barh(comp.index, comp[c], left=left, color=COLORS[i], hatch=HATCHES[i], edgecolor="white", label=lab)
-        left += comp[c].fillna(0).to_numpy()
-    ax.invert_yaxis()
-    ax.set_xlabel("mean seconds per finished request")
-    ax.legend(fontsize=8, loc="lower right")
-    comp = comp.rename(columns=dict(zip(cols, [f"{lab} s" for lab in labels])))
-    comp["E2E s"] = fin.groupby("topology").e2e_s.mean()
-    figures.append({"title": "Where the time goes (mean E2E components)", "png": _png(fig),
-                    "table": _table(comp, "components")})
+    fin["decode_s"] = (fin.e2e_s - fin.queue_s - fin.prefill_s - fin.kv_s - fin.decode_queue_s).clip(lower=0)
+    cols = ["queue_s", "prefill_s", "kv_s", "decode_queue_s", "decode_s"]
+    labels = ["prefill queue", "prefill compute", "KV wait + transfer", "decode queue", "decode (incl. preemption)"]
+    order = [n for n in names if n in set(fin.topology)]
+    g = fin.groupby("topology")[cols]
+    stats = {"mean": g.mean().reindex(order), "p90": g.quantile(0.9).reindex(order)}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.8 + 0.45 * max(2, len(order))), sharey=True)
+    for ax, (what, comp) in zip(axes, stats.items()):
+        left = np.zeros(len(comp))
+        for i, (c, lab) in enumerate(zip(cols, labels)):
+            ax.barh(comp.index, comp[c], left=left, color=COLORS[i], hatch=HATCHES[i % len(HATCHES)],
+                    edgecolor="white", label=lab)
+            left += comp[c].fillna(0).to_numpy()
+        ax.set_xlabel(f"{what} seconds per finished request" + (" (each component's own p90)" if what == "p90" else ""))
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].invert_yaxis()
+    axes[1].legend(fontsize=8, loc="lower right")
+    table = pd.concat({what: comp.rename(columns=dict(zip(cols, [f"{lab} s" for lab in labels])))
+                       for what, comp in stats.items()}, axis=1)
+    table[("mean", "E2E s")] = fin.groupby("topology").e2e_s.mean()
+    table[("p90", "E2E s")] = fin.groupby("topology").e2e_s.quantile(0.9)
+    figures.append({"title": "Where the time goes (E2E components: mean and p90)", "png": _png(fig),
+                    "table": _table(table, "components")})
+
+
+def _faults(topos: dict, figures: list) -> None:
+    rows = []
+    for n, t in topos.items():
+        f = t.get("faults")
+        if not f:
+            continue
+        rec = [r.get("time_to_recover_s") for r in f.get("recovery", [])]
+        rows.append({"topology": n, "fault events": len(f.get("events", [])),
+                     "requests affected": f.get("requests_affected"),
+                     "recomputed tokens": f.get("recomputed_tokens"),
+                     "extra E2E s (affected)": f.get("extra_e2e_s_affected"),
+                     "SLO att. in fault windows": f.get("slo_attainment_inside_fault_windows"),
+                     "SLO att. outside": f.get("slo_attainment_outside_fault_windows"),
+                     "time to recover s": ", ".join("-" if x is None else f"{x:.3g}" for x in rec) or "-",
+                     "abandoned": _get(t, "requests.abandoned"), "rejected": _get(t, "requests.rejected")})
+    if rows:
+        figures.append({"title": "Faults: what they cost", "png": "",
+                        "table": _table(pd.DataFrame(rows).set_index("topology"), "faults")})
 
 
 def _timeseries(ts: pd.DataFrame, names: list, figures: list) -> None:
@@ -253,8 +280,9 @@ def build_report(out_dir: Path) -> Path:
                               "SLO attainment": _fmt(t.get("slo_attainment")),
                               "out tok/s per GPU": _fmt(_get(t, "throughput.output_tokens_per_s_per_gpu")),
                               "$ per M output tokens": _fmt(t.get("cost_per_million_output_tokens_usd")),
-                              "requests finished / rejected / unfinished": " / ".join(
-                                  _fmt(_get(t, f"requests.{k}")) for k in ("finished", "rejected", "unfinished"))}})
+                              "requests finished / rejected / abandoned / unfinished": " / ".join(
+                                  _fmt(_get(t, f"requests.{k}"))
+                                  for k in ("finished", "rejected", "abandoned", "unfinished"))}})
 
     def rank(n):
         att, cost = _num(topos[n].get("slo_attainment")), _num(topos[n].get("cost_per_million_output_tokens_usd"))
@@ -269,6 +297,7 @@ def build_report(out_dir: Path) -> Path:
     if ts is not None and len(ts):
         _timeseries(ts, names, figures)
     _kv_transfers(df, topos, figures)
+    _faults(topos, figures)
 
     _log("rendering HTML...")
     model = sc.get("model")

@@ -165,3 +165,22 @@ def test_random_faults_are_seeded_and_counted():
     assert [r.finish_s for r in a.requests] == [r.finish_s for r in b.requests]
     summ = metrics.summarize([a], metrics.requests_frame([a]), sc)["t"]["faults"]
     assert json.dumps(summ, default=float)
+
+
+def test_fault_costs_appear_in_summary_and_report(tmp_path):
+    from pdsim.__main__ import main
+    assert main(["run", str(REPO / "scenarios" / "faults-decode-vs-replica.yaml"), "--out", str(tmp_path),
+                 "--quiet"]) == 0
+    summ = json.loads((tmp_path / "summary.json").read_text())["topologies"]
+    html = (tmp_path / "report.html").read_text()
+    import re
+    body = html[html.index('class="dataframe faults"'):]
+    body = body[:body.index("</table>")]
+    head = re.findall(r"<th>([^<]*)</th>", body[:body.index("</thead>")])
+    rows = {}
+    for tr in re.findall(r"<tr>(.*?)</tr>", body[body.index("<tbody>"):], re.S):
+        cells = re.findall(r"<t[hd]>([^<]*)</t[hd]>", tr)
+        rows[cells[0]] = dict(zip(head[1:], cells[1:]))
+    for name, t in summ.items():
+        assert int(rows[name]["requests affected"]) == t["faults"]["requests_affected"]
+        assert int(rows[name]["recomputed tokens"]) == t["faults"]["recomputed_tokens"]
