@@ -299,6 +299,8 @@ def load_profile_file(path: str | Path) -> DeviceProfile:
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "missing":   # the input of a missing key is its parent mapping: do not show it
+            raise ConfigError("required key is missing", file=str(path), key=key) from None
         raise ConfigError(err["msg"], file=str(path), key=key, value=_shown(err.get("input")),
                           has_value=True) from None
     return DeviceProfile(spec, str(path))
