@@ -46,6 +46,7 @@ def _both(sc):
 
 
 def _assert_same(fast, slow):
+    assert abs(fast[0].sim_end_s - slow[0].sim_end_s) <= 1e-9
     a, b = metrics.requests_frame(fast), metrics.requests_frame(slow)
     exact = [c for c in a.columns if c not in FLOAT_COLS]
     pd.testing.assert_frame_equal(a[exact], b[exact])
@@ -106,3 +107,18 @@ def test_vectorised_decode_costs_equal_scalar_steps():
         ref = CostModel.decode_steps(cm, 33, attn0, kv0, 300)
         for g, r in zip(got, ref):
             assert np.allclose(g, r, rtol=1e-12, atol=0)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 30), rate=st.floats(1, 60),
+       at=st.floats(0.05, 2), down=st.floats(0.01, 1), link=st.booleans(), timeout=st.sampled_from([None, 0.3]))
+def test_fast_path_equals_step_by_step_under_faults(topo, seed, n, rate, at, down, link, timeout):
+    from pdsim.config import FaultsSpec
+    sc = scenario({"t": topo}, rate=rate, num_requests=n, timeout_s=timeout,
+                  prompt_tokens={"dist": "uniform", "low": 1, "high": 300},
+                  output_tokens={"dist": "uniform", "low": 1, "high": 200})
+    victim = sc.instance_names("t")[-1]          # the last decode instance or replica
+    faults = FaultsSpec(instances=[{"at_s": at, "instance": victim, "down_s": down, "warmup_s": 0.1}],
+                        links=[{"at_s": at / 2, "duration_s": down, "bandwidth_fraction": 0.0}] if link else [])
+    sc = sc.model_copy(update={"seed": seed, "faults": faults})
+    _assert_same(*_both(sc))
