@@ -14,7 +14,7 @@ $(VENV)/.torch: $(BIN)/pdsim
 	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch unavailable: calibration tests will be skipped"
 	touch $(VENV)/.torch
 
-.PHONY: demo test bench install
+.PHONY: demo test bench bench-all install
 install: $(BIN)/pdsim
 
 demo: $(BIN)/pdsim
@@ -25,3 +25,8 @@ test: $(BIN)/pdsim $(VENV)/.torch
 
 bench: $(BIN)/pdsim
 	$(BIN)/python benchmarks/bench_speed.py
+
+bench-all: bench
+	$(BIN)/python benchmarks/bench_scale.py
+	$(BIN)/python benchmarks/bench_plan.py
+	$(BIN)/python benchmarks/check_vidur_linear.py
