@@ -173,7 +173,11 @@ def test_headless_chromium_renders_offline(quick, tmp_path):
     base = [exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'prof'}",
             "--proxy-server=127.0.0.1:9",        # an unreachable proxy: any external fetch would fail
             "--window-size=1200,2000"]
-    dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run(base + ["--enable-logging=stderr", "--v=0", "--dump-dom", url], capture_output=True,
+                         text=True, timeout=120)
+    console = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+    assert not console, console                # no console errors (the page has no script to raise any)
+    assert "net::ERR" not in dom.stderr        # nothing tried to load from the network
     assert f"<title>pdsim report: {summary['scenario']['name']}</title>" in dom.stdout, dom.stderr[-2000:]
     assert 'class="summary"' in dom.stdout
     shot = tmp_path / "shot.png"
