@@ -584,15 +584,15 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
             searches[c.name].update(target_rate, rows[c.name]["at_target"], att)
     rounds = 0
     while True:
-        # dominance: a config whose bound is at most the goodput found for a cheaper one is skipped
-        finished = [s for s in searches.values() if s.done]
+        # dominance: a config whose bound is at most a rate that a cheaper config already passed
         for s in searches.values():
             if s.done:
                 continue
-            dom = next((f for f in finished if f.cfg.usd_per_hour <= s.cfg.usd_per_hour and f.goodput > 0
-                        and s.cfg.bound_rate <= f.goodput and f.cfg.name != s.cfg.name), None)
+            dom = next((f for f in searches.values() if f is not s and f.lo > 0
+                        and f.cfg.usd_per_hour <= s.cfg.usd_per_hour and s.cfg.bound_rate <= f.lo), None)
             if dom is not None:
-                s.done, s.note = True, f"dominated: bound {s.cfg.bound_rate:.3g} <= goodput of {dom.cfg.name}"
+                s.done, s.note = True, f"dominated: bound {s.cfg.bound_rate:.3g} <= {dom.lo:.3g} req/s passed by " \
+                                       f"{dom.cfg.name} at no more $/h"
         batch = [(s.cfg, r) for s in searches.values() for r in [s.next_rate()] if r is not None]
         if not batch or rounds >= spec.goodput.max_rounds:
             break
