@@ -255,7 +255,8 @@ def build_report(out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     _log(f"reading {out_dir}...")
     summary = json.loads((out_dir / "summary.json").read_text())
-    df = pd.read_csv(out_dir / "requests.csv")
+    df = pd.read_csv(out_dir / "requests.csv", low_memory=False,
+                     dtype={"instance": str, "decode_instance": str, "reject_reason": str, "status": str})
     ts_path = out_dir / "timeseries.csv"
     ts = None
     if ts_path.exists() and ts_path.stat().st_size > 1:

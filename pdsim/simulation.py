@@ -162,8 +162,23 @@ def _client(env, topo, sink, queue, think_s, model=None, timeout_s=None):
             yield env.timeout(think_s)
 
 
+def _progress(env, sink, name: str, span_s: float, every_wall_s: float = 2.0):
+    """A line on stderr at most every ``every_wall_s`` of wall time: requests settled, clock, ETA."""
+    import time
+    t0 = last = time.perf_counter()
+    step = max(span_s / 500, 1e-3)
+    while sink.done < sink.expected:
+        yield env.timeout(step)
+        now = time.perf_counter()
+        if now - last >= every_wall_s and sink.done:
+            last = now
+            left = (now - t0) * (sink.expected - sink.done) / sink.done
+            print(f"pdsim: {name}: {sink.done:,}/{sink.expected:,} requests settled, simulated {env.now:,.0f} s, "
+                  f"{now - t0:.0f} s wall, ~{left:.0f} s to go", file=sys.stderr, flush=True)
+
+
 def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: ModelShape,
-                 bin_s: float, fast: bool = True) -> TopologyResult:
+                 bin_s: float, fast: bool = True, progress: bool = False) -> TopologyResult:
     env = simpy.Environment()
     sink = Sink(env, len(stream))
     ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s, fast)
@@ -180,6 +195,8 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     if sc.faults is not None:
         from .faults import schedule_faults
         schedule_faults(env, sc, name, topo)
+    if progress:
+        env.process(_progress(env, sink, name, bin_s * 200))
     # stop when every request is settled (stale fast-path timers and fault processes may run on)
     try:
         env.run(until=sc.horizon_s if sc.horizon_s is not None else sink.all_done)
@@ -248,5 +265,5 @@ def simulate(sc: Scenario, progress: bool = False, fast: bool = True) -> list[To
     for name, spec in sc.topologies.items():
         if progress:
             print(f"pdsim: simulating {name} ({len(stream)} requests)...", file=sys.stderr, flush=True)
-        out.append(run_topology(sc, name, spec, stream, model, bin_s, fast))
+        out.append(run_topology(sc, name, spec, stream, model, bin_s, fast, progress))
     return out
