@@ -294,6 +294,8 @@ class Instance:
 
     def drop(self, req: Request) -> bool:
         """Take out a request that the client abandoned (before its first token); True if it was here."""
+        if self._win is not None:
+            self.cut()            # a new head of the queue may fit: the window's plan may change
         if req in self.waiting:
             self.waiting.remove(req)
         elif req in self.running:
