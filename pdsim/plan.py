@@ -475,6 +475,14 @@ class Search:
     def goodput(self) -> float:
         return self.lo
 
+    def rounds_left(self) -> int:
+        """A guess at the rounds this search still needs (bracketing, then bisection)."""
+        if self.done:
+            return 0
+        if math.isinf(self.hi) or self.lo == 0.0:
+            return 1 + max(1, math.ceil(math.log2(1 / self.tol)))
+        return max(1, math.ceil(math.log2(max((self.hi - self.lo) / (self.tol * self.hi), 1.0))) + 1)
+
 
 def _pooled(results: list[dict]) -> dict:
     out = {k: sum(r[k] for r in results) for k in ("n", "ok", "ttft_ok", "tpot_ok", "finished")}
@@ -598,7 +606,11 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
             break
         rounds += 1
         left = sum(1 for s in searches.values() if not s.done)
-        runner.log(f"round {rounds}: {len(batch)} configs x {spec.goodput.seeds} seeds; {left} searches open")
+        # ETA: the open search furthest from its tolerance needs about log2(width / tol) more rounds
+        more = max((s.rounds_left() for s in searches.values() if not s.done), default=0)
+        el = time.perf_counter() - runner.t0
+        eta = f", ETA ~{el / rounds * more:.0f} s" if rounds > 1 else ""
+        runner.log(f"round {rounds}: {len(batch)} configs x {spec.goodput.seeds} seeds; {left} searches open{eta}")
         for (c, r), res in zip(batch, runner.run(batch)):
             searches[c.name].update(r, res, att)
     for name, s in searches.items():

@@ -184,3 +184,31 @@ def test_fault_costs_appear_in_summary_and_report(tmp_path):
     for name, t in summ.items():
         assert int(rows[name]["requests affected"]) == t["faults"]["requests_affected"]
         assert int(rows[name]["recomputed tokens"]) == t["faults"]["recomputed_tokens"]
+
+
+def test_overload_scenario_admission_control_keeps_latency_bounded():
+    sc = config.load(REPO / "scenarios" / "faults-overload.yaml", ["workload.duration_s=120"])
+    res = simulate(sc)
+    summ = metrics.summarize(res, metrics.requests_frame(res), sc)
+    free, bounded = summ["timeouts-only"], summ["admission-64"]
+    assert free["requests"]["abandoned"] > 0 and free["requests"]["rejected"] == 0
+    assert bounded["requests"]["rejected"] > 0.5 * bounded["requests"]["total"]
+    assert bounded["requests"]["finished"] > 5 * free["requests"]["finished"]
+    assert bounded["ttft_s"]["p50"] < free["ttft_s"]["p50"]
+    assert bounded["tpot_s"]["p50"] < 0.5 * free["tpot_s"]["p50"]     # admitted requests keep decoding
+
+
+def test_link_down_scenario_hurts_disaggregated_only_inside_the_window():
+    sc = config.load(REPO / "scenarios" / "faults-link-down.yaml")
+    res = simulate(sc)
+    summ = metrics.summarize(res, metrics.requests_frame(res), sc)
+    dis = summ["disagg-2p2d"]
+    assert summ["colocated-4"]["faults"] is None or not summ["colocated-4"]["faults"]["events"]
+    assert dis["slo_attainment"] < summ["colocated-4"]["slo_attainment"]
+    f = dis["faults"]
+    assert f["slo_attainment_inside_fault_windows"] < f["slo_attainment_outside_fault_windows"]
+    kv_peak = {p: dis["pools"][p]["kv_peak_bytes"] for p in ("prefill", "decode")}
+    base = config.load(REPO / "scenarios" / "faults-link-down.yaml").model_copy(update={"faults": None})
+    res0 = simulate(base)
+    s0 = metrics.summarize(res0, metrics.requests_frame(res0), base)["disagg-2p2d"]
+    assert kv_peak["prefill"] > 2 * s0["pools"]["prefill"]["kv_peak_bytes"]   # KV held on the prefill side

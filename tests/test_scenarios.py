@@ -19,7 +19,7 @@ def test_every_scenario_runs_tiny(path, tmp_path, capsys):
     s = json.loads((tmp_path / "summary.json").read_text())
     for name, t in s["topologies"].items():
         r = t["requests"]
-        assert r["total"] == r["finished"] + r["rejected"] + r["unfinished"] == 25, name
+        assert r["total"] == r["finished"] + r["rejected"] + r["abandoned"] + r["unfinished"] == 25, name
     assert (tmp_path / "requests.csv").stat().st_size > 0
     assert (tmp_path / "timeseries.csv").stat().st_size > 0
 
