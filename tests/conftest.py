@@ -24,3 +24,30 @@ def scenario(topologies: dict | None = None, **workload) -> config.Scenario:
 @pytest.fixture
 def make_scenario():
     return scenario
+
+
+def chromium_render(html_path, tmp_path):
+    """Load a page in headless Chromium with networking blocked: (DOM text, stderr log, screenshot array).
+
+    Skips when Chromium is missing, except under CI (``.ci/run`` installs it), where that fails.
+    """
+    import os
+    import shutil
+    import subprocess
+
+    import matplotlib.image as mpimg
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed under CI (apt-get install -y chromium)")
+        pytest.skip("chromium not installed")
+    url = Path(html_path).as_uri()
+    base = [exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'prof'}",
+            "--proxy-server=127.0.0.1:9",        # an unreachable proxy: any external fetch would fail
+            "--window-size=1200,2000"]
+    dom = subprocess.run(base + ["--enable-logging=stderr", "--v=0", "--dump-dom", url], capture_output=True,
+                         text=True, timeout=120)
+    shot = tmp_path / "shot.png"
+    subprocess.run(base + [f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+    img = mpimg.imread(shot) if shot.exists() else None
+    return dom.stdout, dom.stderr, img

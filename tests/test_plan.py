@@ -56,6 +56,11 @@ def test_recommended_config_meets_slo_on_fresh_seed_next_cheaper_does_not(tmp_pa
         assert (out / f).stat().st_size > 0
     html = (out / "plan.html").read_text()
     assert "http://" not in html and "https://" not in html and "<script" not in html
+    from conftest import chromium_render
+    dom, log, img = chromium_render(out / "plan.html", tmp_path)
+    assert "Capacity plan: small" in dom and "colo-h100-sxm-tp1x2" in dom
+    assert not [ln for ln in log.splitlines() if "CONSOLE" in ln or "Uncaught" in ln] and "net::ERR" not in log
+    assert img is not None and img[..., :3].std() > 0.01
 
 
 def _md1_wait_cdf(t: float, lam: float, D: float) -> float:
