@@ -17,12 +17,16 @@ def _instance_fault(env, topo, inst, at_s: float, down_s: float, warmup_s: float
     if at_s > env.now:
         yield env.timeout(at_s - env.now)
     until = env.now + down_s + warmup_s
-    was_down = inst.down
-    topo.fail_instance(inst, until)
-    if was_down:
+    if inst.down:                 # already down: a longer overlapping fault extends the outage
+        topo.fault_log.append({"instance": inst.name, "at_s": env.now, "until_s": max(until, inst.down_until),
+                               "overlaps": "already down: outage extended to the later end"})
+        inst.down_until = max(inst.down_until, until)
         return
-    yield env.timeout(down_s + warmup_s)
-    inst.down_s += down_s + warmup_s
+    inst.down_until, inst.down_since = until, env.now
+    topo.fail_instance(inst, until)
+    while env.now < inst.down_until:
+        yield env.timeout(inst.down_until - env.now)
+    inst.down_s += env.now - inst.down_since
     topo.recover_instance(inst)
 
 
@@ -31,6 +35,8 @@ def _random_faults(env, topo, inst, rng, mtbf_s: float, mttr_s: float, warmup_s:
         yield env.timeout(rng.exponential(mtbf_s))
         repair = rng.exponential(mttr_s)
         yield from _instance_fault(env, topo, inst, env.now, repair, warmup_s)
+        while inst.down:          # a scheduled fault kept it down longer: the next failure follows recovery
+            yield env.timeout(max(inst.down_until - env.now, 1e-9))
 
 
 def _link_fault(env, topo, at_s: float, duration_s: float, fraction: float):

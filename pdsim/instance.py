@@ -17,7 +17,7 @@ transfer (disaggregated), ``decode`` instances receive transferred requests.
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
 from collections import deque
 
 import numpy as np
@@ -187,7 +187,8 @@ class Instance:
         self.windows = 0                   # fast-path windows opened (for the benchmark)
         self.down = False                  # failed or warming up: serves nothing, routers skip it
         self.epoch = 0                     # failures so far: KV held from an earlier epoch is gone
-        self.down_s = 0.0                  # total time down (failure + warm-up)
+        self.down_s = 0.0                  # total time down (failure + warm-up), outages that ended
+        self.down_since = self.down_until = 0.0
         self._wake = env.event()
         self.proc = env.process(self.run())
 
@@ -465,9 +466,9 @@ class Instance:
                 self.kv.peak_used = used
 
     def _done_unapplied(self) -> int:
-        """Steps of the open window that have ended by now but are not applied yet."""
+        """Steps of the open window that have ended before now but are not applied yet."""
         w = self._win
-        return min(bisect_right(w.ends, self.env.now) - 1, w.k - 1) - w.applied
+        return max(0, min(bisect_left(w.ends, self.env.now) - 1, w.k - 1) - w.applied)
 
     def load_tokens(self) -> int:
         """``outstanding_tokens`` as of now, without settling the window (the router's signal)."""
@@ -485,7 +486,9 @@ class Instance:
         """Bring counters, requests and KV up to ``env.now`` (call before reading them mid-window)."""
         w = self._win
         if w is not None:
-            j = min(bisect_right(w.ends, self.env.now) - 1, w.k - 1)  # steps ended by now
+            # steps that ended strictly before now: a step ending exactly now is still in flight, as in
+            # the loop, where an input scheduled for this instant before the step began is seen first
+            j = min(bisect_left(w.ends, self.env.now) - 1, w.k - 1)
             if j > w.applied:
                 self._settle(w, j)
 

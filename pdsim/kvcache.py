@@ -31,8 +31,12 @@ class KVCache:
         return -(-tokens // self.block_size)
 
     def fits_ever(self, tokens: int) -> bool:
-        """Could a request of this many tokens be held by an otherwise empty pool?"""
-        return self.blocks_for(tokens) <= self.total_blocks
+        """Could a request of this many tokens be admitted by an otherwise empty pool?
+
+        Admission keeps the watermark spare, and a preempted (or failed-over) request is
+        re-admitted with all its tokens, so the bound is total minus watermark, not total.
+        """
+        return self.blocks_for(tokens) <= self.total_blocks - self.watermark_blocks
 
     def grow(self, req: Request, tokens: int, admit: bool = False) -> bool:
         """Make ``req`` hold blocks for ``tokens`` cached tokens; False (nothing changed) if the pool is short.

@@ -138,12 +138,12 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "preemptions": int(d.preemptions.sum()),
             "rejected_by_reason": {k: int(v) for k, v in rej.value_counts().items()},
             "sim_end_s": res.sim_end_s,
-            "faults": fault_summary(topo, d, sc.slo) if getattr(topo, "fault_log", None) else None,
+            "faults": fault_summary(topo, d, sc.slo, res.sim_end_s) if getattr(topo, "fault_log", None) else None,
         }
     return out
 
 
-def fault_summary(topo, d: pd.DataFrame, slo, window_s: float = 30.0) -> dict:
+def fault_summary(topo, d: pd.DataFrame, slo, end_s: float, window_s: float = 30.0) -> dict:
     """What the faults cost: requests hit, extra latency, attainment inside vs outside the fault
     windows (by arrival time), recomputed tokens, and the time to get back to steady state
     (the first moment after a fault ends from which the median TTFT of the next ``window_s``
@@ -184,5 +184,7 @@ def fault_summary(topo, d: pd.DataFrame, slo, window_s: float = 30.0) -> dict:
         "slo_attainment_outside_fault_windows": slo_attainment(d[~inside], slo) if (~inside).any() else None,
         "requests_arriving_in_fault_windows": int(inside.sum()),
         "recovery": recover,
-        "instance_down_s": {i.name: i.down_s for i in topo.instances if i.down_s},
+        # an outage still running at the end of the run counts up to the end
+        "instance_down_s": {i.name: i.down_s + (max(0.0, end_s - i.down_since) if i.down else 0.0)
+                            for i in topo.instances if i.down_s or i.down},
     }

@@ -327,7 +327,12 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
 
     if topo.kind == "colocated":
         p = topo.pools[0]
-        per_req = p_mean * prefill_s_per_token(p) + d_mean * decode_s_per_token(p)
+        if p.spec.scheduler_name == "chunked":
+            # decodes ride in prefill steps and share their weight reads: every token costs at least
+            # the cheapest per-token step, so bound the sum of both by that
+            per_req = (p_mean + d_mean) * min(prefill_s_per_token(p), decode_s_per_token(p))
+        else:       # fcfs: a step holds prefills or decodes, never both
+            per_req = p_mean * prefill_s_per_token(p) + d_mean * decode_s_per_token(p)
         cfg.bound_rate = len(p.instances) / per_req if per_req > 0 else math.inf
     else:
         pp, dp = topo.prefill, topo.decode
@@ -373,8 +378,38 @@ def evaluate(task: dict) -> dict:
             "ttft_p": q(df.ttft_s, slo.ttft_percentile), "tpot_p": q(fin.tpot_s, slo.tpot_percentile)}
 
 
+_FILE_HASHES: dict = {}
+
+
+def _file_hash(path: Path) -> str:
+    """sha256 of a referenced file (trace, device profile), memoised by path, size and mtime."""
+    try:
+        st = path.stat()
+    except OSError:
+        return "missing"
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _FILE_HASHES:
+        _FILE_HASHES[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _FILE_HASHES[key]
+
+
+def _referenced_files(sc: dict, base: Path) -> list[Path]:
+    w = sc.get("workload", {})
+    paths = [w.get("trace", {}).get("path")] + [w.get(k, {}).get("path") if isinstance(w.get(k), dict) else None
+                                                 for k in ("prompt_tokens", "output_tokens")]
+    for t in sc.get("topologies", {}).values():
+        for pool in (t, t.get("prefill") or {}, t.get("decode") or {}):
+            dev = pool.get("device", "")
+            if isinstance(dev, str) and (dev.endswith((".yaml", ".yml", ".json")) or "/" in dev):
+                paths.append(dev)
+    return [base / p for p in paths if p]
+
+
 def task_key(task: dict) -> str:
-    blob = json.dumps({"v": __version__, "s": task["scenario"], "b": str(task["base_dir"])}, sort_keys=True)
+    """Hash of what decides the result: the scenario, the contents of the files it reads, pdsim's version."""
+    base = Path(task["base_dir"])
+    files = {str(p): _file_hash(p) for p in _referenced_files(task["scenario"], base)}
+    blob = json.dumps({"v": __version__, "s": task["scenario"], "b": str(base), "f": files}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -592,15 +627,22 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
             searches[c.name].update(target_rate, rows[c.name]["at_target"], att)
     rounds = 0
     while True:
-        # dominance: a config whose bound is at most a rate that a cheaper config already passed
-        for s in searches.values():
-            if s.done:
+        # dominance: skip a config whose bound is below a rate that a config using no more of the
+        # objective's resource ($/h, or GPUs for goodput_per_gpu) already passed; only undominated
+        # configs dominate, and a search already at its bound is complete, not dominated
+        per_gpu = spec.objective == "goodput_per_gpu"
+        res_of = (lambda c: c.gpus) if per_gpu else (lambda c: c.usd_per_hour)
+        for s in sorted(searches.values(), key=lambda x: (res_of(x.cfg), x.cfg.name)):
+            if s.done or s.lo >= s.cfg.bound_rate:
                 continue
-            dom = next((f for f in searches.values() if f is not s and f.lo > 0
-                        and f.cfg.usd_per_hour <= s.cfg.usd_per_hour and s.cfg.bound_rate <= f.lo), None)
+            dom = next((f for f in searches.values() if f is not s and f.lo > 0 and not f.note.startswith("dominated")
+                        and res_of(f.cfg) <= res_of(s.cfg)
+                        and (s.cfg.bound_rate < f.lo or (s.cfg.bound_rate <= f.lo and res_of(f.cfg) < res_of(s.cfg)))),
+                       None)
             if dom is not None:
+                what = "GPUs" if per_gpu else "$/h"
                 s.done, s.note = True, f"dominated: bound {s.cfg.bound_rate:.3g} <= {dom.lo:.3g} req/s passed by " \
-                                       f"{dom.cfg.name} at no more $/h"
+                                       f"{dom.cfg.name} with no more {what}"
         batch = [(s.cfg, r) for s in searches.values() for r in [s.next_rate()] if r is not None]
         if not batch or rounds >= spec.goodput.max_rounds:
             break
@@ -652,7 +694,8 @@ def _rank(plan: Plan, rows: dict, runner: _Runner) -> dict:
         row["attainment_at_target"] = at["pass_att"] if at else None
         row["ttft_p_at_target_s"] = at["ttft_p"] if at else None
         row["tpot_p_at_target_s"] = at["tpot_p"] if at else None
-        row["meets"] = row["status"] == "ok" and (row["goodput"] or 0) > 0 and \
+        # a dominated config passed every rate it was tried at; its goodput is a lower bound
+        row["meets"] = row["status"] in ("ok", "dominated (not fully searched)") and (row["goodput"] or 0) > 0 and \
             (not target_rate or (row["attainment_at_target"] or 0) >= att)
         row["points"] = {f"{r:.6g}": {"attainment": v["ok"] / v["n"], "worst_seed_attainment": v["min_att"],
                                       "ttft_p": v["ttft_p"], "tpot_p": v["tpot_p"]}

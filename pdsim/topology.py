@@ -124,6 +124,10 @@ class _Serving:
     def _dispatch(self, req: Request, admit: bool = True) -> None:
         live = [i for i in self.entry if not i.down]
         if not live:
+            q = self.entry[0].pool_spec.max_queue
+            if admit and q is not None and len(self.backlog) >= q * len(self.entry):
+                return self.sink.rejected(req, f"admission: every {self.entry[0].pool} instance is down and "
+                                          f"{len(self.backlog)} requests wait (max_queue {q} per instance)")
             self.backlog.append(req)
             return
         inst = self.router(live, req)
@@ -134,9 +138,6 @@ class _Serving:
         inst.submit(req)
 
     def fail_instance(self, inst, until_s: float) -> None:
-        if inst.down:
-            self.fault_log.append({"instance": inst.name, "at_s": self.env.now, "skipped": "already down"})
-            return
         lost = inst.fail()
         self.fault_log.append({"instance": inst.name, "at_s": self.env.now, "until_s": until_s,
                                "requests_lost": len(lost)})
@@ -246,6 +247,7 @@ class Disaggregated(_Serving):
         self.pending = {d.name: [] for d in self.decode.instances}   # reservations waiting for blocks
         self.entry = self.prefill.instances
         self.decode_up: list = []          # hand-offs waiting for any decode instance to come back
+        self.decode_backlog: list = []     # failed-over requests to recompute on decode, none up
         self._setup_common()
 
     def route(self, req: Request) -> None:
@@ -309,8 +311,11 @@ class Disaggregated(_Serving):
             dec.reserved_blocks += req.blocks
             with link.res.request() as slot:
                 yield slot
-                while link.factor == 0.0:             # link down: the KV waits on the prefill side
+                while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
                     yield link.restored
+                if src.epoch != src_epoch:    # the prefill copy died while it waited: nothing to send
+                    self._unreserve(dec, dec_epoch, req)
+                    return self._lost_on_prefill(req)
                 t_start = env.now
                 wire_s = xfer_s = link.latency_s + bytes_ / (link.bandwidth_Bps * link.factor)
                 if self.spec.kv_link.layerwise_overlap:
@@ -325,11 +330,7 @@ class Disaggregated(_Serving):
             req.kv_transfer_s = xfer_s
             req.kv_wait_s = t_start - t_ready
             if src.epoch != src_epoch:     # the prefill instance failed: its copy is gone
-                if dec.epoch == dec_epoch:
-                    dec.reserved_count -= 1
-                    dec.reserved_blocks -= req.blocks
-                    dec.kv.release(req)
-                    self.on_decode_freed(dec)
+                self._unreserve(dec, dec_epoch, req)
                 return self._lost_on_prefill(req)
             if dec.epoch != dec_epoch:     # the decode instance failed meanwhile: send the KV elsewhere
                 req.blocks = 0
@@ -347,6 +348,17 @@ class Disaggregated(_Serving):
         req.decode_start_s = env.now
         dec.accept(req)
 
+    def _unreserve(self, dec, dec_epoch: int, req: Request) -> None:
+        """Give back a decode reservation (unless the decode instance lost it in a failure)."""
+        if dec.epoch == dec_epoch:
+            dec.cut()                  # blocks come back: the next plan may change (sync first)
+            dec.reserved_count -= 1
+            dec.reserved_blocks -= req.blocks
+            dec.kv.release(req)
+            dec.wake()
+            self.on_decode_freed(dec)
+        req.blocks = 0
+
     def _lost_on_prefill(self, req: Request) -> None:
         """KV lost with a failed instance before it reached decode: prefill again (recompute)."""
         req.recomputed_tokens += req.computed
@@ -360,12 +372,33 @@ class Disaggregated(_Serving):
         if inst.role == "decode":
             inst.reserved_count = inst.reserved_blocks = 0   # reservations vanished with its memory
             self.on_decode_freed(inst)                       # waiting hand-offs pick another instance
+        else:
+            # hand-offs from this instance waiting for decode blocks: wake them to see their KV is gone
+            for d in self.decode.instances:
+                self.on_decode_freed(d)
+            waiters, self.decode_up = self.decode_up, []
+            for ev in waiters:
+                ev.succeed()
+        pkv = self.prefill.instances[0].kv
         for r in lost:   # prefill: restart; decode: its KV is gone, prefill prompt + generated again
-            self._dispatch(r, admit=False)
+            if inst.role == "decode" and not pkv.fits_ever(r.known):
+                self._recompute_on_decode(r)   # too long for a prefill instance now: recompute on decode
+            else:
+                self._dispatch(r, admit=False)
+
+    def _recompute_on_decode(self, req: Request) -> None:
+        live = [d for d in self.decode.instances if not d.down]
+        if not live:
+            self.decode_backlog.append(req)
+            return
+        self.assign(live, req).submit(req)
 
     def recover_instance(self, inst) -> None:
         super().recover_instance(inst)
         if inst.role == "decode":
+            backlog, self.decode_backlog = self.decode_backlog, []
+            for r in backlog:
+                inst.submit(r)
             waiters, self.decode_up = self.decode_up, []
             for ev in waiters:
                 ev.succeed()

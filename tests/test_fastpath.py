@@ -122,3 +122,12 @@ def test_fast_path_equals_step_by_step_under_faults(topo, seed, n, rate, at, dow
                         links=[{"at_s": at / 2, "duration_s": down, "bandwidth_fraction": 0.0}] if link else [])
     sc = sc.model_copy(update={"seed": seed, "faults": faults})
     _assert_same(*_both(sc))
+
+
+def test_exact_time_ties_and_horizon_on_a_step_end():
+    # binary-exact 0.25 s steps and arrivals on whole seconds: step ends coincide with arrivals and the horizon
+    topo = {"kind": "colocated", "replicas": 1, "cost_model": {"kind": "constant", "step_s": 0.25}, "kv_blocks": 10000}
+    sc = scenario({"t": topo}, arrival="constant", rate=1.0, num_requests=3, prompt_tokens=10, output_tokens=20)
+    _assert_same(*_both(sc))
+    sc = scenario({"t": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=10, output_tokens=100)
+    _assert_same(*_both(sc.model_copy(update={"horizon_s": 3.0})))

@@ -212,3 +212,40 @@ def test_link_down_scenario_hurts_disaggregated_only_inside_the_window():
     res0 = simulate(base)
     s0 = metrics.summarize(res0, metrics.requests_frame(res0), base)["disagg-2p2d"]
     assert kv_peak["prefill"] > 2 * s0["pools"]["prefill"]["kv_peak_bytes"]   # KV held on the prefill side
+
+
+def test_decode_failure_recomputes_on_decode_when_prefill_pool_is_too_small():
+    # the prefill pool holds 160 tokens: after 150 generated tokens the request (250 known) cannot go back
+    C = {"cost_model": {"kind": "constant", "step_s": 0.01}}
+    topo = {"kind": "disaggregated", "prefill": {"kv_blocks": 10, **C}, "decode": {"instances": 2, "kv_blocks": 1000, **C},
+            "assignment": "round_robin"}
+    sc = scenario({"t": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=100, output_tokens=200)
+    sc = _with(sc, faults=config.FaultsSpec(instances=[{"at_s": 2.5, "instance": "decode-0", "down_s": 1.0}]))
+    for fast in (True, False):
+        (res,) = simulate(sc, fast=fast)
+        r = res.requests[0]
+        assert r.status == "finished" and r.fault_hits == 1 and r.instance == "decode-1"
+
+
+def test_handoff_from_failed_prefill_is_not_sent_over_the_link():
+    C = {"cost_model": {"kind": "constant", "step_s": 0.01}}
+    topo = {"kind": "disaggregated", "prefill": {"kv_blocks": 100, **C}, "decode": {"kv_blocks": 100, **C},
+            "kv_link": {"bandwidth_GBps": 10}}
+    sc = scenario({"t": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=100, output_tokens=5)
+    sc = _with(sc, faults=config.FaultsSpec(instances=[{"at_s": 1.5, "instance": "prefill-0", "down_s": 0.5}],
+                                            links=[{"at_s": 0.5, "duration_s": 10.0}]))
+    (res,) = simulate(sc)
+    assert res.requests[0].status == "finished" and res.requests[0].recomputed_tokens == 100
+    assert res.topology.links[0].transfers == 1          # only the copy made after the re-prefill
+
+
+def test_overlapping_faults_extend_the_outage_and_admission_holds_while_all_down():
+    topo = {"kind": "colocated", "replicas": 1, "kv_blocks": 10000, "max_queue": 2, **CONST}
+    sc = scenario({"t": topo}, arrival="constant", rate=20.0, num_requests=100, prompt_tokens=100, output_tokens=50)
+    sc = _with(sc, faults=config.FaultsSpec(instances=[{"at_s": 0.5, "instance": "replica-0", "down_s": 1.0},
+                                                       {"at_s": 1.0, "instance": "replica-0", "down_s": 3.0}]))
+    (res,) = simulate(sc)
+    summ = metrics.summarize([res], metrics.requests_frame([res]), sc)["t"]
+    assert summ["faults"]["instance_down_s"]["replica-0"] == pytest.approx(3.5)
+    assert summ["rejected_by_reason"].get("admission", 0) > 0
+    assert max(res.topology.instances[0].series.queue_max) <= 2 + 1

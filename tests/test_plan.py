@@ -158,3 +158,26 @@ def test_cli_bad_plan_exit_2(tmp_path, capsys):
     assert main(["plan", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "budget" in err and "Traceback" not in err
+
+
+def test_equal_configs_do_not_prune_each_other_and_per_gpu_dominance_counts_gpus():
+    # two configs differing only in the KV link (same price, same bound) both reach the bound: one wins
+    base = {"name": "d", "model": "llama-3.1-8b",
+            "workload": {"arrival": "poisson", "num_requests": 100, "prompt_tokens": 500, "output_tokens": 20},
+            "slo": {"ttft_s": 5.0, "tpot_s": 0.5, "attainment_target": 0.9}, "objective": "goodput_per_usd",
+            "search": {"devices": ["h100-sxm"], "disaggregated": {"kv_link": ["infiniband", "nvlink"]}},
+            "goodput": {"min_duration_s": 0, "seeds": 1, "tolerance": 0.1}}
+    res = run_plan(parse_plan(base), LocalExecutor(1))
+    assert res["winner"] is not None and all(r["meets"] for r in res["rows"])
+    # goodput per GPU: a pricier 1-GPU config must not be pruned by a cheaper 4-GPU one
+    per_gpu = dict(base, objective="goodput_per_gpu",
+                   workload={"arrival": "poisson", "num_requests": 150, "prompt_tokens": 500, "output_tokens": 50},
+                   slo={"ttft_s": 2.0, "tpot_s": 0.2, "attainment_target": 0.9},
+                   search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 10.0},
+                                       {"name": "a100-80gb-sxm", "price_per_hour_usd": 1.0}],
+                           "colocated": {"replicas": [1, 4]}})
+    res = run_plan(parse_plan(per_gpu), LocalExecutor(1))
+    assert res["winner"] == "colo-h100-sxm-tp1x1"
+    for r in res["rows"]:
+        if r["status"].startswith("dominated"):
+            assert "GPUs" in r["note"]
