@@ -181,3 +181,14 @@ def test_equal_configs_do_not_prune_each_other_and_per_gpu_dominance_counts_gpus
     for r in res["rows"]:
         if r["status"].startswith("dominated"):
             assert "GPUs" in r["note"]
+
+
+def test_shipped_plans_parse():
+    from conftest import REPO
+    from pdsim.plan import load_plan
+    plans = sorted((REPO / "scenarios").glob("plan-*.yaml"))
+    assert plans
+    for p in plans:
+        plan = load_plan(p)
+        assert plan.configs, p
+        assert all(math.isfinite(c.bound_rate) and c.bound_rate > 0 for c in plan.configs), p
