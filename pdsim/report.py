@@ -39,8 +39,12 @@ SUMMARY_KEYS = [
 ]
 
 
+_QUIET = [False]
+
+
 def _log(msg: str) -> None:
-    print(f"report: {msg}", file=sys.stderr, flush=True)
+    if not _QUIET[0]:
+        print(f"report: {msg}", file=sys.stderr, flush=True)
 
 
 def _png(fig) -> str:
@@ -250,8 +254,9 @@ def _kv_transfers(df: pd.DataFrame, topos: dict, figures: list) -> None:
                     "table": table})
 
 
-def build_report(out_dir: Path) -> Path:
+def build_report(out_dir: Path, progress: bool = True) -> Path:
     """Write ``out_dir/report.html`` from the run outputs in ``out_dir``; return its path."""
+    _QUIET[0] = not progress
     out_dir = Path(out_dir)
     _log(f"reading {out_dir}...")
     summary = json.loads((out_dir / "summary.json").read_text())
