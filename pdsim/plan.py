@@ -663,6 +663,10 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
         dominated = s.note.startswith("dominated")
         row["status"] = row["status"] or ("dominated (not fully searched)" if dominated else "ok")
         row["note"] = s.note if not row["note"] else row["note"]
+        if s.goodput == 0 and s.points:      # never passed: say which SLO fails at the lowest rate tried
+            r0 = min(s.points)
+            row["status"] = "misses SLO at every rate"
+            row["note"] = f"at {r0:.3g} req/s: {_misses(s.points[r0], spec.slo)}"
         if not s.done:
             row["note"] = (row["note"] + "; " if row["note"] else "") + "search stopped at max_rounds"
     ex_close = getattr(ex, "close", None)

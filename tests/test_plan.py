@@ -192,3 +192,15 @@ def test_shipped_plans_parse():
         plan = load_plan(p)
         assert plan.configs, p
         assert all(math.isfinite(c.bound_rate) and c.bound_rate > 0 for c in plan.configs), p
+
+
+def test_goodput_mode_nothing_meets_names_the_slo():
+    raw = small_plan(target={}, objective="goodput_per_usd",
+                     slo={"ttft_s": 0.5, "tpot_s": 0.009, "attainment_target": 0.9},   # a decode step >= 10 ms
+                     search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                             "colocated": {"replicas": [1, 2]},
+                             "pool": {"kv_blocks": 2000, "cost_model": LINEAR}})
+    result = run_plan(parse_plan(raw), LocalExecutor(1))
+    assert result["winner"] is None and result["simulations"] == 0     # known without simulating
+    for r in result["rows"]:
+        assert r["goodput"] == 0 and r["status"] == "infeasible" and "TPOT" in r["note"] and not r["meets"], r
