@@ -539,9 +539,34 @@ class _Runner:
             cache_dir.mkdir(parents=True, exist_ok=True)
 
     def run(self, cfg_rates: list[tuple[Config, float]]) -> list[dict]:
-        seeds = [self.plan.spec.seed + i for i in range(self.plan.spec.goodput.seeds)]
-        tasks = [{"scenario": _scenario_dict(self.plan, {c.name: c.topology}, r, s), "file": self.plan.file,
-                  "base_dir": str(self.plan.base_dir)} for c, r in cfg_rates for s in seeds]
+        """Pooled results per (config, rate) over the plan's seeds.
+
+        With ``aggregate: worst_seed`` the seeds run one after another and a (config, rate) that
+        failed on one seed is not simulated on the next: it has failed already.  Which tasks run
+        depends only on results, so every executor runs the same ones.
+        """
+        g = self.plan.spec.goodput
+        worst = g.aggregate == "worst_seed"
+        target = self.plan.spec.slo.attainment_target
+        per: list[list[dict]] = [[] for _ in cfg_rates]
+        live = list(range(len(cfg_rates)))
+        for i in range(g.seeds):
+            seed = self.plan.spec.seed + i
+            tasks = [{"scenario": _scenario_dict(self.plan, {cfg_rates[j][0].name: cfg_rates[j][0].topology},
+                                                 cfg_rates[j][1], seed),
+                      "file": self.plan.file, "base_dir": str(self.plan.base_dir)} for j in live]
+            for j, r in zip(live, self._results(tasks)):
+                per[j].append(r)
+            if worst:
+                live = [j for j in live if per[j][-1]["ok"] / per[j][-1]["n"] >= target]
+            if not live:
+                break
+        pooled = [_pooled(rs) for rs in per]
+        for p in pooled:
+            p["pass_att"] = p["min_att"] if worst else p["ok"] / p["n"]
+        return pooled
+
+    def _results(self, tasks: list[dict]) -> list[dict]:
         results: list[dict | None] = [None] * len(tasks)
         todo = []
         for i, t in enumerate(tasks):
@@ -556,12 +581,7 @@ class _Runner:
                 results[i] = r
                 self._store(tasks[i], r)
             self.simulated += len(todo)
-        k = len(seeds)
-        pooled = [_pooled(results[j * k:(j + 1) * k]) for j in range(len(cfg_rates))]
-        worst = self.plan.spec.goodput.aggregate == "worst_seed"
-        for p in pooled:
-            p["pass_att"] = p["min_att"] if worst else p["ok"] / p["n"]
-        return pooled
+        return results
 
     def _path(self, t):
         return self.cache_dir / f"{task_key(t)}.json" if self.cache_dir else None
@@ -652,7 +672,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
         more = max((s.rounds_left() for s in searches.values() if not s.done), default=0)
         el = time.perf_counter() - runner.t0
         eta = f", ETA ~{el / rounds * more:.0f} s" if rounds > 1 else ""
-        runner.log(f"round {rounds}: {len(batch)} configs x {spec.goodput.seeds} seeds; {left} searches open{eta}")
+        runner.log(f"round {rounds}: {len(batch)} configs x up to {spec.goodput.seeds} seeds; {left} searches open{eta}")
         for (c, r), res in zip(batch, runner.run(batch)):
             searches[c.name].update(r, res, att)
     for name, s in searches.items():
