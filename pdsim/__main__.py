@@ -33,7 +33,7 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
 
 
 def cmd_run(args) -> int:
-    from . import config, metrics
+    from . import config
     from .output import write_outputs
     from .simulation import simulate
     from .errors import InputError

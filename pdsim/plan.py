@@ -36,8 +36,7 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from . import __version__
-from .config import (LINK_PRESETS, PosFloat, SLOSpec, WorkloadSpec, _Strict, parse, read_yaml,
-                     validation_error)
+from .config import PosFloat, SLOSpec, _Strict, parse, read_yaml, validation_error
 from .errors import ConfigError, PdsimError
 
 # --- the plan file -----------------------------------------------------------------------
@@ -191,7 +190,6 @@ def _pool(plan: Plan, dev: DeviceChoice, **keys) -> dict:
 
 def _enumerate(plan: Plan) -> None:
     from .simulation import resolve_model
-    from .topology import Pool  # noqa: F401  (import check: topology module loads)
     s = plan.spec.search
     raw_topos: list[tuple[str, dict]] = []
     for choice in s.devices:

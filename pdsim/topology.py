@@ -16,7 +16,7 @@ from .errors import ConfigError
 from .instance import Instance
 from .kvcache import KVCache
 from .scheduler import SCHEDULERS, Limits
-from .workload import ABANDONED, FINISHED, REJECTED, UNFINISHED, Request
+from .workload import ABANDONED, UNFINISHED, Request
 
 
 # --- routing policies: (instances, request) -> instance ------------------------------------
