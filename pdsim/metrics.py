@@ -16,21 +16,41 @@ REQUEST_COLUMNS = ["topology", "request_id", "arrival_s", "prompt_tokens", "outp
 
 
 def requests_frame(results) -> pd.DataFrame:
-    rows = []
+    """One row per request per topology (REQUEST_COLUMNS), built column by column with numpy:
+    no per-row Python tuples, so a million requests cost arrays, not objects."""
+    parts = []
     for res in results:
-        for r in res.requests:
-            ttft = r.first_token_s - r.arrival_s
-            e2e = r.finish_s - r.arrival_s if r.status == FINISHED else math.nan
-            tpot = ((r.finish_s - r.first_token_s) / (r.output_tokens - 1)
-                    if r.status == FINISHED and r.output_tokens > 1 else math.nan)
-            dq = (r.decode_start_s - r.prefill_end_s - r.kv_wait_s - r.kv_transfer_s
-                  if r.decode_start_s == r.decode_start_s else math.nan)
-            rows.append((res.name, r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.status,
-                         r.first_token_s, r.finish_s, ttft, tpot, e2e, r.prefill_start_s - r.arrival_s,
-                         r.prefill_end_s - r.prefill_start_s, r.kv_wait_s, r.kv_transfer_s, dq,
-                         r.preemptions, r.recomputed_tokens, r.instance, r.decode_instance, r.reject_reason,
-                         r.fault_hits))
-    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+        rs = res.requests
+        n = len(rs)
+
+        def col(attr, dtype=np.float64):
+            return np.fromiter((getattr(r, attr) for r in rs), dtype, n)
+
+        def obj(attr):
+            return np.array([getattr(r, attr) for r in rs], dtype=object)
+
+        arrival, first, finish = col("arrival_s"), col("first_token_s"), col("finish_s")
+        pstart, pend, dstart = col("prefill_start_s"), col("prefill_end_s"), col("decode_start_s")
+        kv_wait, kv_xfer = col("kv_wait_s"), col("kv_transfer_s")
+        prompt, output = col("prompt_tokens", np.int64), col("output_tokens", np.int64)
+        status = obj("status")
+        fin = status == FINISHED
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(fin & (output > 1), (finish - first) / np.maximum(output - 1, 1), np.nan)
+            dq = np.where(np.isnan(dstart), np.nan, dstart - pend - kv_wait - kv_xfer)
+        parts.append(pd.DataFrame({
+            "topology": np.full(n, res.name, dtype=object), "request_id": col("id", np.int64),
+            "arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "status": status,
+            "first_token_s": first, "finish_s": finish, "ttft_s": first - arrival, "tpot_s": tpot,
+            "e2e_s": np.where(fin, finish - arrival, np.nan), "queue_s": pstart - arrival,
+            "prefill_s": pend - pstart, "kv_wait_s": kv_wait, "kv_transfer_s": kv_xfer, "decode_queue_s": dq,
+            "preemptions": col("preemptions", np.int64), "recomputed_tokens": col("recomputed_tokens", np.int64),
+            "instance": obj("instance"), "decode_instance": obj("decode_instance"),
+            "reject_reason": obj("reject_reason"), "fault_hits": col("fault_hits", np.int64)},
+            columns=REQUEST_COLUMNS))
+    if not parts:
+        return pd.DataFrame(columns=REQUEST_COLUMNS)
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
 
 
 def _stats(x: pd.Series) -> dict:
