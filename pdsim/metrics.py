@@ -168,7 +168,8 @@ def fault_summary(topo, d: pd.DataFrame, slo, end_s: float, window_s: float = 30
     windows (by arrival time), recomputed tokens, and the time to get back to steady state
     (the first moment after a fault ends from which the median TTFT of the next ``window_s``
     of arrivals is within 25% of the median TTFT of arrivals outside every fault window)."""
-    wins = [(e["at_s"], e["until_s"]) for e in topo.fault_log if "until_s" in e]
+    from .faults import fault_windows
+    wins = fault_windows(topo)
     arr = d.arrival_s.to_numpy()
     inside = np.zeros(len(d), bool)
     for a, b in wins:

@@ -8,7 +8,7 @@ request emits a token.  Prefill and decode are the same step at different sizes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
