@@ -217,6 +217,15 @@ class WorkloadSpec(_Strict):
 
 
 class SLOSpec(_Strict):
+    """Latency targets and how a run is judged against them (``metrics.slo_verdict``).
+
+    ``mode: attainment`` (default): the share of requests meeting *both* ``ttft_s`` and ``tpot_s``
+    must be >= ``attainment_target`` (DistServe's SLO attainment).  ``mode: percentile``: the
+    ``ttft_percentile``-th percentile of TTFT must be <= ``ttft_s`` and the ``tpot_percentile``-th
+    percentile of TPOT <= ``tpot_s`` (MLPerf server, DistServe's P90 form).  In both modes a request
+    that never finished (rejected, abandoned, unfinished) counts as a miss / an infinite latency.
+    """
+    mode: Literal["attainment", "percentile"] = "attainment"
     ttft_s: PosFloat = 1.0
     tpot_s: PosFloat = 0.1
     ttft_percentile: float = Field(90, gt=0, le=100)

@@ -73,6 +73,88 @@ def slo_attainment(df: pd.DataFrame, slo) -> float:
     return float(ok.mean())
 
 
+def nearest_rank(x: np.ndarray, p: float) -> float | None:
+    """The p-th percentile by nearest rank: the smallest sample with at least p% of samples <= it.
+
+    Conservative for an SLO (never interpolates below an observed latency) and defined with
+    infinite samples (requests that never got there).  None for an empty sample.
+    """
+    n = len(x)
+    if n == 0:
+        return None
+    k = min(n, max(1, math.ceil(p / 100.0 * n - 1e-9)))     # 1-based rank; 1e-9: 99.9% of 1000 is 999
+    return float(np.partition(np.asarray(x, float), k - 1)[k - 1])
+
+
+def slo_passes(slo, attainment: float, ttft_p: float | None, tpot_p: float | None) -> bool:
+    """The SLO rule, in one place (summary, report and ``pdsim plan`` all call it).
+
+    ``attainment`` mode: attainment >= attainment_target.  ``percentile`` mode: the TTFT percentile
+    <= ttft_s and the TPOT percentile <= tpot_s (None: no sample, e.g. only one-token replies).
+    """
+    if getattr(slo, "mode", "attainment") == "percentile":
+        return (ttft_p is None or ttft_p <= slo.ttft_s) and (tpot_p is None or tpot_p <= slo.tpot_s)
+    return attainment == attainment and attainment >= slo.attainment_target
+
+
+def slo_samples(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT, TPOT) samples an SLO percentile is taken over, in seconds.
+
+    TTFT: every arrived request; one with no first token (rejected, abandoned, still queued at the
+    horizon) is +inf.  TPOT: every request asking for more than one output token; one that did not
+    finish is +inf.  So refusing work never improves a percentile.
+    """
+    ttft = df.ttft_s.to_numpy(float)
+    ttft = np.where(np.isnan(ttft), np.inf, ttft)
+    multi = (df.output_tokens > 1).to_numpy()
+    fin = (df.status == FINISHED).to_numpy()
+    tpot = np.where(fin, df.tpot_s.to_numpy(float), np.inf)[multi]
+    return ttft, tpot
+
+
+def slo_verdict(df: pd.DataFrame, slo) -> dict:
+    """How a run stands against its SLO: mode, each bound's measured value, which bound binds, the margin.
+
+    Both modes report the same numbers; ``met`` follows ``slo.mode`` (see :func:`slo_passes`).
+    ``binding`` is the bound closest to failing: in attainment mode the one fewer requests meet
+    (margin = attainment - target, a fraction); in percentile mode the one with the smallest
+    relative headroom (margin = bound - measured percentile, seconds).  An infinite percentile (too
+    many requests never served) is shown as None with ``unserved`` set.
+    """
+    ttft, tpot = slo_samples(df)
+    n = len(df)
+    fin = (df.status == FINISHED).to_numpy()
+    ttft_within = fin & (df.ttft_s <= slo.ttft_s).to_numpy()
+    tpot_within = fin & (df.tpot_s.isna() | (df.tpot_s <= slo.tpot_s)).to_numpy()
+    att = float((ttft_within & tpot_within).mean()) if n else float("nan")
+    bounds = {}
+    for name, sample, bound, pct, within in (("ttft", ttft, slo.ttft_s, slo.ttft_percentile, ttft_within),
+                                             ("tpot", tpot, slo.tpot_s, slo.tpot_percentile, tpot_within)):
+        v = nearest_rank(sample, pct)
+        bounds[name] = {"bound_s": bound, "percentile": pct,
+                        "measured_s": v if v is None or math.isfinite(v) else None,
+                        "unserved": v is not None and not math.isfinite(v),
+                        "margin_s": None if v is None or not math.isfinite(v) else bound - v,
+                        "met": v is None or v <= bound,
+                        "share_within": float(within.mean()) if n else None}
+    mode = getattr(slo, "mode", "attainment")
+    met = slo_passes(slo, att, bounds["ttft"]["measured_s"] if not bounds["ttft"]["unserved"] else math.inf,
+                     bounds["tpot"]["measured_s"] if not bounds["tpot"]["unserved"] else math.inf)
+    if mode == "percentile":
+        def headroom(k):
+            b = bounds[k]
+            if b["unserved"]:
+                return -math.inf
+            return math.inf if b["margin_s"] is None else b["margin_s"] / b["bound_s"]
+        binding = min(("ttft", "tpot"), key=headroom)
+        margin, unit = bounds[binding]["margin_s"], "s"
+    else:
+        binding = min(("ttft", "tpot"), key=lambda k: bounds[k]["share_within"] if n else 0.0)
+        margin, unit = (att - slo.attainment_target if n else None), "fraction"
+    return {"mode": mode, "met": bool(met), "binding": binding, "margin": margin, "margin_unit": unit,
+            "attainment": att if n else None, "attainment_target": slo.attainment_target, "bounds": bounds}
+
+
 def timeseries_frame(results) -> pd.DataFrame:
     frames = []
     for res in results:
@@ -116,6 +198,7 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
         gpus = sum(p.gpus for p in topo.pools)
         cost_per_hour = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
         out_tokens = float(fin.output_tokens.sum())
+        verdict = slo_verdict(d, sc.slo)
         pools = {}
         for p in topo.pools:
             busy = sum(i.busy_s for i in p.instances)
@@ -144,7 +227,8 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "throughput": {"requests_per_s": len(fin) / span, "output_tokens_per_s": out_tokens / span,
                            "output_tokens_per_s_per_gpu": out_tokens / span / gpus},
             "slo_attainment": slo_attainment(d, sc.slo),
-            "slo_met": slo_attainment(d, sc.slo) >= sc.slo.attainment_target,
+            "slo_met": verdict["met"],
+            "slo": verdict,
             "gpus": gpus,
             "cost_per_hour_usd": cost_per_hour,
             "cost_per_million_output_tokens_usd": (cost_per_hour / 3600 * span / out_tokens * 1e6

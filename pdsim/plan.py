@@ -364,6 +364,7 @@ def evaluate(task: dict) -> dict:
     res = simulate(sc)
     df = metrics.requests_frame(res)
     slo = sc.slo
+    verdict = metrics.slo_verdict(df, slo)     # the run's own SLO rule (attainment or percentile mode)
     fin = df[df.status == "finished"]
     ttft_ok = (df.status == "finished") & (df.ttft_s <= slo.ttft_s)
     tpot_ok = (df.status == "finished") & (df.tpot_s.isna() | (df.tpot_s <= slo.tpot_s))
@@ -373,7 +374,8 @@ def evaluate(task: dict) -> dict:
         return float(np.percentile(x, p)) if len(x) else None
     return {"n": len(df), "ok": int((ttft_ok & tpot_ok).sum()), "ttft_ok": int(ttft_ok.sum()),
             "tpot_ok": int(tpot_ok.sum()), "finished": len(fin),
-            "ttft_p": q(df.ttft_s, slo.ttft_percentile), "tpot_p": q(fin.tpot_s, slo.tpot_percentile)}
+            "ttft_p": q(df.ttft_s, slo.ttft_percentile), "tpot_p": q(fin.tpot_s, slo.tpot_percentile),
+            "slo_met": verdict["met"]}
 
 
 _FILE_HASHES: dict = {}
@@ -499,7 +501,7 @@ class Search:
 
     def update(self, rate: float, res: dict, target: float) -> None:
         self.points[rate] = res
-        if res["pass_att"] >= target:
+        if res.get("passes", res["pass_att"] >= target):
             self.lo = max(self.lo, rate)
         else:
             self.hi = min(self.hi, rate)
@@ -520,6 +522,7 @@ class Search:
 def _pooled(results: list[dict]) -> dict:
     out = {k: sum(r[k] for r in results) for k in ("n", "ok", "ttft_ok", "tpot_ok", "finished")}
     out["min_att"] = min(r["ok"] / r["n"] for r in results)   # a rate passes only if it passes on every seed
+    out["all_met"] = all(r["slo_met"] for r in results) if all("slo_met" in r for r in results) else None
     for k in ("ttft_p", "tpot_p"):   # worst seed: a percentile bound must hold on each
         vals = [r[k] for r in results if r[k] is not None]
         out[k] = max(vals) if vals else None
@@ -556,12 +559,16 @@ class _Runner:
             for j, r in zip(live, self._results(tasks)):
                 per[j].append(r)
             if worst:
-                live = [j for j in live if per[j][-1]["ok"] / per[j][-1]["n"] >= target]
+                live = [j for j in live if per[j][-1].get("slo_met", per[j][-1]["ok"] / per[j][-1]["n"] >= target)]
             if not live:
                 break
         pooled = [_pooled(rs) for rs in per]
         for p in pooled:
             p["pass_att"] = p["min_att"] if worst else p["ok"] / p["n"]
+            # every seed judged by metrics.slo_verdict (the rule of `pdsim run`); percentile mode has no
+            # pooled form here, so it is judged seed by seed (worst seed) whatever the aggregate
+            if p["all_met"] is not None and (worst or self.plan.spec.slo.mode == "percentile"):
+                p["passes"] = p["all_met"]
         return pooled
 
     def _results(self, tasks: list[dict]) -> list[dict]:
@@ -634,7 +641,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
         for c, r in zip(live, res):
             rows[c.name]["at_target"] = r
             rows[c.name]["points"][target_rate] = r
-            if r["pass_att"] >= att:
+            if r.get("passes", r["pass_att"] >= att):
                 passing.append(c)
             else:
                 rows[c.name].update(status="misses SLO at target", note=_misses(r, spec.slo))
@@ -718,7 +725,7 @@ def _rank(plan: Plan, rows: dict, runner: _Runner) -> dict:
         row["tpot_p_at_target_s"] = at["tpot_p"] if at else None
         # a dominated config passed every rate it was tried at; its goodput is a lower bound
         row["meets"] = row["status"] in ("ok", "dominated (not fully searched)") and (row["goodput"] or 0) > 0 and \
-            (not target_rate or (row["attainment_at_target"] or 0) >= att)
+            (not target_rate or bool(at and at.get("passes", (row["attainment_at_target"] or 0) >= att)))
         row["points"] = {f"{r:.6g}": {"attainment": v["ok"] / v["n"], "worst_seed_attainment": v["min_att"],
                                       "ttft_p": v["ttft_p"], "tpot_p": v["tpot_p"]}
                          for r, v in sorted(row["points"].items())}

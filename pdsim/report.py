@@ -87,10 +87,26 @@ def _style(i: int) -> dict:
 
 
 def _passes(t: dict, target) -> bool | None:
+    if isinstance(t.get("slo"), dict) and "met" in t["slo"]:   # metrics.slo_verdict: the mode's own rule
+        return bool(t["slo"]["met"])
     att = _num(t.get("slo_attainment"))
     if att is not None and _num(target) is not None:
         return att >= float(target)
     return t.get("slo_met")
+
+
+def _slo_card(v) -> dict:
+    """Card lines from ``metrics.slo_verdict``: each bound's measured percentile, the binding bound, the margin."""
+    if not isinstance(v, dict) or "bounds" not in v:
+        return {}
+    out = {}
+    for k, b in v["bounds"].items():
+        got = "never (unserved)" if b.get("unserved") else _fmt(b.get("measured_s"))
+        out[f"{k.upper()} p{b['percentile']:g} s (bound {b['bound_s']:g})"] = got
+    m = v.get("margin")
+    unit = " s" if v.get("margin_unit") == "s" else ""
+    out[f"SLO mode / binding / margin"] = f"{v['mode']} / {v['binding'].upper()} / {_fmt(m)}{unit}"
+    return out
 
 
 def _workload(first: pd.DataFrame, figures: list) -> dict:
@@ -284,6 +300,7 @@ def build_report(out_dir: Path, progress: bool = True) -> Path:
                               "TPOT p50/p90/p99 s": " / ".join(_fmt(_get(t, f"tpot_s.p{p}")) for p in (50, 90, 99)),
                               "E2E p50/p90/p99 s": " / ".join(_fmt(_get(t, f"e2e_s.p{p}")) for p in (50, 90, 99)),
                               "SLO attainment": _fmt(t.get("slo_attainment")),
+                              **_slo_card(t.get("slo")),
                               "out tok/s per GPU": _fmt(_get(t, "throughput.output_tokens_per_s_per_gpu")),
                               "$ per M output tokens": _fmt(t.get("cost_per_million_output_tokens_usd")),
                               "requests finished / rejected / abandoned / unfinished": " / ".join(
