@@ -57,14 +57,23 @@ class Request:
 
 
 # --- arrival processes -------------------------------------------------------
+def poisson_gaps(rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
+    return rng.exponential(1.0 / rate, n)
+
+
+def gamma_gaps(rng: np.random.Generator, rate: float, cv: float, n: int) -> np.ndarray:
+    """Gamma inter-arrival times with mean 1/rate and coefficient of variation ``cv`` (cv=1: Poisson)."""
+    shape = 1.0 / (cv * cv)
+    return rng.gamma(shape, 1.0 / (rate * shape), n)
+
+
 def poisson_arrivals(rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
-    return np.cumsum(rng.exponential(1.0 / rate, n))
+    return np.cumsum(poisson_gaps(rng, rate, n))
 
 
 def gamma_arrivals(rng: np.random.Generator, rate: float, cv: float, n: int) -> np.ndarray:
-    """Gamma inter-arrival times with mean 1/rate and coefficient of variation ``cv`` (cv=1: Poisson)."""
-    shape = 1.0 / (cv * cv)
-    return np.cumsum(rng.gamma(shape, 1.0 / (rate * shape), n))
+    """Arrival times whose gaps are :func:`gamma_gaps`."""
+    return np.cumsum(gamma_gaps(rng, rate, cv, n))
 
 
 def constant_arrivals(rate: float, n: int) -> np.ndarray:

@@ -1,0 +1,312 @@
+"""Core semantics pinned by values worked out by hand (or by theory), one test per way of being wrong.
+
+Each test names the wrong semantics it guards against; tests/MUTANTS.md lists the deliberate
+breakages each one was seen to catch.  Cost models here are ConstantCost / LinearCost so that every
+expected time is arithmetic on the config, never a call into the code path the simulator runs.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+import pytest
+
+from conftest import scenario
+from pdsim import config, metrics
+from pdsim import workload as wl
+from pdsim.kvcache import KVCache
+from pdsim.scheduler import Limits, chunked, fcfs
+from pdsim.simulation import generate, resolve_model, run_topology, simulate
+from pdsim.workload import Request
+
+KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2       # llama-3.1-8b, bf16: 2 (K,V) x layers x kv_heads x head_dim x 2 B
+
+
+def _one(topo, prompt, output, **workload):
+    sc = scenario({"t": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=prompt,
+                  output_tokens=output, **workload)
+    (res,) = simulate(sc)
+    return res.requests[0], res
+
+
+def _stream(sc, rows):
+    """Run the scenario's only topology on a hand-made stream of (arrival_s, prompt, output)."""
+    model = resolve_model(sc)
+    reqs = [Request(i, a, p, o) for i, (a, p, o) in enumerate(rows)]
+    (name, spec), = sc.topologies.items()
+    return run_topology(sc, name, spec, reqs, model, 0.1)
+
+
+# --- TPOT and latency statistics ----------------------------------------------------------
+def test_lone_request_ttft_tpot_e2e_by_hand_linear_cost():
+    # step = 10 ms + 1 ms per new token + 10 us per KV token read
+    topo = {"kind": "colocated", "kv_blocks": 1000,
+            "cost_model": {"kind": "linear", "base_s": 0.01, "per_token_s": 0.001, "per_kv_token_s": 1e-5}}
+    r, res = _one(topo, prompt=100, output=5)
+    prefill = 0.01 + 0.001 * 100 + 1e-5 * 100                  # 100 new tokens, reads its own 100
+    decodes = [0.01 + 0.001 + 1e-5 * c for c in (101, 102, 103, 104)]   # 4 decodes, contexts 100..103 + 1
+    assert r.first_token_s - r.arrival_s == pytest.approx(prefill, abs=1e-12)
+    assert r.finish_s - r.arrival_s == pytest.approx(prefill + sum(decodes), abs=1e-12)
+    df = metrics.requests_frame([res])
+    assert df.ttft_s[0] == pytest.approx(prefill, abs=1e-12)
+    # TPOT = decode time / (output - 1): the first token came with the prefill
+    assert df.tpot_s[0] == pytest.approx(sum(decodes) / 4, abs=1e-12)
+    assert df.e2e_s[0] == pytest.approx(prefill + sum(decodes), abs=1e-12)
+
+
+def test_one_token_reply_has_no_tpot():
+    r, res = _one({"kind": "colocated", "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.02}},
+                  prompt=10, output=1)
+    df = metrics.requests_frame([res])
+    assert r.finish_s == r.first_token_s and math.isnan(df.tpot_s[0]) and df.ttft_s[0] == pytest.approx(0.02)
+
+
+def test_rejected_and_abandoned_requests_stay_out_of_latency_statistics():
+    # batch-1 replica, 100 ms steps, one-token replies, clients give up after 150 ms without a token:
+    # r0 is served (TTFT = E2E = 0.1 s); r1 runs from 0.1 s and is abandoned at 0.15 s; r2 waits and is
+    # abandoned at 0.15 s; r3 needs 313 KV blocks of a 100-block pool: rejected at arrival.
+    topo = {"kind": "colocated", "max_running": 1, "kv_blocks": 100, "watermark": 0.0,
+            "cost_model": {"kind": "constant", "step_s": 0.1}}
+    sc = scenario({"c": topo}, timeout_s=0.15)
+    res = _stream(sc, [(0.0, 10, 1), (1e-6, 10, 1), (2e-6, 10, 1), (3e-6, 5000, 1)])
+    df = metrics.requests_frame([res])
+    assert list(df.status) == ["finished", "abandoned", "abandoned", "rejected"]
+    s = metrics.summarize([res], df, sc)["c"]
+    assert s["requests"] == {"total": 4, "finished": 1, "rejected": 1, "abandoned": 2, "unfinished": 0}
+    for key in ("ttft_s", "e2e_s"):
+        assert s[key]["mean"] == pytest.approx(0.1) and s[key]["p99"] == pytest.approx(0.1), key
+    assert s["tpot_s"]["mean"] is None
+    assert s["slo_attainment"] == 0.25           # 1 of 4 arrived requests met the SLO
+    assert s["throughput"]["requests_per_s"] == pytest.approx(1 / res.sim_end_s)
+
+
+# --- KV links -----------------------------------------------------------------------------------
+DIS = {"kind": "disaggregated", "prefill": {"instances": 2, "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.05}},
+       "decode": {"instances": 1, "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.01}}}
+
+
+def test_two_transfers_on_one_link_take_twice_as_long():
+    # two 1000-token prompts prefilled at once on two prefill instances share one 10 GB/s link
+    topo = {**DIS, "kv_link": {"bandwidth_GBps": 10, "latency_us": 10, "shared": True}}
+    sc = scenario({"t": topo}, arrival="closed", clients=2, num_requests=2, prompt_tokens=1000, output_tokens=2)
+    (res,) = simulate(sc)
+    x = 10e-6 + 1000 * KV_BYTES_PER_TOKEN / 10e9          # one transfer, by hand: 13.1 ms
+    starts = sorted(r.decode_start_s for r in res.requests)
+    assert starts == pytest.approx([0.05 + x, 0.05 + 2 * x], abs=1e-12)
+    assert sorted(r.kv_wait_s for r in res.requests) == pytest.approx([0.0, x], abs=1e-12)
+    assert all(r.kv_transfer_s == pytest.approx(x, abs=1e-12) for r in res.requests)
+    # one link per prefill instance: the two transfers run side by side
+    topo["kv_link"]["shared"] = False
+    (res,) = simulate(scenario({"t": topo}, arrival="closed", clients=2, num_requests=2, prompt_tokens=1000,
+                               output_tokens=2))
+    assert [r.decode_start_s for r in res.requests] == pytest.approx([0.05 + x] * 2, abs=1e-12)
+
+
+def test_layerwise_overlap_hides_the_prefill_time_once():
+    # 32 layers: layer l's KV leaves while layers l+1..32 compute; visible = X - compute * 31/32
+    topo = {**DIS, "prefill": {**DIS["prefill"], "instances": 1},
+            "kv_link": {"bandwidth_GBps": 1, "latency_us": 10, "layerwise_overlap": True}}
+    r, _ = _one(topo, prompt=1000, output=2)
+    x = 10e-6 + 1000 * KV_BYTES_PER_TOKEN / 1e9             # 131 ms on the wire
+    assert r.kv_transfer_s == pytest.approx(x - 0.05 * 31 / 32, abs=1e-12)     # 131 ms - 48.4 ms visible
+    assert r.decode_start_s - r.arrival_s == pytest.approx(0.05 + x - 0.05 * 31 / 32, abs=1e-12)
+    # a transfer shorter than the prefill still shows its last layer: X / 32
+    topo["kv_link"]["bandwidth_GBps"] = 10
+    r, _ = _one(topo, prompt=1000, output=2)
+    x = 10e-6 + 1000 * KV_BYTES_PER_TOKEN / 10e9
+    assert r.kv_transfer_s == pytest.approx(x / 32, abs=1e-12)
+
+
+def test_transfers_on_a_link_never_overlap_in_time():
+    # 40 requests at 100/s over one shared 1 GB/s link (each transfer ~26 ms): the link is the bottleneck
+    topo = {**DIS, "kv_link": {"bandwidth_GBps": 1, "latency_us": 10, "shared": True}}
+    sc = scenario({"t": topo}, rate=100.0, num_requests=40, prompt_tokens=200, output_tokens=3)
+    (res,) = simulate(sc)
+    iv = sorted((r.prefill_end_s + r.kv_wait_s, r.prefill_end_s + r.kv_wait_s + r.kv_transfer_s)
+                for r in res.requests)
+    assert all(b[0] >= a[1] - 1e-12 for a, b in zip(iv, iv[1:]))
+    assert sum(r.kv_wait_s > 0 for r in res.requests) > 10           # it did queue
+    # the link was busy exactly the sum of its transfers, and no faster than its bandwidth
+    link = res.topology.links[0]
+    x = 10e-6 + 200 * KV_BYTES_PER_TOKEN / 1e9
+    assert link.transfers == 40 and link.busy_s == pytest.approx(40 * x)
+    assert link.bytes == 40 * 200 * KV_BYTES_PER_TOKEN
+
+
+# --- batch formation ----------------------------------------------------------------------------
+def test_chunked_prefill_respects_its_token_budget_each_step():
+    # a 200-token prompt under a 64-token budget: chunks 64, 64, 64, 8 -> first token after 4 steps
+    topo = {"kind": "colocated", "kv_blocks": 100, "chunked_prefill": {"token_budget": 64},
+            "cost_model": {"kind": "constant", "step_s": 0.01}}
+    r, _ = _one(topo, prompt=200, output=3)
+    assert r.first_token_s - r.arrival_s == pytest.approx(0.04, abs=1e-12)
+    assert r.finish_s - r.arrival_s == pytest.approx(0.06, abs=1e-12)
+    # the policy itself: one running decode + a waiting 200-token prompt -> 1 + 63 tokens
+    kv = KVCache(100, 16, 0.0)
+    dec = Request(0, 0.0, 10, 5)
+    dec.computed, dec.generated = 10, 1
+    kv.grow(dec, 11)
+    new = Request(1, 0.0, 200, 5)
+    running, waiting = [dec], deque([new])
+    plan = chunked(running, waiting, kv, Limits(max_running=8, max_batched_tokens=64))
+    assert [(r.id, n) for r, n in plan.items] == [(0, 1), (1, 63)] and plan.tokens == 64
+
+
+def _running(req_id, prompt, computed, kv):
+    r = Request(req_id, float(req_id), prompt, 100)
+    r.computed, r.generated = computed, 1
+    assert kv.grow(r, computed)
+    return r
+
+
+def test_preemption_evicts_the_newest_running_request():
+    # 4 blocks of 4 tokens: A (oldest) and B (newest) hold 2 each at 8 cached tokens; A's next token
+    # needs a third block: B, the newest, loses its KV and goes back to the front of the queue
+    kv = KVCache(4, 4, 0.0)
+    a, b = _running(0, 7, 8, kv), _running(1, 7, 8, kv)
+    a.generated = b.generated = 2            # known = 9: one token to compute each
+    queued = Request(2, 2.0, 4, 4)
+    running, waiting = [a, b], deque([queued])
+    plan = fcfs(running, waiting, kv, Limits(max_running=8, max_batched_tokens=64))
+    assert plan.preempted == [b] and list(waiting) == [b, queued] and running == [a]
+    assert [(r.id, n) for r, n in plan.items] == [(0, 1)]
+    assert (b.computed, b.blocks, b.preemptions, b.recomputed_tokens) == (0, 0, 1, 8)
+    assert a.blocks == 3 and kv.free_blocks == 1
+
+
+def test_admission_keeps_the_watermark_spare():
+    kv = KVCache(100, 16, watermark=0.1)          # 10 blocks kept for running requests to grow
+    assert kv.watermark_blocks == 10
+    assert kv.fits_ever(90 * 16) and not kv.fits_ever(90 * 16 + 1)
+    big, ok = Request(0, 0.0, 90 * 16 + 1, 2), Request(1, 0.0, 90 * 16, 2)
+    plan = fcfs([], deque([big]), kv, Limits())
+    assert plan.items == [] and kv.free_blocks == 100        # 91 blocks would eat the watermark
+    plan = fcfs([], deque([ok]), kv, Limits())
+    assert plan.items == [(ok, 90 * 16)] and kv.free_blocks == 10
+    # a running request may grow into the watermark (no admit): the headroom is for it
+    assert kv.grow(ok, 95 * 16) and kv.free_blocks == 5
+
+
+def test_admission_counts_the_output_growth():
+    # 10 blocks of 16 = 160 tokens: prompt 150 + 11 outputs needs 160 cached tokens (the last output
+    # token is never cached): fits; 12 outputs need 161 -> rejected at arrival
+    topo = {"kind": "colocated", "kv_blocks": 10, "block_size": 16, "watermark": 0.0,
+            "cost_model": {"kind": "constant", "step_s": 0.01}}
+    r, _ = _one(topo, prompt=150, output=11)
+    assert r.status == "finished"
+    r, _ = _one(topo, prompt=150, output=12)
+    assert r.status == "rejected" and r.reject_reason.startswith("kv_capacity")
+    r, _ = _one({**topo, "watermark": 0.1}, prompt=150, output=11)     # 1 block kept spare: 9 usable
+    assert r.status == "rejected"
+
+
+def test_max_running_caps_the_batch():
+    # max_running 2, 5 requests at once, constant steps: they are served 2, 2, 1 (prefill + 1 decode each)
+    topo = {"kind": "colocated", "max_running": 2, "kv_blocks": 1000,
+            "cost_model": {"kind": "constant", "step_s": 0.1}}
+    sc = scenario({"c": topo}, arrival="closed", clients=5, num_requests=5, prompt_tokens=10, output_tokens=2)
+    rs = simulate(sc)[0].requests
+    assert sorted(r.finish_s for r in rs) == pytest.approx([0.2, 0.2, 0.4, 0.4, 0.6], abs=1e-12)
+
+
+def test_decode_reservations_respect_max_running():
+    # decode max_running 1: the second request's KV may only leave once the first has finished decoding
+    topo = {**DIS, "decode": {**DIS["decode"], "max_running": 1}, "kv_link": {"bandwidth_GBps": 10, "latency_us": 10}}
+    sc = scenario({"t": topo}, arrival="closed", clients=2, num_requests=2, prompt_tokens=1000, output_tokens=4)
+    rs = sorted(simulate(sc)[0].requests, key=lambda r: r.finish_s)
+    x = 10e-6 + 1000 * KV_BYTES_PER_TOKEN / 10e9
+    first_done = 0.05 + x + 3 * 0.01                  # prefill, transfer, 3 decode steps
+    assert rs[0].finish_s == pytest.approx(first_done, abs=1e-12)
+    assert rs[1].decode_start_s == pytest.approx(first_done + x, abs=1e-12)
+    assert rs[1].finish_s == pytest.approx(first_done + x + 0.03, abs=1e-12)
+    assert rs[1].kv_wait_s == pytest.approx(first_done - 0.05, abs=1e-12)
+
+
+def test_max_queue_rejects_exactly_beyond_the_limit():
+    # batch-1 replica, 1 s steps, max_queue 2: r0 runs, r1 and r2 queue, r3 and r4 are turned away
+    topo = {"kind": "colocated", "max_running": 1, "max_queue": 2, "kv_blocks": 1000,
+            "cost_model": {"kind": "constant", "step_s": 1.0}}
+    sc = scenario({"c": topo}, arrival="constant", rate=1e6, num_requests=5, prompt_tokens=10, output_tokens=1)
+    rs = simulate(sc)[0].requests
+    assert [r.status for r in rs] == ["finished"] * 3 + ["rejected"] * 2
+    assert all(r.reject_reason.startswith("admission") for r in rs[3:])
+    assert [r.finish_s for r in rs[:3]] == pytest.approx([1 + 1e-6, 2 + 1e-6, 3 + 1e-6])
+
+
+# --- cost model and memory (public API, values from the datasheet by hand) ---------------------------
+def test_tensor_parallel_step_pays_two_ring_allreduces_per_layer():
+    from pdsim.costmodel import RooflineCost
+    from pdsim.devices import get_device
+    from pdsim.models import get_model
+    dev, m = get_device("h100-sxm"), get_model("llama-3.1-8b")
+    t, tokens = 4, 512
+    msg = tokens * 4096 * 2                                  # T x hidden x bf16
+    # ring all-reduce by hand from the datasheet: 2 (t-1)/t of the message over 450 GB/s at 75%, 6 us/hop
+    one = 2 * (t - 1) / t * msg / (450e9 * 0.75) + 2 * (t - 1) * 6e-6
+    assert dev.allreduce_time(msg, t) == pytest.approx(one, rel=1e-12)
+    cm, cm1 = RooflineCost(m, dev, tp=t), RooflineCost(m, dev, tp=1)
+    ops = cm.breakdown(tokens, tokens * tokens / 2, tokens, 1, 1)
+    assert ops["allreduce"]["time_s"] == pytest.approx(2 * 32 * one, rel=1e-12)
+    assert "allreduce" not in cm1.breakdown(tokens, tokens * tokens / 2, tokens, 1, 1)
+    assert cm.step(tokens, tokens * tokens / 2, tokens, 1, 1).time_s == \
+        pytest.approx(sum(o["time_s"] for o in ops.values()), rel=1e-9)
+
+
+def test_kv_pool_size_by_hand_with_tp_sharded_weights():
+    from pdsim.topology import kv_blocks
+    weights = 2 * (32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 2 * 128256 * 4096)   # bf16
+    gib = 1024 ** 3
+    for tp in (1, 2, 4):
+        pool = config.ColocatedSpec(kind="colocated", tp=tp, device="h100-sxm")
+        got, block_bytes = kv_blocks(pool, resolve_model(scenario()), "bf16", "bf16", ".", "k")
+        kv_per_token_gpu = KV_BYTES_PER_TOKEN / tp           # 8 KV heads split over tp GPUs
+        free = 80 * gib * 0.9 - weights / tp - 2 * gib       # memory x utilisation - weight shard - activations
+        assert block_bytes == 16 * kv_per_token_gpu
+        assert got == int(free // (16 * kv_per_token_gpu)), tp
+
+
+# --- traffic --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cv", [0.5, 1.0, 3.0])
+def test_gamma_interarrival_cv_and_rate(cv):
+    # 50,000 gaps: the sample CV of a gamma with shape 1/cv^2 has a relative s.e. ~ sqrt((1+1.5 cv^2)/n)
+    gaps = np.diff(wl.gamma_arrivals(np.random.default_rng(1), 10.0, cv, 50_000), prepend=0.0)
+    assert gaps.mean() == pytest.approx(0.1, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.06)
+
+
+def test_gamma_duration_window_holds_every_arrival_of_the_stream():
+    # arrivals: [0, duration_s) of the process.  With cv = 10 the first guess at how many gaps reach
+    # duration_s falls short for ~20% of seeds; the window must still hold every arrival that the
+    # same stream, drawn long (num_requests), has before duration_s
+    for seed in range(25):
+        long = scenario(arrival="gamma", cv=10.0, rate=5.0, num_requests=5000).model_copy(update={"seed": seed})
+        win = scenario(arrival="gamma", cv=10.0, rate=5.0, num_requests=None, duration_s=20.0)
+        win = win.model_copy(update={"seed": seed})
+        want = [r.arrival_s for r in generate(long, resolve_model(long)) if r.arrival_s < 20.0]
+        got = [r.arrival_s for r in generate(win, resolve_model(win))]
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12), seed
+
+
+def test_closed_loop_think_time_separates_a_clients_requests():
+    # one client, 10 ms one-token requests, 0.5 s think: sends at 0, 0.51, 1.02
+    topo = {"kind": "colocated", "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.01}}
+    sc = scenario({"c": topo}, arrival="closed", clients=1, num_requests=3, think_s=0.5, prompt_tokens=10,
+                  output_tokens=1)
+    rs = sorted(simulate(sc)[0].requests, key=lambda r: r.arrival_s)
+    assert [r.arrival_s for r in rs] == pytest.approx([0.0, 0.51, 1.02], abs=1e-12)
+    assert [r.finish_s for r in rs] == pytest.approx([0.01, 0.52, 1.03], abs=1e-12)
+
+
+def test_fault_warmup_delays_service_by_exactly_warmup_s():
+    # the only replica fails at 0.5 s for 1 s plus a warm-up; a request arriving at 0.6 s waits for it
+    topo = {"kind": "colocated", "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.01}}
+    base = scenario({"c": topo})
+    for warmup in (0.0, 0.3):
+        sc = base.model_copy(update={"faults": config.FaultsSpec(
+            instances=[{"at_s": 0.5, "instance": "replica-0", "down_s": 1.0, "warmup_s": warmup}])})
+        res = _stream(sc, [(0.6, 10, 2)])
+        r = res.requests[0]
+        assert r.first_token_s == pytest.approx(1.5 + warmup + 0.01, abs=1e-12), warmup
+        assert r.finish_s == pytest.approx(1.5 + warmup + 0.02, abs=1e-12)
+        assert res.topology.instances[0].down_s == pytest.approx(1.0 + warmup, abs=1e-12)
