@@ -72,6 +72,8 @@ def test_rejected_and_abandoned_requests_stay_out_of_latency_statistics():
     res = _stream(sc, [(0.0, 10, 1), (1e-6, 10, 1), (2e-6, 10, 1), (3e-6, 5000, 1)])
     df = metrics.requests_frame([res])
     assert list(df.status) == ["finished", "abandoned", "abandoned", "rejected"]
+    # per-request latency columns hold nothing for requests that were never served
+    assert df.e2e_s[1:].isna().all() and df.tpot_s.isna().all() and df.ttft_s[1:].isna().all()
     s = metrics.summarize([res], df, sc)["c"]
     assert s["requests"] == {"total": 4, "finished": 1, "rejected": 1, "abandoned": 2, "unfinished": 0}
     for key in ("ttft_s", "e2e_s"):
@@ -161,18 +163,19 @@ def _running(req_id, prompt, computed, kv):
 
 
 def test_preemption_evicts_the_newest_running_request():
-    # 4 blocks of 4 tokens: A (oldest) and B (newest) hold 2 each at 8 cached tokens; A's next token
-    # needs a third block: B, the newest, loses its KV and goes back to the front of the queue
-    kv = KVCache(4, 4, 0.0)
-    a, b = _running(0, 7, 8, kv), _running(1, 7, 8, kv)
-    a.generated = b.generated = 2            # known = 9: one token to compute each
-    queued = Request(2, 2.0, 4, 4)
-    running, waiting = [a, b], deque([queued])
+    # 6 blocks of 4 tokens: A (oldest), B, C (newest) hold 2 each at 8 cached tokens, none free.
+    # A's next token needs a third block: C, the newest, loses its KV and goes back to the front of
+    # the queue; its 2 blocks let A and then B grow.
+    kv = KVCache(6, 4, 0.0)
+    a, b, c = _running(0, 7, 8, kv), _running(1, 7, 8, kv), _running(2, 7, 8, kv)
+    a.generated = b.generated = c.generated = 2            # known = 9: one token to compute each
+    queued = Request(3, 3.0, 4, 4)
+    running, waiting = [a, b, c], deque([queued])
     plan = fcfs(running, waiting, kv, Limits(max_running=8, max_batched_tokens=64))
-    assert plan.preempted == [b] and list(waiting) == [b, queued] and running == [a]
-    assert [(r.id, n) for r, n in plan.items] == [(0, 1)]
-    assert (b.computed, b.blocks, b.preemptions, b.recomputed_tokens) == (0, 0, 1, 8)
-    assert a.blocks == 3 and kv.free_blocks == 1
+    assert plan.preempted == [c] and list(waiting) == [c, queued] and running == [a, b]
+    assert [(r.id, n) for r, n in plan.items] == [(0, 1), (1, 1)]
+    assert (c.computed, c.blocks, c.preemptions, c.recomputed_tokens) == (0, 0, 1, 8)
+    assert a.blocks == b.blocks == 3 and kv.free_blocks == 0
 
 
 def test_admission_keeps_the_watermark_spare():
