@@ -313,3 +313,34 @@ def test_fault_warmup_delays_service_by_exactly_warmup_s():
         assert r.first_token_s == pytest.approx(1.5 + warmup + 0.01, abs=1e-12), warmup
         assert r.finish_s == pytest.approx(1.5 + warmup + 0.02, abs=1e-12)
         assert res.topology.instances[0].down_s == pytest.approx(1.0 + warmup, abs=1e-12)
+
+
+# --- capacity planning rules ---------------------------------------------------------------------
+def test_plan_bound_counts_prefill_and_decode_time():
+    # fcfs replica, step = 10 ms + 1 ms per token: a prompt token costs at least (0.01 + 8.192) / 8192 s
+    # (the largest step, 8192 tokens) and an output token at least (0.01 + 0.256) / 256 s (batch of
+    # max_running = 256).  100-token prompts, 10 outputs (9 decode steps): no schedule beats
+    # 1 / (100 x 1.00122 ms + 9 x 1.03906 ms) = 9.13 req/s; prefill alone would allow 9.99.
+    from pdsim.plan import LocalExecutor, parse_plan, run_plan
+    raw = {"name": "b", "model": "llama-3.1-8b", "seed": 0,
+           "workload": {"arrival": "poisson", "num_requests": 200, "prompt_tokens": 100, "output_tokens": 10},
+           "slo": {"ttft_s": 5.0, "tpot_s": 1.0}, "target": {"rate": 1000},
+           "search": {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}],
+                      "colocated": {"replicas": [1]},
+                      "pool": {"kv_blocks": 100000, "cost_model": {"kind": "linear", "base_s": 0.01,
+                                                                   "per_token_s": 0.001}}}}
+    (row,) = run_plan(parse_plan(raw), LocalExecutor(1))["rows"]
+    hand = 1 / (100 * (0.01 + 8.192) / 8192 + 9 * (0.01 + 0.256) / 256)
+    assert row["bound_rate"] <= hand * (1 + 1e-9)
+    assert row["bound_rate"] > 0.5 * hand and row["status"] == "below target (bound)"
+
+
+def test_plan_worst_seed_rule_takes_the_worst_seed():
+    from pdsim.plan import _pooled
+    seeds = [{"n": 100, "ok": 95, "ttft_ok": 97, "tpot_ok": 96, "finished": 100, "ttft_p": 0.2, "tpot_p": 0.01,
+              "slo_met": True},
+             {"n": 100, "ok": 80, "ttft_ok": 85, "tpot_ok": 90, "finished": 100, "ttft_p": 0.5, "tpot_p": 0.03,
+              "slo_met": False}]
+    p = _pooled(seeds)
+    assert p["min_att"] == 0.8 and p["ok"] == 175 and p["n"] == 200
+    assert (p["ttft_p"], p["tpot_p"]) == (0.5, 0.03) and p["all_met"] is False
