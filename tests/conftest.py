@@ -3,9 +3,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from pdsim import config
+
+# Hypothesis profiles: `ci` (default: few examples, the suite stays fast on 2 cores) and `deep`
+# (`make test-deep`, or HYPOTHESIS_PROFILE=deep): many more examples for the invariant tests.
+# Tests that leave max_examples unset take it from the profile; @example cases always run.
+settings.register_profile("ci", max_examples=25, deadline=None)
+settings.register_profile("deep", max_examples=400, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"

@@ -132,7 +132,9 @@ def test_simulation_runs_on_the_measured_profile(tiny_profile):
     sc = scenario({"m": topo}, rate=2.0, num_requests=4, prompt_tokens=40, output_tokens=4)
     res = simulate(sc)
     reqs = res[0].requests
-    assert len(reqs) == 4 and all(r.finish_s is not None for r in reqs)
+    # finish_s is a float (NaN until set): check the run really finished each request, after it arrived
+    assert len(reqs) == 4 and all(r.status == "finished" and r.finish_s > r.first_token_s > r.arrival_s
+                                  and r.generated == 4 for r in reqs)
     cm = RooflineCost(LLAMA8, load_profile_file(out), 8)
     first = min(reqs, key=lambda r: r.arrival_s)
     assert first.first_token_s - first.arrival_s >= cm.prefill_time(40) * (1 - 1e-9)
