@@ -14,7 +14,7 @@ $(VENV)/.torch: $(BIN)/pdsim
 	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch unavailable: calibration tests will be skipped"
 	touch $(VENV)/.torch
 
-.PHONY: demo test bench bench-all install
+.PHONY: demo test test-deep bench bench-all install mutate mutate-sample
 install: $(BIN)/pdsim
 
 demo: $(BIN)/pdsim
@@ -23,6 +23,10 @@ demo: $(BIN)/pdsim
 test: $(BIN)/pdsim $(VENV)/.torch
 	$(BIN)/python -m pytest
 
+# hypothesis invariant tests with many more examples (profile `deep`, tests/conftest.py)
+test-deep: $(BIN)/pdsim
+	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest tests/test_simulation.py tests/test_faults.py tests/test_fastpath.py -q
+
 bench: $(BIN)/pdsim
 	$(BIN)/python benchmarks/bench_speed.py
 
@@ -30,3 +34,4 @@ bench-all: bench
 	$(BIN)/python benchmarks/bench_scale.py
 	$(BIN)/python benchmarks/bench_plan.py
 	$(BIN)/python benchmarks/check_vidur_linear.py
+	$(BIN)/python benchmarks/bench_input_guards.py

@@ -18,7 +18,6 @@ import math
 import os
 import re
 import shutil
-import time
 import tracemalloc
 import warnings
 from pathlib import Path
@@ -224,10 +223,8 @@ def test_billion_laughs_rejected_quickly(tmp_path: Path, where: str) -> None:
             "topologies": bomb + "workload: {rate: 1, num_requests: 1}\ntopologies: {a: *l8}\n",
             "workload": bomb + "workload: {rate: *l8, num_requests: 1}\ntopologies: {a: {kind: colocated}}\n"}[where]
     p = write(tmp_path / "bomb.yaml", text)
-    t0 = time.perf_counter()
     msg = check_error(pytest.raises(ConfigError, config.load, p).value, str(p))
-    assert time.perf_counter() - t0 < 5
-    assert "expands to more than" in msg
+    assert "expands to more than" in msg      # how fast: benchmarks/bench_input_guards.py
 
 
 def test_small_aliases_still_work(tmp_path: Path) -> None:
@@ -255,9 +252,8 @@ def test_deep_nesting_rejected_quickly(tmp_path: Path, depth: int, kind: str) ->
         depth = min(depth, 2_000)   # indentation grows quadratically
         text = "".join(" " * i + f"k{i}:\n" for i in range(depth))
     p = write(tmp_path / "deep.yaml", text)
-    t0 = time.perf_counter()
     msg = check_error(pytest.raises(ConfigError, config.load, p).value, str(p))
-    assert time.perf_counter() - t0 < 5 and "nest" in msg, msg   # "nested" (PyYAML) or "nesting" (libyaml)
+    assert "nest" in msg, msg   # "nested" (PyYAML) or "nesting" (libyaml)
 
 
 @pytest.mark.parametrize("loader", ["default", "pure-python"])
@@ -269,9 +265,8 @@ def test_pure_python_yaml_fallback_is_as_safe(tmp_path: Path, monkeypatch, loade
                              ("bomb", _laughs(9), "expands"), ("nul", "a: 1\nb: \x00\n", "YAML"),
                              ("int", "seed: " + "9" * 5000, "cannot read value"), ("dup", "a: 1\na: 2\n", "duplicate")]:
         p = write(tmp_path / f"{name}.yaml", text)
-        t0 = time.perf_counter()
         msg = check_error(pytest.raises(ConfigError, config.load, p).value, str(p))
-        assert what in msg and time.perf_counter() - t0 < 5, msg
+        assert what in msg, msg
         if name == "nul":
             assert f"{p}:2:" in msg, msg
     assert config.load(REPO / "scenarios" / "quickstart.yaml").topologies
@@ -289,9 +284,8 @@ def test_scenario_file_size_cap(tmp_path: Path) -> None:
     p = tmp_path / "huge.yaml"
     with p.open("wb") as f:
         f.truncate(config.MAX_YAML_BYTES + 1)   # sparse: nothing is written to disk
-    t0 = time.perf_counter()
     msg = check_error(pytest.raises(ConfigError, config.load, p).value, str(p))
-    assert "larger than" in msg and time.perf_counter() - t0 < 1
+    assert "larger than" in msg
 
 
 def test_base_dir_is_not_a_scenario_key(tmp_path: Path) -> None:
@@ -418,7 +412,6 @@ def test_trace_oversized_line_rejected_fast_in_bounded_memory(tmp_path: Path, fm
         f.write(b"1" * (4 * MAX_LINE_BYTES))   # no newline at all: a reader that reads to EOL would hold it all
         f.write(b"\n")
     tracemalloc.start()
-    t0 = time.perf_counter()
     try:
         exc = pytest.raises(TraceError, load_trace, p, fmt).value
         _, peak = tracemalloc.get_traced_memory()
@@ -426,7 +419,6 @@ def test_trace_oversized_line_rejected_fast_in_bounded_memory(tmp_path: Path, fm
         tracemalloc.stop()
     msg = check_error(exc, str(p))
     assert exc.line == 2 and "longer than" in msg
-    assert time.perf_counter() - t0 < 2
     assert peak < 3 * MAX_LINE_BYTES, f"peak {peak:,} bytes"   # one capped line, not the file
 
 
@@ -472,11 +464,9 @@ def test_cli_broken_files_exit_2_one_line(tmp_path: Path, capsys, case: str) -> 
         write(tmp_path / "t.csv", trace[case])
     p = write(tmp_path / "s.yaml", text)
     out = tmp_path / "out"
-    t0 = time.perf_counter()
     rc = main(["run", str(p), "--out", str(out), "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert time.perf_counter() - t0 < 10
     assert err.startswith("pdsim: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
     assert (str(tmp_path / "t.csv") if case in trace else str(p)) in err, err
     assert not out.exists(), "a failed run must not leave a half-written output folder"
