@@ -111,6 +111,31 @@ def test_report_numbers_equal_summary_json(quick):
             assert float(text) == pytest.approx(want, rel=1e-6, abs=1e-12), (topo, key, text, want)
 
 
+def test_report_numbers_recomputed_from_the_raw_requests(quick):
+    # an oracle that is not summary.json: the per-request rows (requests.csv), reduced here with numpy
+    # by the definitions of README/DESIGN, and the GPU count from the scenario file
+    import numpy as np
+    import pandas as pd
+    out, html, _ = quick
+    cells = _parse(html).cells
+    df = pd.read_csv(out / "requests.csv")
+    slo = {"ttft_s": 0.5, "tpot_s": 0.05}                               # scenarios/quickstart.yaml
+    gpus = {"colocated-4": 4, "colocated-4-chunked": 4, "disagg-3p1d": 4}
+    for topo, d in df.groupby("topology"):
+        fin = d[d.status == "finished"]
+        ttft = d.ttft_s[d.status != "rejected"].dropna().to_numpy()
+        for p in (50, 90, 99):
+            assert float(cells[(topo, f"ttft_s.p{p}")]) == pytest.approx(np.percentile(ttft, p), rel=1e-5)
+        e2e = (fin.finish_s - fin.arrival_s).to_numpy()                 # E2E from the raw timestamps
+        assert float(cells[(topo, "e2e_s.p99")]) == pytest.approx(np.percentile(e2e, 99), rel=1e-5)
+        tpot = ((fin.finish_s - fin.first_token_s) / (fin.output_tokens - 1))[fin.output_tokens > 1]
+        assert float(cells[(topo, "tpot_s.p90")]) == pytest.approx(np.percentile(tpot, 90), rel=1e-5)
+        ok = (d.status == "finished") & (d.first_token_s - d.arrival_s <= slo["ttft_s"]) & \
+            ((d.output_tokens <= 1) | ((d.finish_s - d.first_token_s) / (d.output_tokens - 1) <= slo["tpot_s"]))
+        assert float(cells[(topo, "slo_attainment")]) == pytest.approx(ok.mean(), rel=1e-5)
+        assert int(float(cells[(topo, "gpus")])) == gpus[topo]
+
+
 def test_best_topology_is_marked(quick):
     _, html, summary = quick
     topos = summary["topologies"]
