@@ -146,3 +146,26 @@ def test_bad_slo_mode_is_one_line():
         config.parse(raw, "s.yaml")
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("s.yaml") and "slo.mode" in msg and "p99" in msg, msg
+
+
+def test_plan_judges_a_rate_by_the_slo_mode():
+    # the M/D/1 replica above at its 20 req/s target: 95.7% of requests have TTFT <= 0.12 s
+    # (Erlang: P(W <= 0.09) = 0.957), so attainment mode passes at 90%; TTFT p99.9 is ~0.2 s > 0.12 s,
+    # so percentile mode must not recommend it
+    from pdsim.plan import LocalExecutor, parse_plan, run_plan
+    assert _md1_wait_cdf(0.09, 20.0, 0.03) == pytest.approx(0.957, abs=1e-3)
+    rows = {}
+    for mode in ("attainment", "percentile"):
+        raw = {"name": "m", "model": "llama-3.1-8b", "seed": 0,
+               "workload": {"arrival": "poisson", "num_requests": 1200, "prompt_tokens": 10, "output_tokens": 1},
+               "slo": {"mode": mode, "ttft_s": 0.12, "tpot_s": 1.0, "ttft_percentile": 99.9,
+                       "attainment_target": 0.9},
+               "target": {"rate": 20},
+               "search": {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}],
+                          "colocated": {"replicas": [1]},
+                          "pool": {"kv_blocks": 10000, "max_running": 1,
+                                   "cost_model": {"kind": "constant", "step_s": 0.03}}},
+               "goodput": {"seeds": 2}}
+        (rows[mode],) = run_plan(parse_plan(raw), LocalExecutor(1))["rows"]
+    assert rows["attainment"]["meets"] is True
+    assert rows["percentile"]["meets"] is False and rows["percentile"]["status"] == "misses SLO at target"
