@@ -86,9 +86,10 @@ def generate(sc: Scenario, model: ModelShape) -> list[Request]:
             arrival = wl.gamma_arrivals(rng, w.rate, w.cv, n)
         else:
             arrival = wl.constant_arrivals(w.rate, n)
-        if w.duration_s is not None and w.arrival != "constant":
-            # the guess at n assumes Poisson-like gaps: a bursty gamma stream (large cv) often needs more
-            # to reach duration_s, and used to stop short of it; draw on (the same stream) until it does
+        if w.num_requests is None and w.arrival != "constant":
+            # n was guessed for Poisson-like gaps: a bursty gamma stream (large cv) often needs more to
+            # reach duration_s, and used to stop short of it; draw on (the same stream) until it does.
+            # (With num_requests given, duration_s only cuts the stream.)
             while arrival[-1] < w.duration_s:
                 more = wl.poisson_gaps(rng, w.rate, n) if w.arrival == "poisson" else \
                     wl.gamma_gaps(rng, w.rate, w.cv, n)

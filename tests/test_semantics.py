@@ -291,6 +291,15 @@ def test_gamma_duration_window_holds_every_arrival_of_the_stream():
         assert got == pytest.approx(want, rel=1e-12, abs=1e-12), seed
 
 
+def test_num_requests_with_duration_s_is_cut_not_filled():
+    # both given: num_requests arrivals, cut at duration_s (200/s: the 25 arrive in ~0.12 s)
+    sc = scenario(arrival="gamma", cv=3.0, rate=200.0, num_requests=25, duration_s=600.0)
+    assert len(generate(sc, resolve_model(sc))) == 25
+    sc = scenario(arrival="poisson", rate=1.0, num_requests=1000, duration_s=10.0)
+    rs = generate(sc, resolve_model(sc))
+    assert 0 < len(rs) < 40 and max(r.arrival_s for r in rs) < 10.0
+
+
 def test_closed_loop_think_time_separates_a_clients_requests():
     # one client, 10 ms one-token requests, 0.5 s think: sends at 0, 0.51, 1.02
     topo = {"kind": "colocated", "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.01}}
