@@ -21,7 +21,7 @@ NO_TESTS = {5, 33}
 
 def score(meta: Path) -> dict:
     codes = json.loads(meta.read_text()).get("exit_code_by_key", {})
-    c = Counter()
+    c = Counter({"killed": 0, "survived": 0, "no_tests": 0, "unchecked": 0, "other": 0})
     survivors = []
     for key, code in codes.items():
         if code is None:

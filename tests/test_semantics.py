@@ -169,13 +169,47 @@ def test_preemption_evicts_the_newest_running_request():
     kv = KVCache(6, 4, 0.0)
     a, b, c = _running(0, 7, 8, kv), _running(1, 7, 8, kv), _running(2, 7, 8, kv)
     a.generated = b.generated = c.generated = 2            # known = 9: one token to compute each
+    c.preemptions, c.recomputed_tokens = 1, 5              # preempted once before: the counts add up
     queued = Request(3, 3.0, 4, 4)
     running, waiting = [a, b, c], deque([queued])
     plan = fcfs(running, waiting, kv, Limits(max_running=8, max_batched_tokens=64))
     assert plan.preempted == [c] and list(waiting) == [c, queued] and running == [a, b]
     assert [(r.id, n) for r, n in plan.items] == [(0, 1), (1, 1)]
-    assert (c.computed, c.blocks, c.preemptions, c.recomputed_tokens) == (0, 0, 1, 8)
+    assert (c.computed, c.blocks, c.preemptions, c.recomputed_tokens) == (0, 0, 2, 5 + 8)
     assert a.blocks == b.blocks == 3 and kv.free_blocks == 0
+    assert plan.lost_tokens == 8                            # C's 8 cached tokens must be computed again
+
+
+@pytest.mark.parametrize("policy", [fcfs, chunked])
+def test_a_request_already_in_the_step_is_never_the_victim(policy):
+    # A and B each hold 2 full blocks and need a third; one block is free. A (oldest) takes it;
+    # B must give up its own KV, not A's: A is already in this step's plan
+    kv = KVCache(5, 4, 0.0)
+    a, b = _running(0, 7, 8, kv), _running(1, 7, 8, kv)
+    a.generated = b.generated = 2
+    running, waiting = [a, b], deque()
+    plan = policy(running, waiting, kv, Limits(max_running=8, max_batched_tokens=64))
+    assert [(r.id, n) for r, n in plan.items] == [(0, 1)] and plan.preempted == [b]
+    assert (a.computed, a.blocks, b.blocks, kv.free_blocks) == (8, 3, 0, 2) and list(waiting) == [b]
+
+
+def test_chunked_budget_smaller_than_the_running_batch():
+    # 3 running decodes, a 2-token budget: the two oldest advance one token each, nobody gets 0
+    kv = KVCache(100, 16, 0.0)
+    reqs = [_running(i, 9, 10, kv) for i in range(3)]
+    for r in reqs:
+        r.generated = 2                                     # known = 11
+    plan = chunked(list(reqs), deque(), kv, Limits(max_running=8, max_batched_tokens=2))
+    assert [(r.id, n) for r, n in plan.items] == [(0, 1), (1, 1)] and plan.tokens == 2
+    plan = chunked(list(reqs), deque(), kv, Limits(max_running=8, max_batched_tokens=1))
+    assert [(r.id, n) for r, n in plan.items] == [(0, 1)]
+
+
+def test_decode_side_reservation_keeps_the_watermark():
+    # KV arriving from a prefill instance is admission too: it may not eat the decode pool's headroom
+    kv = KVCache(100, 16, watermark=0.1)
+    assert not kv.reserve(Request(0, 0.0, 91 * 16, 2), 91 * 16) and kv.free_blocks == 100
+    assert kv.reserve(Request(1, 0.0, 90 * 16, 2), 90 * 16) and kv.free_blocks == 10
 
 
 def test_admission_keeps_the_watermark_spare():
