@@ -193,6 +193,26 @@ def test_a_request_already_in_the_step_is_never_the_victim(policy):
     assert (a.computed, a.blocks, b.blocks, kv.free_blocks) == (8, 3, 0, 2) and list(waiting) == [b]
 
 
+def test_one_growth_may_evict_two_and_both_losses_are_counted():
+    # A continues its prefill by 8 tokens (2 blocks of 4); B and C decode on 1 block each; none free:
+    # C, then B, lose their KV, and the step's lost tokens are both of theirs
+    kv = KVCache(4, 4, 0.0)
+    a = Request(0, 0.0, 16, 4)
+    a.computed = 8
+    assert kv.grow(a, 8)
+    b, c = _running(1, 4, 4, kv), _running(2, 4, 4, kv)
+    plan = chunked([a, b, c], deque(), kv, Limits(max_running=8, max_batched_tokens=64))
+    assert plan.preempted == [c, b] and plan.lost_tokens == 8 and [(r.id, n) for r, n in plan.items] == [(0, 8)]
+
+
+def test_fcfs_runs_a_prompt_longer_than_the_budget_whole():
+    # fcfs never chunks: a 200-token prompt over a 64-token step budget is one prefill step, alone
+    topo = {"kind": "colocated", "kv_blocks": 100, "max_batched_tokens": 64,
+            "cost_model": {"kind": "constant", "step_s": 0.01}}
+    r, _ = _one(topo, prompt=200, output=2)
+    assert r.first_token_s - r.arrival_s == pytest.approx(0.01, abs=1e-12)
+
+
 def test_chunked_budget_smaller_than_the_running_batch():
     # 3 running decodes, a 2-token budget: the two oldest advance one token each, nobody gets 0
     kv = KVCache(100, 16, 0.0)
