@@ -382,3 +382,28 @@ def test_highest_accepted_rate_runs_and_reports(tmp_path: Path, capsys) -> None:
     scen = _write(tmp_path / "s.yaml", TINY.replace("rate: 2", f"rate: {MAX_RATE:.1e}"))
     assert main(["run", str(scen), "--out", str(tmp_path / "out"), "--quiet"]) == 0, capsys.readouterr().err
     assert (tmp_path / "out" / "report.html").exists()
+
+
+def test_interrupt_between_moves_leaves_a_folder_report_refuses(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The narrowest window: Ctrl-C after the new requests.csv is moved in but before the new summary.json.
+    Same request count, another seed: only the missing summary.json can tell the mix apart, and
+    pdsim report must refuse it rather than draw one run's rows under another run's summary."""
+    scen = _write(tmp_path / "s.yaml", TINY)
+    out = tmp_path / "out"
+    assert main(["run", str(scen), "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
+    old_requests = (out / "requests.csv").read_bytes()
+    real_replace, moved = os.replace, []
+
+    def replace_then_interrupt(src, dst):
+        real_replace(src, dst)
+        moved.append(Path(dst).name)
+        if len(moved) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace_then_interrupt)
+    assert main(["run", str(scen), "--out", str(out), "--quiet", "--set", "seed=7"]) == 130
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert moved == ["requests.csv"] and (out / "requests.csv").read_bytes() != old_requests
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 2
+    _one_line(capsys.readouterr().err, str(out / "summary.json"), "did not finish")
