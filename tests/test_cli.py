@@ -309,10 +309,11 @@ def no_planning(monkeypatch):
     (["--executor", "dask", "--scheduler", "tcp://host:99999"], "--scheduler"),
     (["--scheduler", "tcp://10.0.0.5:8786"], "--scheduler"),   # ignored by the local executor: say so
     (["--executor", "kubernetes"], "--executor"),
+    (["--cache", "{plan}"], "--cache"),                         # a file where the cache folder should be
 ])
 def test_plan_rejects_bad_flags_before_planning(tmp_path: Path, capsys, no_planning, flags, key) -> None:
     plan = _write(tmp_path / "p.yaml", PLAN)
-    rc = main(["plan", str(plan), "--out", str(tmp_path / "o"), "--quiet"] + flags)
+    rc = main(["plan", str(plan), "--out", str(tmp_path / "o"), "--quiet"] + [f.format(plan=plan) for f in flags])
     _one_line(capsys.readouterr().err, key)
     assert rc == 2 and no_planning == []
     assert not (tmp_path / "o").exists()
