@@ -23,7 +23,7 @@ PosInt = Annotated[int, Field(gt=0, le=10**9)]
 
 #: bounds that keep a run inside memory and floating point: beyond them a value is a typo
 MAX_REQUESTS = 10_000_000        # Request objects in memory; a 10M-request run is hours of wall time
-MAX_RATE = 1e6                   # requests/s: far above any cluster modelled here; beyond it arrivals collapse onto t = 0
+MAX_RATE = 1e6                   # requests/s, far above any cluster modelled; beyond it arrivals collapse onto t=0
 MAX_INSTANCES = 4096             # replicas / instances per pool
 Requests = Annotated[int, Field(gt=0, le=MAX_REQUESTS)]
 Instances = Annotated[int, Field(gt=0, le=MAX_INSTANCES)]
