@@ -175,6 +175,8 @@ def cmd_plan(args) -> int:
         print(f"pdsim: --jobs {jobs} capped at {cores}, the cores this process may use "
               "(--force-jobs to start them all)", file=sys.stderr)
         jobs = cores
+    if args.executor == "local" and not jobs:
+        jobs = cores        # os.cpu_count() counts cores a container or taskset may not let us use
     plan = load_plan(args.plan, args.set)
     out = Path(args.out or f"reports/{Path(args.plan).stem}")
     with OutputFolder(out):

@@ -334,6 +334,8 @@ def test_jobs_beyond_the_cores_are_capped_unless_forced(tmp_path: Path, capsys, 
     assert no_planning[-1].jobs == 1000 and "capped" not in capsys.readouterr().err
     main(base + ["--jobs", "1"])
     assert no_planning[-1].jobs == 1 and "capped" not in capsys.readouterr().err
+    main(base)                          # default: the cores this process may use, not os.cpu_count()
+    assert no_planning[-1].jobs == _cores()
 
 
 def test_every_option_has_help_with_units() -> None:
