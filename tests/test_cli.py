@@ -334,8 +334,22 @@ def test_jobs_beyond_the_cores_are_capped_unless_forced(tmp_path: Path, capsys, 
     assert no_planning[-1].jobs == 1000 and "capped" not in capsys.readouterr().err
     main(base + ["--jobs", "1"])
     assert no_planning[-1].jobs == 1 and "capped" not in capsys.readouterr().err
-    main(base)                          # default: the cores this process may use, not os.cpu_count()
+    main(base)                          # default: the cores this process may use
     assert no_planning[-1].jobs == _cores()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_jobs_follow_the_cores_this_process_may_use(tmp_path: Path, capsys, monkeypatch, no_planning) -> None:
+    """Under taskset or a container CPU limit os.cpu_count() overstates the cores: pinned to one core,
+    the default and a larger --jobs are both one process."""
+    plan = _write(tmp_path / "p.yaml", PLAN)
+    base = ["plan", str(plan), "--out", str(tmp_path / "o"), "--quiet"]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    main(base)
+    assert no_planning[-1].jobs == 1
+    main(base + ["--jobs", "2"])
+    assert no_planning[-1].jobs == 1 and "capped at 1" in capsys.readouterr().err
 
 
 def test_every_option_has_help_with_units() -> None:
