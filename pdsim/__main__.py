@@ -185,6 +185,9 @@ def cmd_plan(args) -> int:
 
 def _plan(args, plan, out: Path, jobs: int | None) -> int:
     from .plan import DaskExecutor, LocalExecutor, print_table, run_plan, write_plan_outputs
+    cache = None if args.no_cache else Path(args.cache or out / "cache")
+    if cache is not None and cache.exists() and not cache.is_dir():
+        raise ConfigError("exists and is not a folder", key="--cache", value=str(cache))
     if args.executor == "dask":
         try:
             ex = DaskExecutor(args.scheduler)
@@ -196,7 +199,6 @@ def _plan(args, plan, out: Path, jobs: int | None) -> int:
     if not args.quiet:
         print(f"pdsim plan: {len(plan.configs)} configs in the search space ({len(plan.excluded)} excluded by "
               f"budget or fit) on the {ex.name} executor", file=sys.stderr)
-    cache = None if args.no_cache else Path(args.cache or out / "cache")
     try:
         result = run_plan(plan, ex, cache, progress=not args.quiet)
     finally:
