@@ -3,11 +3,66 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
 
 from .errors import ConfigError, PdsimError
+
+MAX_TOKENS = 10**9     # the scenario's own bound on token counts (config.PosInt)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors in pdsim's format (``pdsim: error: --batch = 0: must be ...``), exit 2."""
+
+    def error(self, message: str):
+        m = re.match(r"argument ([^:]+): (.*)", message, re.S)
+        if m:
+            key = m.group(1).split("/")[-1]           # "-o/--out" -> "--out"
+            rest = m.group(2)
+            message = f"{key} {rest}" if rest.startswith("= ") else f"{key}: {rest}"
+        message = " ".join(message.split())           # one line whatever argparse wrote
+        print(f"pdsim: error: {message} (pdsim {self.prog.split()[-1]} --help lists the options)"
+              if self.prog != "pdsim" else f"pdsim: error: {message} (pdsim --help lists the commands)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
+def _int_in(lo: int, hi: int | None = None):
+    """An argparse type: an integer in [lo, hi]; the error names the value (the key is added by argparse)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"= {text!r}: not an integer") from None
+        if v < lo or (hi is not None and v > hi):
+            bound = f">= {lo}" if hi is None else f"between {lo} and {hi:,}"
+            raise argparse.ArgumentTypeError(f"= {v}: must be {bound}")
+        return v
+    parse.__name__ = "int"
+    return parse
+
+
+_DASK_ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx|ws|wss)://)?(?:\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def _dask_address(text: str) -> str:
+    """An argparse type: a Dask scheduler address, PROTOCOL://HOST:PORT (tcp:// when no protocol)."""
+    m = _DASK_ADDRESS.match(text.strip())
+    if not m or not 1 <= int(m.group(1)) <= 65535:
+        raise argparse.ArgumentTypeError(f"= {text!r}: not a Dask scheduler address; give tcp://HOST:PORT, "
+                                         "e.g. tcp://10.0.0.5:8786")
+    return text.strip()
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:          # not on Linux
+        return os.cpu_count() or 1
 
 
 def _fmt(x, scale=1.0, digits=3):
@@ -34,18 +89,20 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
 
 def cmd_run(args) -> int:
     from . import config
-    from .output import write_outputs
+    from .output import OutputFolder, write_outputs
     from .simulation import simulate
     from .errors import InputError
     sc = config.load(args.scenario, args.set)
-    t0 = time.perf_counter()
-    try:
-        results = simulate(sc, progress=not args.quiet, fast=not args.step_by_step)
-    except InputError as exc:   # a key found bad once the run started: name the scenario file
-        raise exc.in_file(args.scenario) from None
-    wall = time.perf_counter() - t0
     out = Path(args.out or f"reports/{Path(args.scenario).stem}")
-    summary = write_outputs(results, sc, out, wall_s=wall, progress=not args.quiet)
+    # --out is checked, created and locked before simulating: a bad place or a second run fails in a second
+    with OutputFolder(out):
+        t0 = time.perf_counter()
+        try:
+            results = simulate(sc, progress=not args.quiet, fast=not args.step_by_step)
+        except InputError as exc:   # a key found bad once the run started: name the scenario file
+            raise exc.in_file(args.scenario) from None
+        wall = time.perf_counter() - t0
+        summary = write_outputs(results, sc, out, wall_s=wall, progress=not args.quiet)
     print_summary(summary["topologies"])
     print(f"\nwrote {out}/ (requests.csv, summary.json, timeseries.csv"
           f"{', report.html' if (out / 'report.html').exists() else ''}) in {wall:.2f} s wall", file=sys.stderr)
@@ -60,14 +117,20 @@ def cmd_estimate(args) -> int:
     model.validate_tp(args.tp, "--tp")
     cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype)
     if args.prefill is not None:
-        if args.prefill < 1:
-            raise ConfigError("must be >= 1", key="--prefill", value=args.prefill)
+        if not 1 <= args.prefill <= model.max_context:
+            raise ConfigError(f"must be between 1 and {model.name}'s context of {model.max_context} tokens",
+                              key="--prefill", value=args.prefill)
+        if args.batch < 1:
+            raise ConfigError("must be >= 1", key="--batch", value=args.batch)
         p, b = args.prefill, args.batch
         agg = (p * b, b * p * p / 2.0, p * b, b, b)
         what = {"phase": "prefill", "prompt_tokens": p, "batch": b}
     elif args.decode_batch is not None:
-        if args.decode_batch < 1 or args.context < 0:
+        if args.decode_batch < 1:
             raise ConfigError("must be >= 1", key="--decode-batch", value=args.decode_batch)
+        if not 0 <= args.context < model.max_context:
+            raise ConfigError(f"must be >= 0 and below {model.name}'s context of {model.max_context} tokens",
+                              key="--context", value=args.context)
         b, c = args.decode_batch, args.context
         agg = (b, float(b * c), b * (c + 1), b, b)
         what = {"phase": "decode", "batch": b, "context": c}
@@ -92,24 +155,50 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import build_report
+    from .report import build_report, validate_run_folder
+    validate_run_folder(Path(args.dir))     # a missing, half-written or corrupt folder: one line, exit 2
     path = build_report(Path(args.dir))
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
 def cmd_plan(args) -> int:
-    from .plan import DaskExecutor, LocalExecutor, load_plan, print_table, run_plan, write_plan_outputs
+    from .plan import load_plan
+    from .output import OutputFolder
+    if args.executor != "dask" and args.scheduler:
+        raise ConfigError("only used with --executor dask", key="--scheduler", value=args.scheduler)
+    if args.executor == "dask" and args.jobs:
+        raise ConfigError("only used with --executor local (Dask workers are sized by the cluster)",
+                          key="--jobs", value=args.jobs)
+    jobs, cores = args.jobs, _cores()
+    if jobs and jobs > cores and not args.force_jobs:
+        print(f"pdsim: --jobs {jobs} capped at {cores}, the cores this process may use "
+              "(--force-jobs to start them all)", file=sys.stderr)
+        jobs = cores
+    if args.executor == "local" and not jobs:
+        jobs = cores        # os.cpu_count() counts cores a container or taskset may not let us use
     plan = load_plan(args.plan, args.set)
     out = Path(args.out or f"reports/{Path(args.plan).stem}")
+    with OutputFolder(out):
+        return _plan(args, plan, out, jobs)
+
+
+def _plan(args, plan, out: Path, jobs: int | None) -> int:
+    from .plan import DaskExecutor, LocalExecutor, print_table, run_plan, write_plan_outputs
+    cache = None if args.no_cache else Path(args.cache or out / "cache")
+    if cache is not None and cache.exists() and not cache.is_dir():
+        raise ConfigError("exists and is not a folder", key="--cache", value=str(cache))
     if args.executor == "dask":
-        ex = DaskExecutor(args.scheduler)
+        try:
+            ex = DaskExecutor(args.scheduler)
+        except ValueError as exc:     # distributed rejects an address it cannot parse
+            raise ConfigError(f"not a Dask scheduler address: {exc}", key="--scheduler",
+                              value=args.scheduler) from None
     else:
-        ex = LocalExecutor(args.jobs)
+        ex = LocalExecutor(jobs)
     if not args.quiet:
         print(f"pdsim plan: {len(plan.configs)} configs in the search space ({len(plan.excluded)} excluded by "
               f"budget or fit) on the {ex.name} executor", file=sys.stderr)
-    cache = None if args.no_cache else Path(args.cache or out / "cache")
     try:
         result = run_plan(plan, ex, cache, progress=not args.quiet)
     finally:
@@ -122,43 +211,60 @@ def cmd_plan(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="pdsim", description="Simulate colocated and prefill/decode-"
+    ap = _Parser(prog="pdsim", description="Simulate colocated and prefill/decode-"
                                  "disaggregated LLM serving.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="simulate every topology of a scenario on the same requests")
-    r.add_argument("scenario")
-    r.add_argument("--out", help="output folder (default reports/<scenario name>)")
+    r.add_argument("scenario", help="scenario YAML file")
+    r.add_argument("--out", metavar="FOLDER",
+                   help="output folder (default reports/<scenario name>); checked and locked before simulating, "
+                        "its run files replaced only once all are written; other files in it are kept")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario key, e.g. --set workload.rate=8")
-    r.add_argument("--quiet", action="store_true")
+                   help="override a scenario key in its own units, e.g. --set workload.rate=8 (requests/s)")
+    r.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     r.add_argument("--step-by-step", action="store_true",
                    help="one event per engine step (the reference loop; slower, same results)")
     r.set_defaults(fn=cmd_run)
     e = sub.add_parser("estimate", help="cost-model time of one prefill or decode step")
-    e.add_argument("--model", required=True)
-    e.add_argument("--device", required=True)
-    e.add_argument("--tp", type=int, default=1)
-    e.add_argument("--prefill", type=int, metavar="TOKENS")
-    e.add_argument("--batch", type=int, default=1, help="prompts in the prefill batch")
-    e.add_argument("--decode-batch", type=int)
-    e.add_argument("--context", type=int, default=1024)
-    e.add_argument("--weight-dtype", default="bf16")
-    e.add_argument("--kv-dtype", default="bf16")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--model", required=True, help="model preset name, e.g. llama-3.1-8b")
+    e.add_argument("--device", required=True, help="device preset name (e.g. h100-sxm) or device-profile YAML")
+    e.add_argument("--tp", type=_int_in(1, 1024), default=1, metavar="GPUS",
+                   help="tensor-parallel degree in GPUs (default 1; must divide the attention heads)")
+    e.add_argument("--prefill", type=_int_in(1, MAX_TOKENS), metavar="TOKENS",
+                   help="prompt length in tokens of each prompt in a prefill step")
+    e.add_argument("--batch", type=_int_in(1, 10**6), default=1, metavar="PROMPTS",
+                   help="prompts in the prefill batch (default 1)")
+    e.add_argument("--decode-batch", type=_int_in(1, 10**6), metavar="REQUESTS",
+                   help="requests in a decode step (one new token each)")
+    e.add_argument("--context", type=_int_in(0, MAX_TOKENS), default=1024, metavar="TOKENS",
+                   help="context length in tokens of each decoding request (default 1024)")
+    from .models import DTYPE_BYTES
+    e.add_argument("--weight-dtype", default="bf16", choices=list(DTYPE_BYTES), help="weight data type (default bf16)")
+    e.add_argument("--kv-dtype", default="bf16", choices=list(DTYPE_BYTES), help="KV-cache data type (default bf16)")
+    e.add_argument("--json", action="store_true", help="print the result as JSON (times in s, bytes, FLOPs)")
     e.set_defaults(fn=cmd_estimate)
     pl = sub.add_parser("plan", help="find the cheapest deployment that meets the SLO (goodput search)")
-    pl.add_argument("plan")
-    pl.add_argument("--out", help="output folder (default reports/<plan name>)")
-    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    pl.add_argument("--executor", choices=["local", "dask"], default="local")
-    pl.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786")
-    pl.add_argument("--jobs", type=int, help="local worker processes (default: all cores)")
-    pl.add_argument("--cache", help="result cache folder (default OUT/cache)")
-    pl.add_argument("--no-cache", action="store_true")
-    pl.add_argument("--quiet", action="store_true")
+    pl.add_argument("plan", help="plan YAML file")
+    pl.add_argument("--out", metavar="FOLDER",
+                    help="output folder (default reports/<plan name>); checked and locked before searching")
+    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a plan key in its own units, e.g. --set target.rate=10 (requests/s)")
+    pl.add_argument("--executor", choices=["local", "dask"], default="local",
+                    help="where simulations run: local processes or a Dask cluster (default local)")
+    pl.add_argument("--scheduler", type=_dask_address, metavar="ADDRESS",
+                    help="Dask scheduler address tcp://HOST:PORT, e.g. tcp://10.0.0.5:8786 (--executor dask only)")
+    pl.add_argument("--jobs", type=_int_in(1, 4096), metavar="PROCESSES",
+                    help="local worker processes (default: the cores this process may use; more are capped "
+                         "at that unless --force-jobs)")
+    pl.add_argument("--force-jobs", action="store_true",
+                    help="start --jobs processes even when that is more than the cores")
+    pl.add_argument("--cache", metavar="FOLDER", help="result cache folder (default OUT/cache)")
+    pl.add_argument("--no-cache", action="store_true", help="simulate everything; read and write no cache")
+    pl.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     pl.set_defaults(fn=cmd_plan)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")
-    rp.add_argument("dir")
+    rp.add_argument("dir", help="a pdsim run output folder (summary.json, requests.csv, timeseries.csv); "
+                                "checked before anything is drawn")
     rp.set_defaults(fn=cmd_report)
     try:
         from . import calibrate
@@ -169,7 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:       # --help (0) or a bad flag (2, one line already printed)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.fn(args) or 0
     except PdsimError as exc:

@@ -23,6 +23,7 @@ PosInt = Annotated[int, Field(gt=0, le=10**9)]
 
 #: bounds that keep a run inside memory and floating point: beyond them a value is a typo
 MAX_REQUESTS = 10_000_000        # Request objects in memory; a 10M-request run is hours of wall time
+MAX_RATE = 1e6                   # requests/s, far above any cluster modelled; beyond it arrivals collapse onto t=0
 MAX_INSTANCES = 4096             # replicas / instances per pool
 Requests = Annotated[int, Field(gt=0, le=MAX_REQUESTS)]
 Instances = Annotated[int, Field(gt=0, le=MAX_INSTANCES)]
@@ -144,7 +145,7 @@ Topology = Annotated[Union[ColocatedSpec, DisaggregatedSpec], Field(discriminato
 class TraceSpec(_Strict):
     path: str
     format: Literal["auto", "azure", "vidur", "lengths", "mooncake"] = "auto"
-    rate_scale: PosFloat = 1.0          # 2 = twice the trace's request rate
+    rate_scale: Annotated[float, Field(gt=0, le=MAX_RATE, allow_inf_nan=False)] = 1.0  # 2 = twice the trace's rate
     start_s: NonNegFloat = 0.0
     duration_s: PosFloat | None = None
     jitter_s: NonNegFloat = 0.0         # spread arrivals uniformly within ticks (Mooncake's 3 s ticks)
@@ -183,8 +184,9 @@ class LengthSpec(_Strict):
 
 class WorkloadSpec(_Strict):
     arrival: Literal["poisson", "gamma", "constant", "closed", "trace"] = "poisson"
-    # requests per second (open loop); >= 1e-9 so that 1/rate stays finite
-    rate: Annotated[float, Field(ge=1e-9, allow_inf_nan=False)] | None = None
+    # requests per second (open loop); >= 1e-9 so that 1/rate stays finite; <= MAX_RATE (1e308 made the gaps
+    # between arrivals subnormal floats and the report's arrival histogram crash)
+    rate: Annotated[float, Field(ge=1e-9, le=MAX_RATE, allow_inf_nan=False)] | None = None
     # gamma inter-arrival coefficient of variation; the shape 1/cv^2 must stay finite and nonzero
     cv: Annotated[float, Field(ge=1e-3, le=1e3, allow_inf_nan=False)] = 1.0
     clients: Requests | None = None         # closed loop: concurrent users

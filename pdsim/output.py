@@ -1,12 +1,35 @@
-"""Write a run's outputs: requests.csv, summary.json, timeseries.csv, and report.html when available."""
+"""Write a run's outputs: requests.csv, summary.json, timeseries.csv, and report.html when available.
+
+Outputs are never half-written:
+
+* ``OutputFolder`` checks ``--out`` before anything is simulated (a file in the way, a place that cannot be
+  written), creates it, and holds ``OUT/.pdsim.lock`` (the ``filelock`` package) for the whole run, so a second
+  run on the same folder fails at once with one line instead of interleaving rows into the same files.
+* ``write_outputs`` writes every file into a staging folder inside ``OUT`` and only then moves them into place.
+  A folder that did not exist is renamed into place whole (atomic). In an existing folder the run's own files
+  (``RUN_FILES``) are replaced one by one with ``os.replace``; the old ``summary.json`` is removed first and the
+  new one moved in last, so ``summary.json`` marks a complete set: a crash or Ctrl-C leaves either the old set
+  untouched or a folder without ``summary.json``, which ``pdsim report`` refuses. Other files in ``OUT`` (notes,
+  a plan's cache) are left alone.
+* ``summary.json`` records the row counts of the CSVs (``outputs``), which ``pdsim report`` checks.
+"""
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from . import __version__, metrics
+from .errors import ConfigError
+
+LOCK_NAME = ".pdsim.lock"
+STAGING_PREFIX = ".pdsim-staging-"
+# The files one run owns, in the order they are moved into place: summary.json last (the commit marker).
+RUN_FILES = ("requests.csv", "timeseries.csv", "report.html", "summary.json")
 
 
 def _clean(x):
@@ -19,16 +42,133 @@ def _clean(x):
     return x
 
 
+class OutputFolder:
+    """``--out`` checked, created and locked before a run simulates anything; unlocked afterwards.
+
+    ``with OutputFolder(path):`` raises ConfigError (one line, key ``--out``) when ``path`` is a file, lies
+    below a file, cannot be created or written, or is locked by another pdsim process. A folder this object
+    created is removed again if the run leaves nothing in it (a run that failed), so a failed run leaves no
+    empty output folder behind.
+    """
+
+    def __init__(self, out: Path, key: str = "--out"):
+        self.out, self.key = Path(out), key
+        self._created: list[Path] = []
+        self._lock = None
+
+    def _error(self, reason: str) -> ConfigError:
+        return ConfigError(reason, key=self.key, value=str(self.out))
+
+    def __enter__(self) -> "OutputFolder":
+        from filelock import FileLock, Timeout
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise self._error("exists and is not a folder; give a folder path")
+        missing, p = [], out
+        while not p.exists():
+            missing.append(p)
+            if p.parent == p:
+                break
+            p = p.parent
+        if p.exists() and not p.is_dir():
+            raise self._error(f"{p} is a file, so no folder can be made below it")
+        try:
+            for d in reversed(missing):
+                d.mkdir()
+                self._created.append(d)
+            fd, probe = tempfile.mkstemp(prefix=STAGING_PREFIX, dir=out)   # a read-only folder fails here
+            os.close(fd)
+            os.unlink(probe)
+            self._lock = FileLock(str(out / LOCK_NAME))
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            self._lock = None
+            self._cleanup()
+            raise self._error(f"another pdsim run is writing to this folder (it holds {out / LOCK_NAME}); "
+                              "wait for it to finish or choose another --out") from None
+        except OSError as exc:
+            self._lock = None
+            self._cleanup()
+            raise self._error(f"cannot write here: {exc.strerror or exc}") from None
+        return self
+
+    def _cleanup(self) -> None:
+        """Remove the folders this object created, deepest first, while they are empty but for the lock file."""
+        for d in reversed(self._created):
+            try:
+                if d == self.out:
+                    (d / LOCK_NAME).unlink(missing_ok=True)
+                d.rmdir()
+            except OSError:
+                break                           # not empty: keep it and everything above it
+        self._created = []
+
+    def __exit__(self, *exc) -> None:
+        # Nothing committed to a folder this run made (it failed or was interrupted): remove the folder, unlinking
+        # the lock file while still holding the lock, so no empty output folder is left behind.
+        out = self.out
+        if out in self._created and not (out / "summary.json").exists():
+            try:
+                empty = all(p.name == LOCK_NAME for p in out.iterdir())
+            except OSError:
+                empty = False
+            if empty:
+                (out / LOCK_NAME).unlink(missing_ok=True)
+                self._release()
+                self._cleanup()
+                return
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+def _commit(staged: Path, out: Path) -> None:
+    """Move the staged run files into ``out``: summary.json out first, back in last."""
+    produced = {name for name in RUN_FILES if (staged / name).exists()}
+    (out / "summary.json").unlink(missing_ok=True)
+    for name in RUN_FILES:
+        if name in produced:
+            os.replace(staged / name, out / name)
+        elif name != "summary.json":
+            (out / name).unlink(missing_ok=True)    # a stale file of an older run (e.g. report.html)
+
+
 def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = False,
                   report: bool = True) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out)
+    fresh = not out.exists()
+    # Stage inside OUT when it exists (same file system, os.replace per file), else beside it and rename the
+    # whole folder. The staged folder is named like OUT so the report's default title is OUT's name.
+    parent = out.parent if fresh else out
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
+    try:
+        staged = staging / out.name
+        staged.mkdir()
+        summary = _write_files(results, sc, staged, wall_s, progress, report)
+        if fresh and not out.exists():
+            os.rename(staged, out)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            _commit(staged, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return summary
+
+
+def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: bool) -> dict:
     df = metrics.requests_frame(results)
     df.to_csv(out / "requests.csv", index=False, float_format="%.9g")
     ts = metrics.timeseries_frame(results)
     ts.to_csv(out / "timeseries.csv", index=False, float_format="%.6g")
     summary = {"pdsim_version": __version__, "wall_s": wall_s,
                "topologies": metrics.summarize(results, df, sc),
-               "scenario": sc.model_dump(mode="json")}
+               "scenario": sc.model_dump(mode="json"),
+               # what pdsim report checks the CSVs against: a folder whose files disagree is not rendered
+               "outputs": {"requests.csv": {"rows": int(len(df))}, "timeseries.csv": {"rows": int(len(ts))}}}
     summary = _clean(summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if not report:

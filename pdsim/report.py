@@ -337,3 +337,108 @@ def build_report(out_dir: Path, progress: bool = True) -> Path:
     path.write_text(html, encoding="utf-8")
     _log(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
     return path
+
+
+# --- is this folder one complete run? ---------------------------------------------------------------------
+# The columns the report reads; a folder missing any of them was not written by pdsim run (or is cut short).
+REQUIRED_REQUEST_COLUMNS = ["topology", "request_id", "arrival_s", "prompt_tokens", "output_tokens", "status",
+                            "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s", "kv_wait_s", "kv_transfer_s",
+                            "decode_queue_s"]
+REQUIRED_TIMESERIES_COLUMNS = ["topology", "pool", "t_s", "busy_fraction", "mfu", "mbu", "batch_size",
+                               "queued_max", "kv_blocks_used_max", "kv_blocks_total"]
+_RERUN = "rerun pdsim run to write a complete folder"
+
+
+def _read_csv(path: Path, required: list, **kw) -> pd.DataFrame:
+    from .errors import ConfigError
+    if not path.is_file():
+        raise ConfigError(f"missing: not a complete pdsim run folder; {_RERUN}", file=str(path))
+    try:
+        df = pd.read_csv(path, low_memory=False, **kw)
+    except pd.errors.EmptyDataError:
+        raise ConfigError(f"empty file (not even a header): the run was cut short; {_RERUN}",
+                          file=str(path)) from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"not a readable CSV ({reason}); {_RERUN}", file=str(path)) from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ConfigError(f"lacks the column(s) {', '.join(missing)}; {_RERUN}", file=str(path))
+    return df
+
+
+def validate_run_folder(out_dir: Path) -> dict:
+    """Check that ``out_dir`` holds one complete, readable run before anything is drawn; return its summary.
+
+    Raises ConfigError (one line naming the file and what is wrong) when the folder is missing or not a
+    folder; summary.json, requests.csv or timeseries.csv is missing, empty or unreadable; a required column
+    is absent; or requests.csv's rows per topology differ from summary.json's request totals (files from
+    different runs, or a run interrupted while writing). Row counts recorded under summary.json's
+    ``outputs`` (pdsim run writes them) are checked too.
+    """
+    from .errors import ConfigError
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        raise ConfigError("no such folder; give a folder written by pdsim run --out", file=str(out_dir))
+    if not out_dir.is_dir():
+        raise ConfigError("not a folder; give a folder written by pdsim run --out", file=str(out_dir))
+    sp = out_dir / "summary.json"
+    if not sp.is_file():
+        what = "a run that did not finish writing" if any(
+            (out_dir / n).exists() for n in ("requests.csv", "timeseries.csv", "report.html")) else \
+            "not a pdsim run folder"
+        raise ConfigError(f"missing: {what}; {_RERUN}", file=str(sp))
+    try:
+        summary = json.loads(sp.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not valid JSON ({exc.msg}); {_RERUN}", file=str(sp), line=exc.lineno) from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"cannot be read ({exc.__class__.__name__}); {_RERUN}", file=str(sp)) from None
+    topos = summary.get("topologies") if isinstance(summary, dict) else None
+    if not isinstance(topos, dict) or not topos:
+        raise ConfigError(f"no topologies in it; {_RERUN}", file=str(sp), key="topologies")
+    totals = {}
+    for name, t in topos.items():
+        total = _get(t, "requests.total")
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise ConfigError(f"not a request count; {_RERUN}", file=str(sp), key=f"topologies.{name}.requests.total",
+                              value=total, has_value=True)
+        totals[str(name)] = total
+    outputs = summary.get("outputs") if isinstance(summary.get("outputs"), dict) else {}
+
+    rp = out_dir / "requests.csv"
+    df = _read_csv(rp, REQUIRED_REQUEST_COLUMNS, usecols=lambda c: c in REQUIRED_REQUEST_COLUMNS,
+                   dtype={"topology": str, "status": str})
+    expected_rows = (outputs.get("requests.csv") or {}).get("rows")
+    if isinstance(expected_rows, int) and len(df) != expected_rows:
+        raise ConfigError(f"summary.json says {expected_rows} rows: the run was cut short or the files come from "
+                          f"different runs; {_RERUN}", file=str(rp), key="rows", value=len(df))
+    counts = df["topology"].astype(str).value_counts().to_dict()
+    for name in sorted(set(counts) | set(totals), key=str):
+        got, want = counts.get(name, 0), totals.get(name)
+        if want is None:
+            raise ConfigError(f"rows of a topology that summary.json does not have: the files come from different "
+                              f"runs; {_RERUN}", file=str(rp), key="topology", value=name)
+        if got != want:
+            raise ConfigError(f"summary.json counts {want} requests for this topology: the run was cut short or "
+                              f"the files come from different runs; {_RERUN}", file=str(rp),
+                              key=f"rows of topology {name}", value=got, has_value=True)
+    for c in REQUIRED_REQUEST_COLUMNS:
+        if c in ("topology", "status") or pd.api.types.is_numeric_dtype(df[c]):
+            continue
+        bad = (pd.to_numeric(df[c], errors="coerce").isna() & df[c].notna()).to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ConfigError(f"not a number; {_RERUN}", file=str(rp), line=i + 2,   # +1 header, +1 counting from 1
+                              key=c, value=df[c].iloc[i])
+
+    tp = out_dir / "timeseries.csv"
+    if tp.is_file() and tp.stat().st_size <= 1:     # no instance series at all: the report draws none
+        n_ts = 0
+    else:
+        n_ts = len(_read_csv(tp, REQUIRED_TIMESERIES_COLUMNS))
+    expected_rows = (outputs.get("timeseries.csv") or {}).get("rows")
+    if isinstance(expected_rows, int) and n_ts != expected_rows:
+        raise ConfigError(f"summary.json says {expected_rows} rows: the run was cut short or the files come from "
+                          f"different runs; {_RERUN}", file=str(tp), key="rows", value=n_ts)
+    return summary
