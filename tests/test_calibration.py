@@ -71,8 +71,11 @@ def test_gemm_table_exact_at_points_monotone_between_none_outside():
     assert prof.tables.gemm_time(32, 512, 256, "bf16") == pytest.approx(math.sqrt(2e-4 * 6e-4))
     assert prof.tables.gemm_time(512, 512, 256, "bf16") is None          # outside: roofline
     assert prof.tables.gemm_time(4, 512, 128, "bf16") is None            # never measured (n, k)
-    roof = DeviceProfile(get_device("cpu-epyc-2c").spec).gemm_time(512, 512, 256, 2.0)
-    assert prof.gemm_time(512, 512, 256, 2.0) == pytest.approx(roof)
+    # outside the measured M range: the roofline's shape anchored to the table's last point
+    roof = DeviceProfile(get_device("cpu-epyc-2c").spec)
+    assert prof.gemm_time(512, 512, 256, 2.0) == pytest.approx(
+        2.2e-3 * roof.gemm_time(512, 512, 256, 2.0) / roof.gemm_time(256, 512, 256, 2.0))
+    assert prof.gemm_time(4, 512, 128, 2.0) == pytest.approx(roof.gemm_time(4, 512, 128, 2.0))   # no table
 
 
 def test_attention_tables_prefill_batches_and_decode_grid():
