@@ -206,7 +206,7 @@ class RooflineCost(CostModel):
         if op.kind == "elementwise":
             return kernels.elementwise_roofline(dev, op.bytes, op.args[0]), kernels.ROOFLINE
         if op.kind == "allreduce":
-            return dev.allreduce_time(*op.args), _allreduce_source(dev, *op.args)
+            return kernels.allreduce_time(dev, *op.args)
         if op.kind == "overhead":
             return dev.step_overhead_s, kernels.ROOFLINE
         raise AssertionError(op.kind)
@@ -274,11 +274,3 @@ def _is_prefill(attn_work, kv_read_tokens) -> bool:
         return bool(attn_work.flat[0] > np.asarray(kv_read_tokens).flat[0])
     return attn_work > kv_read_tokens
 
-
-def _allreduce_source(dev: DeviceProfile, bytes_: float, tp: int) -> int:
-    """measured/interpolated/extrapolated where the profile has an all-reduce table for ``tp``."""
-    fn = getattr(dev, "allreduce_source", None)
-    if fn is None:
-        return kernels.ROOFLINE
-    name = fn(bytes_, tp)
-    return kernels.SOURCE_NAMES.index(name) if name in kernels.SOURCE_NAMES else kernels.ROOFLINE

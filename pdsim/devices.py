@@ -47,11 +47,11 @@ class EfficiencySpec(_Strict):
     kernel_overhead_us: float = Field(4, ge=0, allow_inf_nan=False)
     step_overhead_us: float = Field(800, ge=0, allow_inf_nan=False)
     allreduce: float = Field(0.75, gt=0, le=1)
-    # floors and launch costs of pdsim.kernels (0 = none, the default of older profiles)
+    # floors and launch costs of pdsim.kernels (the cost model's formulas); 0 = none, as older profiles
     attention_decode_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
     attention_prefill_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
     elementwise_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
-    allreduce_base_us: float = Field(3, ge=0, allow_inf_nan=False)
+    allreduce_base_us: float = Field(3, ge=0, allow_inf_nan=False)   # custom one-shot all-reduce launch
 
 
 # --- the measured section written by ``pdsim calibrate`` --------------------
@@ -242,31 +242,40 @@ class DeviceProfile:
     # --- kernel timings -----------------------------------------------------
     def gemm_time(self, m: int, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
                   dtype: str = "bf16") -> float:
-        """One (m x k) @ (k x n) GEMM: measured table (anchored roofline outside its M range), else the
-        roofline (:mod:`pdsim.kernels`, the cost model's formulas)."""
-        from . import kernels
-        return float(kernels.gemm_time(self, m, n, k, weight_bytes, act_bytes, dtype)[0])
+        """One (m x k) @ (k x n) GEMM: measured table if it covers the shape, else the roofline."""
+        if self.tables is not None:
+            t = self.tables.gemm_time(m, n, k, dtype)
+            if t is not None:
+                return t
+        e = self.spec.efficiency
+        flops = 2.0 * m * n * k
+        bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
+        eff_c = e.gemm_max * m / (m + e.gemm_m_half)
+        return max(flops / (self.peak_flops(dtype) * eff_c), bytes_ / (self.mem_bw_Bps * e.memory)) \
+            + e.kernel_overhead_us * 1e-6
 
     def attention_time(self, flops: float, bytes_: float, prefill: bool, dtype: str = "bf16",
                        shape: tuple | None = None) -> float:
-        """Attention kernel: compute-bound in prefill, KV-read-bound in decode (tables first when
-        ``shape = (tokens, attn_work, kv_read_tokens, batch, q_heads, kv_heads, head_dim)`` is given)."""
-        from . import kernels
-        if shape is not None:
-            tokens, attn_work, kv_read, batch, qh, kvh, d = shape
-            return float(kernels.attention_time(self, tokens, attn_work, kv_read, batch, (qh, kvh, d), prefill,
-                                                2.0, dtype, dtype)[0])
+        """Attention kernel: compute-bound in prefill, KV-read-bound in decode."""
+        if self.tables is not None and shape is not None:
+            t = self.tables.attention_time(prefill, shape, dtype)
+            if t is not None:
+                return t
         if flops <= 0 and bytes_ <= 0:
             return 0.0
-        return float(kernels.attention_roofline(self, flops, bytes_, prefill, dtype))
+        e = self.spec.efficiency
+        c_eff = e.attention_prefill if prefill else e.attention_prefill * 0.5
+        m_eff = e.memory if prefill else e.attention_decode_memory
+        return max(flops / (self.peak_flops(dtype) * c_eff), bytes_ / (self.mem_bw_Bps * m_eff)) \
+            + e.kernel_overhead_us * 1e-6
 
     def allreduce_time(self, bytes_: float, tp: int) -> float:
-        """All-reduce of ``bytes_`` over ``tp`` GPUs: custom one-shot for small messages, two-shot/ring
-        for large (:func:`pdsim.kernels.allreduce_datasheet`)."""
+        """Ring all-reduce: 2 (t-1)/t of the message crosses each link, plus a latency per hop."""
         if tp <= 1:
             return 0.0
-        from . import kernels
-        return kernels.allreduce_datasheet(self, bytes_, tp)
+        e = self.spec.efficiency
+        return 2 * (tp - 1) / tp * bytes_ / (self.interconnect_Bps * e.allreduce) \
+            + 2 * (tp - 1) * self.interconnect_latency_s
 
 
 def preset_names() -> list[str]:

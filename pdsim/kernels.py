@@ -5,7 +5,7 @@ that vary between decode steps, so the cost model evaluates one step and k
 steps with the same code (:mod:`pdsim.costmodel`).  Each returns
 ``(time_s, source)`` where ``source`` says where the time came from:
 
-- ``"measured"``: a table point exactly;
+- ``"exact"``: a measured table point;
 - ``"interpolated"``: between table points (log-log, as :mod:`pdsim.profile_tables`);
 - ``"extrapolated"``: outside the table's range: the roofline scaled to agree with
   the table at its nearest edge (the shape of the curve from the roofline, its
@@ -15,7 +15,8 @@ steps with the same code (:mod:`pdsim.costmodel`).  Each returns
 Roofline per kernel (``e`` = the profile's ``efficiency``)::
 
     GEMM        max(2MNK (M + m_half) / (M peak gemm_max), bytes / (bw memory)) + kernel_overhead
-    attention   max(flops / (peak attention_prefill [x 0.5 in decode]), bytes / (bw eff_mem), floor)
+    attention   max(max(flops / (peak attention_prefill [x 0.5 in decode]), bytes / (bw eff_mem))
+                    + kernel_overhead, attention_{prefill,decode}_floor)
     elementwise max(bytes / (bw memory), kernels * elementwise_floor)
     all-reduce  min(one-shot, two-shot): one-shot  base + (t-1) S / (link allreduce)
                                          two-shot 2 base + 2 (t-1)/t S / (link allreduce)
@@ -28,6 +29,9 @@ the rest (a ``max``).  These two constants are estimates, not fitted.
 """
 from __future__ import annotations
 
+import bisect
+import math
+
 import numpy as np
 
 #: CUDA-core operations to dequantise one weight (unpack, convert, scale): an estimate
@@ -38,8 +42,8 @@ DEQUANT_M_TILE = 64
 WEIGHT_ONLY_M_HALF = 16.0
 
 # source codes (arrays carry codes; names for people)
-MEASURED, INTERPOLATED, EXTRAPOLATED, ROOFLINE = 0, 1, 2, 3
-SOURCE_NAMES = ("measured", "interpolated", "extrapolated", "roofline")
+EXACT, INTERPOLATED, EXTRAPOLATED, ROOFLINE = 0, 1, 2, 3
+SOURCE_NAMES = ("exact", "interpolated", "extrapolated", "roofline")
 
 
 def source_name(codes) -> str:
@@ -65,68 +69,6 @@ def _pos_max(t, floor):
     return (t if t >= floor else floor) if t > 0 else 0.0
 
 
-# --- vectorised table lookups ---------------------------------------------------------
-_ARRAYS: dict[int, tuple] = {}
-
-
-def _arrays(obj, build):
-    """numpy copies of a table's tuples, built once per table object."""
-    hit = _ARRAYS.get(id(obj))
-    if hit is None or hit[0] is not obj:
-        hit = _ARRAYS[id(obj)] = (obj, build(obj))
-    return hit[1]
-
-
-def _bracket(xs: np.ndarray, lxs: np.ndarray, x: np.ndarray):
-    """(i0, i1, w, exact index or -1, clamped x) of each x in sorted xs, clamped into [xs0, xs-1]."""
-    n = len(xs)
-    xc = np.minimum(np.maximum(x, xs[0]), xs[-1])
-    if n == 1:
-        z = np.zeros(xc.shape, dtype=np.int64)
-        return z, z, np.zeros(xc.shape), z, xc
-    i = np.searchsorted(xs, xc, "left")
-    exact = np.where(xs[np.minimum(i, n - 1)] == xc, np.minimum(i, n - 1), -1)
-    i1 = np.clip(i, 1, n - 1)
-    i0 = i1 - 1
-    w = (np.log(xc) - lxs[i0]) / (lxs[i1] - lxs[i0])
-    return i0, i1, w, exact, xc
-
-
-def curve_eval(curve, x):
-    """A :class:`pdsim.profile_tables.LogCurve` at each x (clamped into its range).
-
-    Returns (t at the clamped x, clamped x, code: measured/interpolated, or extrapolated
-    where x was outside).  Exact at table points."""
-    xs, lxs, ys, lys = _arrays(curve, lambda c: (np.asarray(c.x, float), np.asarray(c.lx, float),
-                                                 np.asarray(c.y, float), np.asarray(c.ly, float)))
-    x = np.asarray(x, dtype=float)
-    i0, i1, w, exact, xc = _bracket(xs, lxs, x)
-    t = np.exp(lys[i0] + (lys[i1] - lys[i0]) * w)
-    t = np.where(exact >= 0, ys[np.maximum(exact, 0)], t)
-    code = np.where(exact >= 0, MEASURED, INTERPOLATED)
-    code = np.where(xc != x, EXTRAPOLATED, code)
-    return t, xc, code
-
-
-def grid_eval(grid, b: float, c):
-    """A :class:`pdsim.profile_tables.LogGrid` at one batch ``b`` and contexts ``c`` (clamped)."""
-    bs, lbs, cs, lcs, t, lt = _arrays(grid, lambda g: (
-        np.asarray(g.batch, float), np.log(np.asarray(g.batch, float)), np.asarray(g.context, float),
-        np.log(np.asarray(g.context, float)), np.asarray(g.t, float), np.asarray(g.lt, float)))
-    b0, b1, wb, eb, bc = _bracket(bs, lbs, np.asarray([float(b)]))
-    b0, b1, wb, eb, bc = int(b0[0]), int(b1[0]), float(wb[0]), int(eb[0]), float(bc[0])
-    c = np.asarray(c, dtype=float)
-    c0, c1, wc, ec, cc = _bracket(cs, lcs, c)
-    top = lt[b0, c0] * (1 - wc) + lt[b0, c1] * wc
-    bot = lt[b1, c0] * (1 - wc) + lt[b1, c1] * wc
-    out = np.exp(top * (1 - wb) + bot * wb)
-    if eb >= 0:
-        out = np.where(ec >= 0, t[eb, np.maximum(ec, 0)], out)
-    code = np.where((ec >= 0) & (eb >= 0), MEASURED, INTERPOLATED)
-    code = np.where((cc != c) | (bc != b), EXTRAPOLATED, code)
-    return out, bc, cc, code
-
-
 # --- the datasheet roofline -----------------------------------------------------------------
 def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
                   dtype: str = "bf16", weight_only: str | None = None):
@@ -149,8 +91,11 @@ def attention_roofline(dev, flops, bytes_, prefill: bool, dtype: str = "bf16"):
     c_eff = e.attention_prefill if prefill else e.attention_prefill * 0.5
     m_eff = e.memory if prefill else e.attention_decode_memory
     floor = (e.attention_prefill_floor_us if prefill else e.attention_decode_floor_us) * 1e-6
-    t = _max(flops / (dev.peak_flops(dtype) * c_eff), bytes_ / (dev.mem_bw_Bps * m_eff))
-    return _pos_max(t, floor)
+    ovh = e.kernel_overhead_us * 1e-6
+    base = _max(flops / (dev.peak_flops(dtype) * c_eff), bytes_ / (dev.mem_bw_Bps * m_eff))
+    if _is_arr(base):
+        return np.where(base > 0, np.maximum(base + ovh, floor), 0.0)
+    return _max(base + ovh, floor) if base > 0 else 0.0
 
 
 def elementwise_roofline(dev, bytes_, kernels: int):
@@ -176,61 +121,201 @@ def allreduce_datasheet(dev, bytes_: float, tp: int) -> float:
     return min(one_shot, two_shot)
 
 
-# --- tables first --------------------------------------------------------------------------
-def gemm_time(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0, dtype: str = "bf16",
-              weight_only: str | None = None, table_dtype: str | None = None):
-    """(time_s, code) of a GEMM: the table of ``(n, k, table_dtype)`` if the profile has one
-    (anchored roofline outside its M range), else the roofline."""
-    m = np.asarray(m, dtype=float)
+def allreduce_time(dev, bytes_: float, tp: int) -> tuple[float, int]:
+    """(time_s, code): the profile's all-reduce table for ``tp`` through ``DeviceProfile``, else
+    :func:`allreduce_datasheet`."""
+    if tp <= 1:
+        return 0.0, EXACT
     tabs = dev.tables
-    curve = None if tabs is None else tabs.gemm.get((n, k, table_dtype or dtype))
-    if curve is None:
-        return gemm_roofline(dev, m, n, k, weight_bytes, act_bytes, dtype, weight_only), np.full(m.shape, ROOFLINE)
-    t, mc, code = curve_eval(curve, m)
-    if np.any(code == EXTRAPOLATED):
-        ratio = gemm_roofline(dev, m, n, k, weight_bytes, act_bytes, dtype, weight_only) \
-            / gemm_roofline(dev, mc, n, k, weight_bytes, act_bytes, dtype, weight_only)
-        t = np.where(code == EXTRAPOLATED, t * ratio, t)
-    return t, code
+    if tabs is not None and any(key[0] == tp for key in getattr(tabs, "allreduce", {})):
+        lookup = getattr(dev, "allreduce_lookup", None)
+        if lookup is not None:
+            r = lookup(bytes_, tp)
+            return r.time_s, _how(r.source)
+        return dev.allreduce_time(bytes_, tp), INTERPOLATED
+    return allreduce_datasheet(dev, bytes_, tp), ROOFLINE
+
+
+# --- tables first ---------------------------------------------------------------------------
+# The tables' own scalar lookups (pdsim.profile_tables) are used for every point they serve; the
+# k-step decode path calls them only at the grid's context points and interpolates between those in
+# log-log, which is what the bilinear lookup does inside a cell, so one step and k steps agree.
+def _how(r) -> int:
+    return SOURCE_NAMES.index(r) if r in SOURCE_NAMES else INTERPOLATED
+
+
+def _gemm_lookup(tabs, m, n, k, dtype):
+    """(time_s, code) from the tables or None."""
+    f = getattr(tabs, "gemm_lookup", None)
+    if f is not None:
+        r = f(m, n, k, dtype)
+        return None if r is None else (r.time_s, _how(r.how))
+    t = tabs.gemm_time(m, n, k, dtype)
+    if t is None:
+        return None
+    return t, EXACT if m in tabs.gemm[(n, k, dtype)].x else INTERPOLATED
+
+
+def _attention_lookup(tabs, prefill, shape, dtype):
+    f = getattr(tabs, "attention_lookup", None)
+    if f is not None:
+        r = f(prefill, shape, dtype)
+        return None if r is None else (r.time_s, _how(r.how))
+    t = tabs.attention_time(prefill, shape, dtype)
+    return None if t is None else (t, INTERPOLATED)
+
+
+def gemm_time(dev, m: float, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0, dtype: str = "bf16",
+              weight_only: str | None = None, table_dtype: str | None = None) -> tuple[float, int]:
+    """(time_s, code) of one GEMM: the profile's table of ``(n, k, table_dtype)`` (outside its M range
+    the roofline anchored at the nearest measured M), else the roofline."""
+    tabs, tdt = dev.tables, table_dtype or dtype
+    if tabs is not None:
+        hit = _gemm_lookup(tabs, m, n, k, tdt)
+        if hit is not None:
+            return hit
+        curve = tabs.gemm.get((n, k, tdt))
+        if curve is not None and m > 0:
+            mc = min(max(m, curve.x[0]), curve.x[-1])
+            hit = _gemm_lookup(tabs, mc, n, k, tdt)
+            if hit is not None:
+                ratio = gemm_roofline(dev, m, n, k, weight_bytes, act_bytes, dtype, weight_only) \
+                    / gemm_roofline(dev, mc, n, k, weight_bytes, act_bytes, dtype, weight_only)
+                return float(hit[0] * ratio), EXTRAPOLATED
+    return float(gemm_roofline(dev, m, n, k, weight_bytes, act_bytes, dtype, weight_only)), ROOFLINE
+
+
+def _attn_fb(qh, kvh, d, kv_bytes, tokens, attn_work, kv_read):
+    return 4.0 * qh * d * attn_work, kv_read * 2 * kvh * d * kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0
 
 
 def attention_time(dev, tokens, attn_work, kv_read, batch, heads: tuple[int, int, int], prefill: bool,
                    kv_bytes: float = 2.0, dtype: str = "bf16", table_dtype: str = "bf16"):
-    """(time_s, code) of one layer's attention for aggregates (arrays allowed for attn_work and
-    kv_read; tokens and batch are scalars).  Prefill tables by effective prompt length
-    ``2 attn_work / tokens`` scaled by ``tokens / length`` prompts; decode tables by (batch,
-    ``kv_read / batch``); outside a table the roofline anchored at its edge."""
+    """(time_s, code) of one layer's attention for the step aggregates.  ``attn_work`` and
+    ``kv_read`` may be arrays over decode steps (``tokens`` and ``batch`` fixed); then time and code
+    are arrays.  Outside a table the roofline anchored at the table's edge."""
     qh, kvh, d = heads
-    flops = 4.0 * qh * d * attn_work
-    bytes_ = kv_read * 2 * kvh * d * kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0
+    flops, bytes_ = _attn_fb(qh, kvh, d, kv_bytes, tokens, attn_work, kv_read)
     roof = attention_roofline(dev, flops, bytes_, prefill, dtype)
     tabs = dev.tables
-    none = ROOFLINE
+    arr = _is_arr(attn_work, kv_read)
     if tabs is None or tokens <= 0:
-        return roof, none
+        return roof, (np.full(np.shape(roof), ROOFLINE) if arr else ROOFLINE)
     key = (qh, kvh, d, table_dtype)
-    scalar = not _is_arr(attn_work, kv_read)
-    attn_work = np.asarray(attn_work, dtype=float)
-    kv_read = np.asarray(kv_read, dtype=float)
     if prefill:
+        assert not arr, "k-step evaluation is for decode steps"
+        if attn_work <= 0:
+            return roof, ROOFLINE
+        hit = _attention_lookup(tabs, True, (tokens, attn_work, kv_read, batch, qh, kvh, d), table_dtype)
+        if hit is not None:
+            return hit
         curve = tabs.prefill.get(key)
-        if curve is None or not np.all(attn_work > 0):
-            return roof, none
+        if curve is None:
+            return roof, ROOFLINE
         seq = 2.0 * attn_work / tokens
-        per_prompt, sc, code = curve_eval(curve, seq)
-        if np.any(code == EXTRAPOLATED):
-            def one_prompt(s):
-                return attention_roofline(dev, 4.0 * qh * d * s * s / 2.0,
-                                          s * 2 * kvh * d * kv_bytes + s * (qh + 2 * kvh) * d * 2.0, True, dtype)
-            per_prompt = np.where(code == EXTRAPOLATED, per_prompt * one_prompt(seq) / one_prompt(sc), per_prompt)
-        t = per_prompt * (tokens / seq)
-        return (float(t), int(code)) if scalar else (t, code)
+        sc = min(max(seq, curve.x[0]), curve.x[-1])
+        one = _attention_lookup(tabs, True, (sc, sc * sc / 2.0, sc, 1, qh, kvh, d), table_dtype)
+        if one is None:
+            return roof, ROOFLINE
+
+        def one_prompt(s):
+            return attention_roofline(dev, *_attn_fb(qh, kvh, d, kv_bytes, s, s * s / 2.0, s), True, dtype)
+        return float(one[0] * one_prompt(seq) / one_prompt(sc) * (tokens / seq)), EXTRAPOLATED
     grid = tabs.decode.get(key)
-    if grid is None or batch <= 0 or not np.all(kv_read > 0):
-        return roof, none
-    t, bc, cc, code = grid_eval(grid, batch, kv_read / batch)
-    if np.any(code == EXTRAPOLATED):
-        f_c = 4.0 * qh * d * bc * cc
-        b_c = bc * cc * 2 * kvh * d * kv_bytes + bc * (qh + 2 * kvh) * d * 2.0
-        t = np.where(code == EXTRAPOLATED, t * roof / attention_roofline(dev, f_c, b_c, False, dtype), t)
-    return (float(t), int(code)) if scalar else (t, code)
+    if grid is None or batch <= 0:
+        return roof, (np.full(np.shape(roof), ROOFLINE) if arr else ROOFLINE)
+    return _decode_from_grid(dev, tabs, grid, batch, kv_read / batch, heads, kv_bytes, dtype, table_dtype)
+
+
+_GRID_POINTS: dict = {}
+
+
+def _grid_point(tabs, grid, b, j, heads, table_dtype):
+    """The table's own lookup at (batch b, the grid's j-th context): (time, code) or None; memoised."""
+    key = (id(grid), b, j)
+    hit = _GRID_POINTS.get(key)
+    if hit is not None and hit[0] is grid:
+        return hit[1]
+    c = grid.context[j]
+    qh, kvh, d = heads
+    val = _attention_lookup(tabs, False, (b, b * c, b * c, b, qh, kvh, d), table_dtype)
+    if len(_GRID_POINTS) > 1 << 16:
+        _GRID_POINTS.clear()
+    _GRID_POINTS[key] = (grid, val)
+    return val
+
+
+_GRID_ARRAYS: dict = {}
+
+
+def _grid_arrays(grid):
+    hit = _GRID_ARRAYS.get(id(grid))
+    if hit is None or hit[0] is not grid:
+        cs = tuple(float(x) for x in grid.context)
+        hit = _GRID_ARRAYS[id(grid)] = (grid, cs, np.asarray(cs), np.log(np.asarray(cs)),
+                                        tuple(math.log(x) for x in cs))
+    return hit[1:]
+
+
+def _cell(tabs, grid, bc, a, z, heads, table_dtype):
+    """(log t at context a, log t at context z, code) of the cell between two grid contexts, or None."""
+    pa = _grid_point(tabs, grid, bc, a, heads, table_dtype)
+    pz = pa if z == a else _grid_point(tabs, grid, bc, z, heads, table_dtype)
+    if pa is None or pz is None:
+        return None
+    return math.log(pa[0]), math.log(pz[0]), max(pa[1], pz[1], INTERPOLATED if z != a else pa[1]), pa[0]
+
+
+def _decode_from_grid(dev, tabs, grid, b, c, heads, kv_bytes, dtype, table_dtype):
+    """Decode attention at batch ``b`` and contexts ``c`` (a float or an array): log-log between the
+    table's values at the grid contexts around c; outside the grid (batch or context) the roofline
+    anchored at the clamped point; where the table has no value, the roofline."""
+    qh, kvh, d = heads
+    cs, cs_np, lcs_np, lcs = _grid_arrays(grid)
+    bs = grid.batch
+    bc = min(max(float(b), bs[0]), bs[-1])
+    n = len(cs)
+
+    def anchored(t, c_, cc_):
+        f1, b1 = _attn_fb(qh, kvh, d, kv_bytes, b, b * c_, b * c_)
+        f0, b0 = _attn_fb(qh, kvh, d, kv_bytes, bc, bc * cc_, bc * cc_)
+        return t * attention_roofline(dev, f1, b1, False, dtype) / attention_roofline(dev, f0, b0, False, dtype)
+
+    if not isinstance(c, np.ndarray):        # one step: the same arithmetic on floats
+        cc = min(max(c, cs[0]), cs[-1])
+        i = bisect.bisect_left(cs, cc)
+        if i < n and cs[i] == cc:
+            a = z = i
+        else:
+            z = min(max(i, 1), n - 1)
+            a = z - 1
+        cell = _cell(tabs, grid, bc, a, z, heads, table_dtype)
+        if cell is None:
+            return attention_roofline(dev, *_attn_fb(qh, kvh, d, kv_bytes, b, b * c, b * c), False, dtype), ROOFLINE
+        la, lz, code, va = cell
+        t = va if z == a else math.exp(la + (lz - la) * ((math.log(cc) - lcs[a]) / (lcs[z] - lcs[a])))
+        if cc != c or bc != b:
+            return anchored(t, c, cc), EXTRAPOLATED
+        return t, code
+    cc = np.minimum(np.maximum(c, cs[0]), cs[-1])
+    i = np.searchsorted(cs_np, cc, "left")
+    exact_c = (i < n) & (cs_np[np.minimum(i, n - 1)] == cc)
+    z_ = np.minimum(np.maximum(i, 1), n - 1)
+    a_ = np.where(exact_c, np.minimum(i, n - 1), np.maximum(z_ - 1, 0))
+    z_ = np.where(exact_c, a_, z_)
+    t = np.empty(c.shape)
+    code = np.empty(c.shape, dtype=np.int64)
+    for a, z in set(zip(a_.tolist(), z_.tolist())):      # a few cells: contexts grow by one a step
+        sel = (a_ == a) & (z_ == z)
+        cell = _cell(tabs, grid, bc, a, z, heads, table_dtype)
+        if cell is None:
+            t[sel] = attention_roofline(dev, *_attn_fb(qh, kvh, d, kv_bytes, b, b * c[sel], b * c[sel]), False, dtype)
+            code[sel] = ROOFLINE
+            continue
+        la, lz, code[sel], va = cell
+        t[sel] = va if z == a else np.exp(la + (lz - la) * ((np.log(cc[sel]) - lcs[a]) / (lcs[z] - lcs[a])))
+    out = ((cc != c) | (bc != b)) & (code != ROOFLINE)
+    if np.any(out):
+        t = np.where(out, anchored(t, c, cc), t)
+        code = np.where(out, EXTRAPOLATED, code)
+    return t, code
