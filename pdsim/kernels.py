@@ -162,7 +162,15 @@ def _attention_lookup(tabs, prefill, shape, dtype):
         r = f(prefill, shape, dtype)
         return None if r is None else (r.time_s, _how(r.how))
     t = tabs.attention_time(prefill, shape, dtype)
-    return None if t is None else (t, INTERPOLATED)
+    if t is None:
+        return None
+    tokens, attn_work, kv_read, batch, qh, kvh, d = shape
+    if prefill:
+        exact = tokens * tokens == 2.0 * attn_work and tokens in tabs.prefill[(qh, kvh, d, dtype)].x
+    else:
+        grid = tabs.decode[(qh, kvh, d, dtype)]
+        exact = batch in grid.batch and kv_read / batch in grid.context
+    return t, EXACT if exact else INTERPOLATED
 
 
 def gemm_time(dev, m: float, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0, dtype: str = "bf16",
