@@ -126,11 +126,10 @@ def aic_inventory(systems_dir: Path) -> dict[str, dict[str, dict[str, list[str]]
 
 
 def _looks_like_system(p: Path) -> bool:
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError:
-        return False
-    return isinstance(raw, dict) and "gpu" in raw and "data_dir" in raw
+    """A system file names its data_dir (the package's other, large YAML files are not parsed)."""
+    with open(p, errors="replace") as f:
+        head = f.read(4096)
+    return re.search(r"^data_dir:", head, flags=re.M) is not None
 
 
 def _pick_version(available: list[str], wanted: str | None) -> str | None:
@@ -163,14 +162,30 @@ def _geo_merge(pairs):
     return xs, [math.exp(sum(map(math.log, by[x])) / len(by[x])) for x in xs]
 
 
+def _grouped(df, keys: list[str], x: str, y: str = "latency"):
+    """(key values, sorted xs, ys) per group of ``keys``; repeated x get the geometric mean of y.
+    Vectorised: the real tables have ~10^5 rows."""
+    import numpy as np
+    d = df[keys + [x, y]]
+    yv = d[y].astype(float)
+    d = d[(yv > 0) & np.isfinite(yv)].assign(_ly=np.log(yv[(yv > 0) & np.isfinite(yv)]))
+    if d.empty:
+        return
+    g = d.groupby(keys + [x], sort=True)["_ly"].mean().reset_index()
+    kv = g[keys].to_numpy(dtype=object)
+    xs, ys = g[x].to_numpy(), np.exp(g["_ly"].to_numpy())
+    change = np.ones(len(g), dtype=bool)
+    change[1:] = (kv[1:] != kv[:-1]).any(axis=1)
+    starts = np.flatnonzero(change)
+    for a, z in zip(starts, list(starts[1:]) + [len(g)]):
+        yield tuple(kv[a]), xs[a:z].tolist(), ys[a:z].tolist()
+
+
 def convert_gemm(df) -> tuple[list[dict], dict]:
     col = "gemm_dtype" if "gemm_dtype" in df.columns else "dtype"
     tables, dtypes = [], {}
-    for (dt, n, k), g in df.groupby([col, "n", "k"], sort=True):
+    for (dt, n, k), ms, ts in _grouped(df, [col, "n", "k"], "m"):
         dtype = DTYPE_NAMES.get(str(dt), str(dt))
-        ms, ts = _geo_merge(zip(g["m"].astype(int), g["latency"].astype(float)))
-        if not ms:
-            continue
         tables.append({"op": "gemm", "n": int(n), "k": int(k), "dtype": dtype, "m": [int(m) for m in ms],
                        "time_s": [_ms_to_s(t) for t in ts]})
         dtypes[dtype] = dtypes.get(dtype, 0) + len(ms)
@@ -207,10 +222,9 @@ def convert_context_attention(df) -> tuple[list[dict], dict]:
     dcol = "attn_dtype" if "attn_dtype" in df.columns else None
     tables = []
     keys = ["num_heads", "num_key_value_heads", "head_dim", "batch_size"] + ([dcol] if dcol else [])
-    for key, g in df.groupby(keys, sort=True):
+    for key, seqs, ts in _grouped(df, keys, "isl"):
         qh, kvh, d, b = (int(v) for v in key[:4])
         dtype = DTYPE_NAMES.get(str(key[4]), str(key[4])) if dcol else "bf16"
-        seqs, ts = _geo_merge(zip(g["isl"].astype(int), g["latency"].astype(float)))
         if seqs:
             tables.append({"q_heads": qh, "kv_heads": kvh, "head_dim": d, "dtype": dtype, "batch": b,
                            "seq_len": [int(s) for s in seqs], "time_s": [_ms_to_s(t) for t in ts]})
@@ -229,17 +243,15 @@ def convert_generation_attention(df) -> tuple[list[dict], dict]:
     keys = ["num_heads", "num_key_value_heads", "head_dim"] + ([dcol] if dcol else [])
     ctx = (df["isl"] if "isl" in df.columns else 1) + df["step"]
     df = df.assign(_ctx=ctx)
-    for key, g in df.groupby(keys, sort=True):
+    by_key: dict = {}
+    for key, ctxs, ts in _grouped(df, keys + ["batch_size"], "_ctx"):
+        by_key.setdefault(key[:-1], {}).update({(int(key[-1]), int(c)): t for c, t in zip(ctxs, ts)})
+    for key, cells in by_key.items():
         qh, kvh, d = (int(v) for v in key[:3])
         dtype = DTYPE_NAMES.get(str(key[3]), str(key[3])) if dcol else "bf16"
-        cells: dict = {}
-        for b, c, t in zip(g["batch_size"].astype(int), g["_ctx"].astype(int), g["latency"].astype(float)):
-            if t > 0 and math.isfinite(t):
-                cells.setdefault((b, c), []).append(t)
         bs = sorted({b for b, _ in cells})
         cs = sorted({c for _, c in cells})
-        grid = [[_ms_to_s(math.exp(sum(map(math.log, cells[b, c])) / len(cells[b, c]))) if (b, c) in cells
-                 else None for c in cs] for b in bs]
+        grid = [[_ms_to_s(cells[b, c]) if (b, c) in cells else None for c in cs] for b in bs]
         tables.append({"q_heads": qh, "kv_heads": kvh, "head_dim": d, "dtype": dtype, "batch": bs,
                        "context": cs, "time_s": grid})
     return tables, {"rows_dropped": dropped, "context": "isl + step (KV tokens read per sequence)"}
@@ -294,6 +306,13 @@ def _base_profile(system: str, sys_yaml: Path) -> tuple[dict, str | None]:
     if base:
         spec["efficiency"] = base["efficiency"]
     return spec, preset if base else None
+
+
+def _preset_note(preset: str | None) -> str:
+    if preset:
+        return f"price and roofline efficiencies (used where no table covers a shape) from pdsim preset {preset}"
+    return ("no pdsim preset for this GPU: price_per_hour_usd is 0 (set it for cost figures) and the roofline "
+            "efficiencies are pdsim's defaults")
 
 
 def import_aiconfigurator(system: str, backend: str, version: str | None = None,
@@ -397,7 +416,7 @@ def import_aiconfigurator(system: str, backend: str, version: str | None = None,
         "rounding": f"times rounded to {SIG_DIGITS} significant digits",
         "not_imported": _not_imported(data),
         "preset_for_price_and_roofline_efficiency": preset,
-        "notes": notes,
+        "notes": notes + [_preset_note(preset)],
     }
     _downsample_to_fit(spec)
     spec["meta"]["import_wall_s"] = round(time.perf_counter() - t0, 2)
@@ -471,12 +490,15 @@ def _vidur_root(path: Path) -> Path:
     raise ConfigError("not a Vidur profiling folder (expected compute/ or network/ under it)", file=str(path))
 
 
-def _vidur_gemm_shapes(row, op: str) -> tuple[int, int]:
-    h, qh, kvh = int(row["n_embd"]), int(row["n_head"]), int(row["n_kv_head"])
-    f, tp, d = int(row["n_expanded_embd"]), int(row["num_tensor_parallel_workers"]), int(row["n_embd"]) // int(row["n_head"])
-    gated = str(row.get("use_gated_mlp", True)).lower() in ("true", "1")
+def _vidur_gemm_shapes(df, op: str):
+    """Per-GPU (n, k) columns of one linear op of Vidur's one-layer model, sharded by tp."""
+    h, qh, kvh = df["n_embd"].astype(int), df["n_head"].astype(int), df["n_kv_head"].astype(int)
+    f, tp = df["n_expanded_embd"].astype(int), df["num_tensor_parallel_workers"].astype(int)
+    d = h // qh
+    gated = df["use_gated_mlp"].astype(str).str.lower().isin(["true", "1"]) if "use_gated_mlp" in df.columns \
+        else True
     return {"attn_pre_proj": ((qh + 2 * kvh) * d // tp, h), "attn_post_proj": (h, qh * d // tp),
-            "mlp_up_proj": ((2 if gated else 1) * f // tp, h), "mlp_down_proj": (h, f // tp)}[op]
+            "mlp_up_proj": ((1 + gated * 1) * f // tp, h), "mlp_down_proj": (h, f // tp)}[op]
 
 
 def import_vidur(path: str | Path, gpu: str) -> dict:
@@ -500,11 +522,10 @@ def import_vidur(path: str | Path, gpu: str) -> dict:
             col = f"time_stats.{op}.median"
             if col not in df.columns:
                 continue
-            for _, row in df[["n_embd", "n_head", "n_kv_head", "n_expanded_embd", "num_tensor_parallel_workers",
-                              "num_tokens", col] + (["use_gated_mlp"] if "use_gated_mlp" in df.columns else [])
-                             ].iterrows():
-                n, k = _vidur_gemm_shapes(row, op)
-                pts.setdefault((n, k), []).append((int(row["num_tokens"]), float(row[col])))
+            n, k = _vidur_gemm_shapes(df, op)
+            for nn, kk, m, t in zip(n.tolist(), k.tolist(), df["num_tokens"].astype(int).tolist(),
+                                    df[col].astype(float).tolist()):
+                pts.setdefault((nn, kk), []).append((m, t))
     gemm = []
     for (n, k), p in sorted(pts.items()):
         ms, ts = _geo_merge(p)
@@ -544,8 +565,9 @@ def import_vidur(path: str | Path, gpu: str) -> dict:
                                "A100/H100), so a bf16 cost model uses them",
                                "GEMMs are the exact per-GPU (tp-sharded) shapes of the models listed in tables.gemm; "
                                "not a grid: other shapes use the roofline",
-                               "decode context = kv_cache_size + 1 (KV tokens read); attention is of the legacy "
-                               "CodeLlama-34B/Llama-2-70B shape at TP2 (32 q / 4 kv heads, head_dim 128)",
+                               ("decode context = kv_cache_size + 1 (KV tokens read); attention is of the legacy "
+                                "CodeLlama-34B/Llama-2-70B shape at TP2 (32 q / 4 kv heads, head_dim 128)") if pre or dec
+                               else f"no attention table for {gpu} in this Vidur data: attention uses the roofline",
                                "GPU SKU as Vidur names it; Vidur's docs do not say SXM or PCIe for compute data"],
                      "rounding": f"times rounded to {SIG_DIGITS} significant digits"}}
     spec["meta"]["import_wall_s"] = round(time.perf_counter() - t0, 2)

@@ -362,3 +362,16 @@ def test_real_package_imports_one_system():
     # a grid GEMM point comes back exactly
     g = dev.spec.measured.gemm[len(dev.spec.measured.gemm) // 2]
     assert dev.gemm_lookup(g.m[0], g.n, g.k, 2.0, dtype=g.dtype) == (g.time_s[0], "exact", None)
+
+
+def test_imported_gemms_agree_with_vidurs_independent_measurements():
+    """Two public measurements of one SKU, different engines and harnesses: the aiconfigurator
+    grid, interpolated to the shapes Vidur measured exactly, lands within 20% in the median."""
+    import statistics
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from check_aic_vs_vidur import compare
+    for aic, vid in (("a100_sxm-trtllm-aic", "a100-vidur"), ("h100_sxm-trtllm-aic", "h100-vidur")):
+        ratios, sources = compare(aic, vid)
+        assert len(ratios) > 100 and sources.get("interpolated", 0) > 50
+        assert 0.8 < statistics.median(ratios) < 1.2
