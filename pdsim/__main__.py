@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         calibrate.add_parser(sub)
     except ImportError:
         pass
+    from . import profile_import
+    profile_import.add_parser(sub)
     return ap
 
 
