@@ -54,6 +54,7 @@ class EfficiencySpec(_Strict):
     attention_prefill_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
     elementwise_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
     allreduce_base_us: float = Field(3, ge=0, allow_inf_nan=False)   # custom one-shot all-reduce launch
+    allreduce_per_peer_us: float = Field(0, ge=0, allow_inf_nan=False)  # and its growth per extra GPU
 
 
 # --- the measured section written by ``pdsim calibrate`` --------------------

@@ -15,11 +15,12 @@ steps with the same code (:mod:`pdsim.costmodel`).  Each returns
 Roofline per kernel (``e`` = the profile's ``efficiency``)::
 
     GEMM        max(2MNK (M + m_half) / (M peak gemm_max), bytes / (bw memory)) + kernel_overhead
-    attention   max(max(flops / (peak attention_prefill [x 0.5 in decode]), bytes / (bw eff_mem))
-                    + kernel_overhead, attention_{prefill,decode}_floor)
+    attention   max(flops / (peak attention_prefill [x 0.5 in decode]), bytes / (bw eff_mem))
+                    + max(kernel_overhead, attention_{prefill,decode}_floor)
     elementwise max(bytes / (bw memory), kernels * elementwise_floor)
     all-reduce  min(one-shot, two-shot): one-shot  base + (t-1) S / (link allreduce)
                                          two-shot 2 base + 2 (t-1)/t S / (link allreduce)
+                base = allreduce_base_us + (t-1) allreduce_per_peer_us
 
 Weight-only int4/int8 GEMMs read ``weight_bytes`` per weight, compute in bf16 on
 tensor cores with M tiled by 16 (Marlin-style kernels: small M does not pay
@@ -87,15 +88,16 @@ def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float 
 
 
 def attention_roofline(dev, flops, bytes_, prefill: bool, dtype: str = "bf16"):
+    """max(compute, memory) plus the kernel's fixed cost: its floor (launch, split-K reduction,
+    tail; ~10 us for decode attention on Hopper) where the profile has one, else kernel_overhead."""
     e = dev.spec.efficiency
     c_eff = e.attention_prefill if prefill else e.attention_prefill * 0.5
     m_eff = e.memory if prefill else e.attention_decode_memory
-    floor = (e.attention_prefill_floor_us if prefill else e.attention_decode_floor_us) * 1e-6
-    ovh = e.kernel_overhead_us * 1e-6
+    fixed = max((e.attention_prefill_floor_us if prefill else e.attention_decode_floor_us), e.kernel_overhead_us) * 1e-6
     base = _max(flops / (dev.peak_flops(dtype) * c_eff), bytes_ / (dev.mem_bw_Bps * m_eff))
     if _is_arr(base):
-        return np.where(base > 0, np.maximum(base + ovh, floor), 0.0)
-    return _max(base + ovh, floor) if base > 0 else 0.0
+        return np.where(base > 0, base + fixed, 0.0)
+    return base + fixed if base > 0 else 0.0
 
 
 def elementwise_roofline(dev, bytes_, kernels: int):
@@ -115,7 +117,7 @@ def allreduce_datasheet(dev, bytes_: float, tp: int) -> float:
         return 0.0
     e = dev.spec.efficiency
     bw = dev.interconnect_Bps * e.allreduce
-    base = e.allreduce_base_us * 1e-6
+    base = (e.allreduce_base_us + (tp - 1) * e.allreduce_per_peer_us) * 1e-6
     one_shot = base + (tp - 1) * bytes_ / bw
     two_shot = 2 * base + 2 * (tp - 1) / tp * bytes_ / bw
     return min(one_shot, two_shot)
