@@ -39,7 +39,7 @@ def test_elementwise_cost_equals_a_hand_computation():
     # KV write 2*8*128*(2+2) = 8192 B; SiLU*mul 3*14336*2 = 86016 B  -> 180224 B; embed + final norm 5*4096*2
     T = 4096
     per_layer, embed = 180224, 40960
-    dev = _with_eff(H100, elementwise_floor_us=0.0)
+    dev = _with_eff(H100, elementwise_floor_us=0.0, memory=0.85)
     ops = RooflineCost(LLAMA8, dev).breakdown(T, T * T / 2.0, T, 1, 1)
     assert sum(ops[k]["bytes"] for k in ELEMENTWISE) == T * (32 * per_layer + embed)
     bw = 3350e9 * 0.85                                       # datasheet HBM3 x efficiency.memory
@@ -73,9 +73,13 @@ def test_datasheet_allreduce_one_shot_small_ring_large():
     t_small = kernels.allreduce_datasheet(H100, 8192, 4)
     assert 3e-6 <= t_small <= 5e-6
     # 256 MiB over 8: bandwidth-bound two-shot, 2 (t-1)/t of the message per link at 450 GB/s x 0.75
+    dev = _with_eff(H100, allreduce=0.75, allreduce_base_us=3.0, allreduce_per_peer_us=0.5)
     big = 256 * 2 ** 20
-    assert kernels.allreduce_datasheet(H100, big, 8) == pytest.approx(2 * 3e-6 + 2 * 7 / 8 * big / (450e9 * 0.75))
-    assert kernels.allreduce_datasheet(H100, big, 1) == 0.0
+    assert kernels.allreduce_datasheet(dev, big, 8) == pytest.approx(2 * (3e-6 + 7 * 0.5e-6)
+                                                                     + 2 * 7 / 8 * big / (450e9 * 0.75))
+    # small: one-shot, every GPU reads the 3 other buffers
+    assert kernels.allreduce_datasheet(dev, 8192, 4) == pytest.approx(3e-6 + 3 * 0.5e-6 + 3 * 8192 / (450e9 * 0.75))
+    assert kernels.allreduce_datasheet(dev, big, 1) == 0.0
 
 
 # --- one source: step, breakdown and k decode steps ------------------------------------------------
@@ -177,3 +181,32 @@ def test_estimate_json_flags_sources(capsys):
     assert main(["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--decode-batch", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["sources"]["roofline"]) == set(out["ops"])
+
+
+def test_allreduce_table_is_used_when_present():
+    # TINY: hidden 512, 2 layers; a decode step of 8 tokens all-reduces 8 * 512 * 2 = 8192 bytes, 2L + 1 = 5 times
+    def prof(t_8k):
+        return _tiny_measured(transfers=[{"kind": "allreduce", "tp": 2, "bytes": [4096, 8192, 16384],
+                                          "time_s": [5e-6, t_8k, 9e-6]}])
+    a, b = RooflineCost(TINY, prof(6e-6), 2), RooflineCost(TINY, prof(7.5e-6), 2)
+    agg = (8, 8 * 300.5, 8 * 301, 8, 8)
+    ops = a.breakdown(*agg)
+    assert ops["allreduce"]["time_s"] == pytest.approx(5 * 6e-6, rel=1e-12) and ops["allreduce"]["source"] == "exact"
+    assert b.step(*agg).time_s - a.step(*agg).time_s == pytest.approx(5 * 1.5e-6, rel=1e-9)
+    # a profile without an all-reduce table for this TP uses the datasheet model, and says so
+    c = RooflineCost(TINY, _tiny_measured(), 2).breakdown(*agg)["allreduce"]
+    assert c["source"] == "roofline" and c["time_s"] == pytest.approx(5 * kernels.allreduce_datasheet(H100, 8192, 2))
+
+
+def test_fast_path_equals_step_by_step_on_a_measured_profile():
+    """The multi-step fast path with imported tables (vectorised lookups) gives the reference loop's results."""
+    from pdsim.simulation import simulate
+    from conftest import scenario
+    from test_fastpath import _assert_same
+    path = REPO / "calibration" / "profiles" / "h100_sxm-trtllm-aic.yaml"
+    topo = {"kind": "colocated", "replicas": 1, "tp": 2, "device": str(path), "kv_blocks": 400}
+    sc = scenario({"t": topo}, rate=20.0, num_requests=25, prompt_tokens={"dist": "uniform", "low": 10, "high": 600},
+                  output_tokens={"dist": "uniform", "low": 20, "high": 300})
+    fast, slow = simulate(sc), simulate(sc, fast=False)
+    _assert_same(fast, slow)
+    assert fast[0].topology.instances[0].windows > 0
