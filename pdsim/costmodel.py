@@ -202,7 +202,7 @@ class RooflineCost(CostModel):
             tokens, attn_work, kv_read, batch, prefill = op.args
             return kernels.attention_time(dev, tokens, attn_work, kv_read, batch,
                                           (self.q_heads, self.kv_heads_shard, self.model.head_dim), prefill,
-                                          self.kv_bytes, "bf16", self.kv_table_dtype)
+                                          self.kv_bytes, "bf16", self.kv_table_dtype, (op.flops, op.bytes))
         if op.kind == "elementwise":
             return kernels.elementwise_roofline(dev, op.bytes, op.args[0]), kernels.ROOFLINE
         if op.kind == "allreduce":

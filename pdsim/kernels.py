@@ -87,16 +87,34 @@ def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float 
     return t + e.kernel_overhead_us * 1e-6
 
 
-def attention_roofline(dev, flops, bytes_, prefill: bool, dtype: str = "bf16"):
-    """max(compute, memory) plus the kernel's fixed cost: its floor (launch, split-K reduction,
-    tail; ~10 us for decode attention on Hopper) where the profile has one, else kernel_overhead."""
+_ATTN_CONSTS: dict = {}
+
+
+def _attention_consts(dev, prefill: bool, dtype: str) -> tuple[float, float, float]:
+    """(1 / compute rate, 1 / bandwidth, fixed seconds) of an attention kernel; memoised per profile."""
+    key = (id(dev), prefill, dtype)
+    hit = _ATTN_CONSTS.get(key)
+    if hit is not None and hit[0] is dev:
+        return hit[1]
     e = dev.spec.efficiency
     c_eff = e.attention_prefill if prefill else e.attention_prefill * 0.5
     m_eff = e.memory if prefill else e.attention_decode_memory
     fixed = max((e.attention_prefill_floor_us if prefill else e.attention_decode_floor_us), e.kernel_overhead_us) * 1e-6
-    base = _max(flops / (dev.peak_flops(dtype) * c_eff), bytes_ / (dev.mem_bw_Bps * m_eff))
-    if _is_arr(base):
+    consts = (1.0 / (dev.peak_flops(dtype) * c_eff), 1.0 / (dev.mem_bw_Bps * m_eff), fixed)
+    if len(_ATTN_CONSTS) > 4096:
+        _ATTN_CONSTS.clear()
+    _ATTN_CONSTS[key] = (dev, consts)
+    return consts
+
+
+def attention_roofline(dev, flops, bytes_, prefill: bool, dtype: str = "bf16"):
+    """max(compute, memory) plus the kernel's fixed cost: its floor (launch, split-K reduction,
+    tail; ~10 us for decode attention on Hopper) where the profile has one, else kernel_overhead."""
+    inv_c, inv_m, fixed = _attention_consts(dev, prefill, dtype)
+    if _is_arr(flops, bytes_):
+        base = np.maximum(flops * inv_c, bytes_ * inv_m)
         return np.where(base > 0, base + fixed, 0.0)
+    base = _max(flops * inv_c, bytes_ * inv_m)
     return base + fixed if base > 0 else 0.0
 
 
@@ -200,17 +218,17 @@ def _attn_fb(qh, kvh, d, kv_bytes, tokens, attn_work, kv_read):
 
 
 def attention_time(dev, tokens, attn_work, kv_read, batch, heads: tuple[int, int, int], prefill: bool,
-                   kv_bytes: float = 2.0, dtype: str = "bf16", table_dtype: str = "bf16"):
+                   kv_bytes: float = 2.0, dtype: str = "bf16", table_dtype: str = "bf16", flops_bytes=None):
     """(time_s, code) of one layer's attention for the step aggregates.  ``attn_work`` and
     ``kv_read`` may be arrays over decode steps (``tokens`` and ``batch`` fixed); then time and code
     are arrays.  Outside a table the roofline anchored at the table's edge."""
     qh, kvh, d = heads
-    flops, bytes_ = _attn_fb(qh, kvh, d, kv_bytes, tokens, attn_work, kv_read)
+    flops, bytes_ = flops_bytes or _attn_fb(qh, kvh, d, kv_bytes, tokens, attn_work, kv_read)
     roof = attention_roofline(dev, flops, bytes_, prefill, dtype)
     tabs = dev.tables
     arr = _is_arr(attn_work, kv_read)
     if tabs is None or tokens <= 0:
-        return roof, (np.full(np.shape(roof), ROOFLINE) if arr else ROOFLINE)
+        return roof, ROOFLINE           # one code for every step
     key = (qh, kvh, d, table_dtype)
     if prefill:
         assert not arr, "k-step evaluation is for decode steps"
