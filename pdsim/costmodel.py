@@ -99,7 +99,7 @@ class LinearCost(CostModel):
         return (self.base_s + self.per_token_s * batch) + self.per_kv_token_s * kv, np.zeros(k), np.zeros(k)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Op:
     """One operator of a step: ``count`` identical kernels, each of ``flops`` and ``bytes`` (floats, or
     arrays over k decode steps), evaluated by :meth:`RooflineCost.op_time` from ``kind`` and ``args``."""

@@ -394,6 +394,7 @@ def load_profile_file(path: str | Path) -> DeviceProfile:
 
 # Presets are immutable package data, so caching them by name is safe; files are re-read.
 _PRESET_CACHE: dict[str, DeviceProfile] = {}
+_FILE_CACHE: dict[tuple, DeviceProfile] = {}     # (resolved path, mtime_ns, size) -> profile
 
 
 def get_device(name_or_path: str, key: str = "device", base_dir: Path | None = None) -> DeviceProfile:
@@ -410,7 +411,12 @@ def get_device(name_or_path: str, key: str = "device", base_dir: Path | None = N
             p = base_dir / p
         if not p.is_file():
             raise ConfigError("device profile file not found", key=key, value=name_or_path)
-        prof = load_profile_file(p)
+        # a measured profile is megabytes of tables: read it once per process while the file is unchanged
+        st = p.stat()
+        fkey = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+        prof = _FILE_CACHE.get(fkey)
+        if prof is None:
+            prof = _FILE_CACHE[fkey] = load_profile_file(p)
     else:
         raise ConfigError(f"unknown device; valid presets: {', '.join(preset_names())} "
                           "(or a path to a profile .yaml)", key=key, value=name_or_path)

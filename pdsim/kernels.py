@@ -52,8 +52,8 @@ def source_name(codes) -> str:
     return SOURCE_NAMES[int(np.max(codes))]
 
 
-def _is_arr(*xs) -> bool:
-    return any(isinstance(x, np.ndarray) for x in xs)
+def _is_arr(a, b=None) -> bool:
+    return isinstance(a, np.ndarray) or isinstance(b, np.ndarray)
 
 
 def _max(a, b):
@@ -295,7 +295,7 @@ def _cell(tabs, grid, bc, a, z, heads, table_dtype):
 
 
 def _decode_from_grid(dev, tabs, grid, b, c, heads, kv_bytes, dtype, table_dtype):
-    """Decode attention at batch ``b`` and contexts ``c`` (a float or an array): log-log between the
+    """Decode attention at batch ``b`` and contexts ``c`` (a float or an ascending array): log-log between the
     table's values at the grid contexts around c; outside the grid (batch or context) the roofline
     anchored at the clamped point; where the table has no value, the roofline."""
     qh, kvh, d = heads
@@ -325,16 +325,21 @@ def _decode_from_grid(dev, tabs, grid, b, c, heads, kv_bytes, dtype, table_dtype
         if cc != c or bc != b:
             return anchored(t, c, cc), EXTRAPOLATED
         return t, code
-    cc = np.minimum(np.maximum(c, cs[0]), cs[-1])
+    # k decode steps: contexts grow by one a step, so they are sorted and span a few cells
+    outside = bc != b or c[0] < cs[0] or c[-1] > cs[-1]
+    cc = np.minimum(np.maximum(c, cs[0]), cs[-1]) if outside else c
     i = np.searchsorted(cs_np, cc, "left")
-    exact_c = (i < n) & (cs_np[np.minimum(i, n - 1)] == cc)
+    exact_c = cs_np[np.minimum(i, n - 1)] == cc
     z_ = np.minimum(np.maximum(i, 1), n - 1)
     a_ = np.where(exact_c, np.minimum(i, n - 1), np.maximum(z_ - 1, 0))
     z_ = np.where(exact_c, a_, z_)
+    key = a_ * n + z_
+    cells = [int(key[0])] if key[0] == key[-1] and not exact_c.any() else np.unique(key).tolist()
     t = np.empty(c.shape)
     code = np.empty(c.shape, dtype=np.int64)
-    for a, z in set(zip(a_.tolist(), z_.tolist())):      # a few cells: contexts grow by one a step
-        sel = (a_ == a) & (z_ == z)
+    for kk in cells:
+        a, z = divmod(kk, n)
+        sel = slice(None) if len(cells) == 1 else key == kk
         cell = _cell(tabs, grid, bc, a, z, heads, table_dtype)
         if cell is None:
             t[sel] = attention_roofline(dev, *_attn_fb(qh, kvh, d, kv_bytes, b, b * c[sel], b * c[sel]), False, dtype)
@@ -342,8 +347,8 @@ def _decode_from_grid(dev, tabs, grid, b, c, heads, kv_bytes, dtype, table_dtype
             continue
         la, lz, code[sel], va = cell
         t[sel] = va if z == a else np.exp(la + (lz - la) * ((np.log(cc[sel]) - lcs[a]) / (lcs[z] - lcs[a])))
-    out = ((cc != c) | (bc != b)) & (code != ROOFLINE)
-    if np.any(out):
+    if outside:
+        out = ((cc != c) | (bc != b)) & (code != ROOFLINE)
         t = np.where(out, anchored(t, c, cc), t)
         code = np.where(out, EXTRAPOLATED, code)
     return t, code
