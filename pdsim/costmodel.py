@@ -13,7 +13,10 @@ aggregates of the batch, which keeps the event loop cheap:
 Per layer, per DESIGN.md: linear FLOPs 2*T*params_per_layer / tp, weights read
 once per step; attention FLOPs 4*n_h*d*attn_work / tp, KV bytes
 kv_read_tokens*2*n_kv*d*bytes / tp; two all-reduces of T*h*2 bytes per layer
-when tp > 1.  Plus an LM head GEMM and a fixed per-step engine overhead.
+when tp > 1.  Plus per-token elementwise kernels (norms, RoPE, KV write, activation,
+embedding) priced by bytes, an LM head GEMM and a fixed per-step engine overhead.
+:class:`RooflineCost` lists these as operator rows (:meth:`RooflineCost.ops`) and prices
+them with one evaluator over :mod:`pdsim.kernels` (measured tables first).
 
 ``ConstantCost`` and ``LinearCost`` are the what-if and theory-test models.
 """
