@@ -136,6 +136,10 @@ class RooflineCost(CostModel):
         self.compute_dtype = "fp8" if self.weight_dtype == "fp8" else "bf16"
         self.weight_only = self.weight_dtype if self.weight_dtype in ("int4", "int8") else None
         self.gemm_table_dtype = "bf16" if self.weight_dtype in ("bf16", "fp16", "fp32") else self.weight_dtype
+        tabs = self.device.tables
+        if self.weight_only and tabs is not None and any(
+                key[2] == f"{self.weight_dtype}_wo" for key in tabs.gemm):   # imported weight-only tables
+            self.gemm_table_dtype = f"{self.weight_dtype}_wo"
         self.kv_table_dtype = "bf16" if self.kv_dtype in ("bf16", "fp16", "fp32") else self.kv_dtype
         h, d = m.hidden, m.head_dim
         qh, kvh = m.heads // t, max(1, m.kv_heads // t)
