@@ -619,16 +619,20 @@ def list_profiles(out=None, systems_dir: Path | None = None, profiles_dir: Path 
                       file=out)
     except ConfigError as exc:
         print(f"aiconfigurator-core: {exc}", file=out)
-    from .devices import load_profile_file
-    pdir = profiles_dir or Path(__file__).resolve().parents[1] / "calibration" / "profiles"
-    print(f"\nprofiles in {pdir}:", file=out)
+    pdir = profiles_dir or next((d for d in (Path.cwd() / "calibration" / "profiles",
+                                             Path(__file__).resolve().parents[1] / "calibration" / "profiles")
+                                 if d.is_dir()), Path("calibration/profiles"))
+    print(f"\nprofiles in {pdir} (device: path/to/profile.yaml):", file=out)
     for p in sorted(pdir.glob("*.yaml")) if pdir.is_dir() else []:
+        # only the head of the file (before its tables): listing must not load ~10 MB of tables
+        text = p.read_text(errors="replace")
+        m = re.search(r"^measured:", text, flags=re.M)
         try:
-            dev = load_profile_file(p)
-            tag = "measured" if dev.is_measured else "datasheet"
-            print(f"  {p.name:42s} {tag:9s} {dev.source[:100]}", file=out)
-        except ConfigError as exc:
-            print(f"  {p.name:42s} invalid: {exc}", file=out)
+            head = yaml.safe_load(text[:m.start()] if m else text) or {}
+        except yaml.YAMLError:
+            head = {}
+        src = str(head.get("source", "(no source: not a valid profile)")) if isinstance(head, dict) else "?"
+        print(f"  {p.name:42s} {'measured' if m else 'datasheet':9s} {src[:100]}", file=out)
     print("\ndatasheet presets (device: NAME):", file=out)
     for name in preset_names():
         dev = get_device(name)
