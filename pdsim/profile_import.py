@@ -642,8 +642,11 @@ def list_profiles(out=None, systems_dir: Path | None = None, profiles_dir: Path 
 # --- command line ---------------------------------------------------------------------------------
 def _write(spec: dict, out: Path) -> None:
     text = dump_profile(spec)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the profile: {exc.strerror}", key="--out", value=str(out)) from None
     print(f"wrote {out} ({len(text.encode()) / 1e6:.2f} MB, {spec['meta']['import_wall_s']} s); "
           f"roofline fallback for: {', '.join(spec['meta']['fallback_to_roofline']) or 'nothing'}", file=sys.stderr)
 
