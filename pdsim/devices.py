@@ -370,10 +370,25 @@ def _load_yaml_fast(text: str):
     return put_back(raw)
 
 
+# Files re-read only when they change: an imported profile takes about a second to load and a
+# scenario may name it in several topologies.  A DeviceProfile is immutable, so sharing it is safe.
+_FILE_CACHE: dict[tuple[str, int, int], DeviceProfile] = {}
+
+
 def load_profile_file(path: str | Path) -> DeviceProfile:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("device profile file not found", file=str(path))
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _FILE_CACHE:
+        if len(_FILE_CACHE) > 32:
+            _FILE_CACHE.clear()
+        _FILE_CACHE[key] = _load_profile_file(path)
+    return _FILE_CACHE[key]
+
+
+def _load_profile_file(path: Path) -> DeviceProfile:
     try:
         raw = _load_yaml_fast(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

@@ -619,16 +619,20 @@ def list_profiles(out=None, systems_dir: Path | None = None, profiles_dir: Path 
                       file=out)
     except ConfigError as exc:
         print(f"aiconfigurator-core: {exc}", file=out)
-    from .devices import load_profile_file
-    pdir = profiles_dir or Path(__file__).resolve().parents[1] / "calibration" / "profiles"
-    print(f"\nprofiles in {pdir}:", file=out)
+    pdir = profiles_dir or next((d for d in (Path.cwd() / "calibration" / "profiles",
+                                             Path(__file__).resolve().parents[1] / "calibration" / "profiles")
+                                 if d.is_dir()), Path("calibration/profiles"))
+    print(f"\nprofiles in {pdir} (device: path/to/profile.yaml):", file=out)
     for p in sorted(pdir.glob("*.yaml")) if pdir.is_dir() else []:
+        # only the head of the file (before its tables): listing must not load ~10 MB of tables
+        text = p.read_text(errors="replace")
+        m = re.search(r"^measured:", text, flags=re.M)
         try:
-            dev = load_profile_file(p)
-            tag = "measured" if dev.is_measured else "datasheet"
-            print(f"  {p.name:42s} {tag:9s} {dev.source[:100]}", file=out)
-        except ConfigError as exc:
-            print(f"  {p.name:42s} invalid: {exc}", file=out)
+            head = yaml.safe_load(text[:m.start()] if m else text) or {}
+        except yaml.YAMLError:
+            head = {}
+        src = str(head.get("source", "(no source: not a valid profile)")) if isinstance(head, dict) else "?"
+        print(f"  {p.name:42s} {'measured' if m else 'datasheet':9s} {src[:100]}", file=out)
     print("\ndatasheet presets (device: NAME):", file=out)
     for name in preset_names():
         dev = get_device(name)
@@ -638,8 +642,11 @@ def list_profiles(out=None, systems_dir: Path | None = None, profiles_dir: Path 
 # --- command line ---------------------------------------------------------------------------------
 def _write(spec: dict, out: Path) -> None:
     text = dump_profile(spec)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the profile: {exc.strerror}", key="--out", value=str(out)) from None
     print(f"wrote {out} ({len(text.encode()) / 1e6:.2f} MB, {spec['meta']['import_wall_s']} s); "
           f"roofline fallback for: {', '.join(spec['meta']['fallback_to_roofline']) or 'nothing'}", file=sys.stderr)
 

@@ -68,7 +68,7 @@ def write_fake_package(root: Path, *, generation=True, version="1.0.0") -> Path:
     att = {"num_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "beam_width": 1}
     rows = [{**common, **att, "op_name": "context_attention", "batch_size": b, "isl": s, "window_size": w,
              "attn_dtype": "bfloat16", "kv_cache_dtype": kv, "step": 0,
-             "latency": prefill_ms(b, s) * (1 if w == 0 else 0.1)}
+             "latency": prefill_ms(b, s) * (1 if w == 0 else 0.1) * (1 if kv == "bfloat16" else 0.7)}
             for b in PRE_B for s in PRE_S for w in (0, 128) for kv in ("bfloat16", "fp8")
             if b * s <= 4096]                                 # ragged, as the real tables are
     _csv(d / "attention" / "trtllm" / version / "context_attention_perf.csv", rows)
@@ -375,3 +375,21 @@ def test_imported_gemms_agree_with_vidurs_independent_measurements():
         ratios, sources = compare(aic, vid)
         assert len(ratios) > 100 and sources.get("interpolated", 0) > 50
         assert 0.8 < statistics.median(ratios) < 1.2
+
+
+def test_committed_profile_is_a_scenario_device():
+    """An imported profile is a ``device:`` like a calibrated one; its tables set the prefill time."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import scenario
+    from pdsim.simulation import simulate
+    path = PROFILES / "a100_sxm-trtllm-aic.yaml"
+    dev = load_profile_file(path)
+    topo = {"kind": "colocated", "replicas": 1, "tp": 2, "device": str(path), "cost_model": {"kind": "roofline"}}
+    sc = scenario({"m": topo}, rate=0.5, num_requests=3, prompt_tokens=1024, output_tokens=4)
+    reqs = simulate(sc)[0].requests
+    assert len(reqs) == 3 and all(r.finish_s is not None for r in reqs)
+    # lower bound from the raw table alone: 32 layers of the tp-2 qkv GEMM (n 3072, k 4096) at M = 1024
+    g = next(t for t in dev.spec.measured.gemm if (t.n, t.k, t.dtype) == (3072, 4096, "bf16"))
+    first = min(reqs, key=lambda r: r.arrival_s)
+    assert first.first_token_s - first.arrival_s >= 32 * g.time_s[g.m.index(1024)]
