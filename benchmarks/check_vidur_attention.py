@@ -34,7 +34,7 @@ att = pd.read_csv(ROOT / "attention.csv")
 
 
 def per_layer(tokens, work, kv, batch, prefill):
-    return cm._attention(tokens, work, kv, batch, prefill)[0] / L * 1e3   # ms
+    return float(cm.op_time(cm._attention_op(tokens, work, kv, batch, prefill))[0]) * 1e3   # ms, one layer
 
 
 def ape_table(rows, label):
@@ -84,7 +84,8 @@ def errors(eff, rows):
     spec.efficiency.attention_prefill = eff
     m = replace(cm, device=DeviceProfile(spec))
     m.__post_init__()
-    pred = np.array([m._attention(c, c * (k + c / 2.0), int(k + c), 1, True)[0] / L * 1e3 for c, k, _ in rows])
+    pred = np.array([float(m.op_time(m._attention_op(c, c * (k + c / 2.0), int(k + c), 1, True))[0]) * 1e3
+                     for c, k, _ in rows])
     return np.log(pred / np.array([t for *_, t in rows]))
 
 

@@ -143,14 +143,17 @@ def cmd_estimate(args) -> int:
     res = {**what, "model": model.name, "device": dev.name, "device_source": dev.source, "tp": args.tp,
            "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
            "achieved_tflops": st.flops / st.time_s / 1e12, "achieved_GBps": st.bytes / st.time_s / 1e9,
-           "ops": ops}
+           "ops": ops,   # each op's "source": exact | interpolated (measured tables), extrapolated, roofline
+           "sources": {src: [k for k, v in ops.items() if v.get("source") == src]
+                       for src in ("exact", "interpolated", "extrapolated", "roofline")}}
     if args.json:
         print(json.dumps(res, indent=2))
     else:
         print(f"{what['phase']} on {dev.name} x tp{args.tp}, {model.name}: {st.time_s * 1e3:.3f} ms "
               f"({bound}-bound; {res['achieved_tflops']:.1f} TFLOP/s, {res['achieved_GBps']:.0f} GB/s)")
         for k, v in ops.items():
-            print(f"  {k:14s} {v['time_s'] * 1e3:9.3f} ms  {v['flops'] / 1e9:10.2f} GFLOP  {v['bytes'] / 1e6:10.2f} MB")
+            print(f"  {k:14s} {v['time_s'] * 1e3:9.3f} ms  {v['flops'] / 1e9:10.2f} GFLOP  {v['bytes'] / 1e6:10.2f} MB"
+                  f"  {v.get('source', '')}")
     return 0
 
 
@@ -271,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
         calibrate.add_parser(sub)
     except ImportError:
         pass
+    from . import profile_import
+    profile_import.add_parser(sub)
     return ap
 
 

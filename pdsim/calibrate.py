@@ -13,10 +13,15 @@ What is measured (bf16, the dtype the cost model computes in):
 - device copy bandwidth; host<->device over pinned memory on CUDA.  All-reduce
   is not measured (one process; the profile keeps its datasheet interconnect).
 
-Method: warm-up calls, then ``repeats`` timed calls, each after a cache flush
-(a write of a buffer twice the last-level cache, so weights come from memory as
-in a real forward pass); CUDA events on a GPU, ``perf_counter`` on CPU; the
-median is the table value and every sample is kept.
+Method: warm-up calls, then timed calls, each after a cache flush (a write of a
+buffer twice the last-level cache, so weights come from memory as in a real
+forward pass); CUDA events on a GPU, ``perf_counter`` on CPU.  A point takes at
+least ``repeats`` samples and more, up to ``max_repeats`` or its time budget,
+until the distribution-free 95% confidence interval of its median is within
++-3% (``rel_ci``); the median is the table value and every sample is kept.
+Points that never get there make the run refuse to write the profile (unless
+``--force``), and make ``--check`` say "machine too noisy to judge" instead of
+reporting the load as prediction error.
 
 A leave-out split (interior M values and prompt lengths, decode points between
 the grid points, and the model's shapes at twice the largest TP, which the
@@ -64,9 +69,11 @@ class Plan:
     decode_batch: list[int]
     decode_context: list[int]
     copy_bytes: list[int]
-    repeats: int = 5
+    repeats: int = 5                  # samples at least (fewer, >= 3, only when one call outlasts the budget)
     warmup: int = 1
-    point_budget_s: float = 1.5       # fewer repeats (>= 3) for a point whose warm-up says it is slow
+    point_budget_s: float = 1.5       # stop adding samples to a point after this much time
+    max_repeats: int = 40             # samples at most, while the median's CI is wider than +-rel_ci
+    rel_ci: float = 0.03              # a point is stable when its median's 95% CI is within +-3%
     unseen_m: int = 3                 # M values of the unseen-shape holdout (model at 2 x max tp)
     holdout_every: int = 3            # every 3rd interior grid point is held out
 
@@ -175,8 +182,10 @@ class _Progress:
 class _Bench:
     """Timing harness: warm-up, flush, synchronised samples (CUDA events or perf_counter)."""
 
-    def __init__(self, torch, device: str, plan: Plan):
+    def __init__(self, torch, device: str, plan: Plan, timer=None):
         self.torch, self.device, self.plan = torch, device, plan
+        self.timer = timer or _default_timer      # (bench, fn) -> seconds of one call; tests inject noise
+        self.noise: list[float] = []              # the median CI half-width of every point measured
         self.dev = torch.device(device)
         self.dtype = torch.bfloat16
         llc = 64 << 20 if device == "cpu" else 128 << 20
@@ -194,29 +203,84 @@ class _Bench:
         buf.view(-1, c).copy_(self._seed.expand(buf.numel() // c, c))
         return buf[:numel]
 
+    def one(self, fn) -> float:
+        """Seconds of one call after a cache flush (CUDA events on a GPU, perf_counter on CPU)."""
+        self._flush.zero_()
+        if self.device == "cuda":
+            a, b = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b) / 1e3
+        s = time.perf_counter()
+        fn()
+        return time.perf_counter() - s
+
     def time(self, fn) -> list[float]:
         p = self.plan
-        t0 = time.perf_counter()
         for _ in range(p.warmup):
             fn()
         self.sync()
-        per_call = (time.perf_counter() - t0) / max(p.warmup, 1)
-        reps = p.repeats if per_call * p.repeats <= p.point_budget_s else max(3, int(p.point_budget_s / per_call))
-        out = []
-        for _ in range(reps):
-            self._flush.zero_()
-            if self.device == "cuda":
-                a, b = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                out.append(a.elapsed_time(b) / 1e3)
-            else:
-                s = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - s)
-        return out
+        samples, ci = sample_until_stable(lambda: self.timer(self, fn), p.repeats, p.max_repeats,
+                                          p.point_budget_s, p.rel_ci)
+        self.noise.append(ci)
+        return samples
+
+
+def median_ci(samples: list[float], z: float = 1.96) -> tuple[float, float]:
+    """Distribution-free ~95% confidence interval of the median: the order statistics at ranks
+    n/2 -+ z sqrt(n)/2 (binomial, normal approximation); the whole range when n is small."""
+    x = sorted(samples)
+    n = len(x)
+    half = z * math.sqrt(n) / 2.0
+    lo = max(int(math.floor(n / 2.0 - half)), 1)
+    hi = min(int(math.ceil(1 + n / 2.0 + half)), n)
+    return x[lo - 1], x[hi - 1]
+
+
+def ci_rel(samples: list[float]) -> float:
+    """Half-width of the median's CI relative to the median (the larger side)."""
+    med = statistics.median(samples)
+    lo, hi = median_ci(samples)
+    return max(med - lo, hi - med) / med if med > 0 else math.inf
+
+
+def sample_until_stable(measure, min_n: int, max_n: int, budget_s: float, rel: float = 0.03,
+                        clock=time.perf_counter) -> tuple[list[float], float]:
+    """Call ``measure()`` (seconds of one run) until the median's CI is within +-``rel``, or
+    ``max_n`` samples, or ``budget_s`` of wall time; at least ``min_n`` samples (at least
+    min(min_n, 3) when a single call outlasts the budget).  Returns (samples, CI half-width)."""
+    t0 = clock()
+    out: list[float] = []
+    floor_n = min(min_n, 3)
+    while True:
+        out.append(measure())
+        n, spent = len(out), clock() - t0
+        if n >= max(min_n, 2) and ci_rel(out) <= rel:
+            break
+        if n >= max_n or (spent >= budget_s and n >= (min_n if spent / n * min_n <= budget_s else floor_n)):
+            break
+    return out, (ci_rel(out) if len(out) > 1 else math.inf)
+
+
+def noise_summary(cis: list[float], rel: float) -> dict:
+    """How many points reached a median CI within +-rel, and the spread of the CIs."""
+    ok = [c for c in cis if c <= rel]
+    finite = sorted(c for c in cis if math.isfinite(c))
+    return {"points": len(cis), "stable": len(ok), "rel_ci_target": rel,
+            "median_rel_ci": _rnd(statistics.median(finite)) if finite else None,
+            "worst_rel_ci": _rnd(finite[-1]) if finite else None}
+
+
+def _noise_line(noise: dict) -> str:
+    return (f"noise: {noise['stable']} of {noise['points']} points reached a median 95% CI within "
+            f"+-{noise['rel_ci_target']:.0%} (median +-{100 * (noise['median_rel_ci'] or 0):.1f}%, worst "
+            f"+-{100 * (noise['worst_rel_ci'] or 0):.1f}%)")
+
+
+def _default_timer(bench, fn) -> float:
+    return bench.one(fn)
 
 
 def _rnd(x: float) -> float:
@@ -380,7 +444,7 @@ def print_errors(errors: dict, title: str, out=sys.stdout) -> None:
     print(f"\n{title}", file=out)
     print(f"  {'op':24s} {'n':>4s} {'median APE':>11s} {'p90 APE':>9s}", file=out)
     for op, s in errors.items():
-        if s["n"]:
+        if isinstance(s, dict) and s.get("n"):
             print(f"  {op:24s} {s['n']:4d} {s['median_ape']:10.1f}% {s['p90_ape']:8.1f}%", file=out)
 
 
@@ -398,9 +462,14 @@ def default_base(device: str, torch=None) -> str:
 
 def run(device: str = "cpu", model="llama-3.1-8b", tp: list[int] | None = None, quick: bool = False,
         out: str | Path | None = None, base: str | None = None, plan: Plan | None = None,
-        progress: bool = True, stream=None, name: str | None = None) -> dict:
+        progress: bool = True, stream=None, name: str | None = None, force: bool = False, timer=None) -> dict:
     """Measure, fit, print the roofline and holdout tables; write the profile to ``out`` if given.
-    Returns the profile as a dict (validated by :class:`pdsim.devices.ProfileSpec`)."""
+    Returns the profile as a dict (validated by :class:`pdsim.devices.ProfileSpec`).
+
+    Every point is sampled until its median's 95% CI is within +-``plan.rel_ci`` (or its budget runs
+    out); a profile with points that never got there is not written unless ``force``: on a busy
+    machine the tables would hold the load, not the kernels.  ``timer(bench, fn)`` replaces the
+    timing of one call (tests inject noise)."""
     from . import fitting
     from .devices import DeviceProfile, HoldoutSpec, ProfileSpec, get_device
     from .models import ModelShape, get_model
@@ -435,7 +504,7 @@ def run(device: str = "cpu", model="llama-3.1-8b", tp: list[int] | None = None, 
                          + len(plan.decode_batch) * len(plan.decode_context) + len(db_mid) * len(dc_mid))
              + len(unseen) * len(unseen_m) + len(plan.copy_bytes) * (3 if device == "cuda" else 1))
     prog = _Progress(total, progress)
-    bench = _Bench(torch, device, plan)
+    bench = _Bench(torch, device, plan, timer)
     meas = _Measurer(bench, peak0, bw0, stream, prog)
     busy0 = _busy_cores() if device == "cpu" else None
     if busy0 is not None and busy0 > 0.5:
@@ -558,6 +627,9 @@ def run(device: str = "cpu", model="llama-3.1-8b", tp: list[int] | None = None, 
             "plan": asdict(plan), "quick": quick, "loadavg_1min_at_start": load0,
             "cpu_busy_cores_at_start": busy0},
     }
+    noise = noise_summary(bench.noise, plan.rel_ci)
+    profile["fitted"]["noise"] = noise
+    print(_noise_line(noise), file=stream)
     spec = ProfileSpec.model_validate(profile)
     errs = holdout_errors(DeviceProfile(spec), spec.measured.holdout)
     print_errors(errs, "holdout (not in the tables or the fit): prediction vs measured", stream)
@@ -576,6 +648,11 @@ def run(device: str = "cpu", model="llama-3.1-8b", tp: list[int] | None = None, 
     profile["fitted"]["datasheet_error"] = {"profile": b.name, **ds_errs}
     profile["meta"]["wall_s"] = round(time.perf_counter() - wall0, 1)
     ProfileSpec.model_validate(profile)
+    if out and noise["stable"] < noise["points"] and not force:
+        raise ConfigError(f"{noise['points'] - noise['stable']} of {noise['points']} points never reached a median "
+                          f"within +-{plan.rel_ci:.0%} (worst +-{noise['worst_rel_ci']:.0%}): the machine is too noisy, "
+                          "profile not written (rerun on a quiet machine, or --force to write it anyway)",
+                          key="--out", value=str(out))
     if out:
         write_profile(profile, out)
         print(f"wrote {out} in {profile['meta']['wall_s']:.1f} s", file=sys.stderr)
@@ -591,8 +668,13 @@ def write_profile(profile: dict, out: str | Path) -> None:
     out.write_text(head + yaml.safe_dump(profile, sort_keys=False, default_flow_style=None, width=150))
 
 
-def check(path: str | Path, plan: Plan | None = None, progress: bool = True, stream=None) -> dict:
-    """Re-measure the holdout shapes of a measured profile here and print the prediction error per op."""
+def check(path: str | Path, plan: Plan | None = None, progress: bool = True, stream=None, timer=None,
+          min_stable: float = 0.8) -> dict:
+    """Re-measure the holdout shapes of a measured profile here and print the prediction error per op.
+
+    When fewer than ``min_stable`` of the re-measured points reach a median within +-``plan.rel_ci``,
+    the machine is too noisy for the errors to mean anything: the result's ``verdict`` says so and
+    no error table is printed as a judgement."""
     from .devices import HoldoutSpec, load_profile_file
     stream = stream or sys.stdout
     prof = load_profile_file(path)
@@ -608,7 +690,8 @@ def check(path: str | Path, plan: Plan | None = None, progress: bool = True, str
     total = (sum(len(t.m) for t in h.gemm) + sum(len(t.seq_len) for t in h.attention_prefill)
              + sum(len(t.batch) * len(t.context) for t in h.attention_decode))
     prog = _Progress(total, progress)
-    meas = _Measurer(_Bench(torch, ms.device, plan), prof.peak_flops(DTYPE), prof.mem_bw_Bps, stream, prog)
+    bench = _Bench(torch, ms.device, plan, timer)
+    meas = _Measurer(bench, prof.peak_flops(DTYPE), prof.mem_bw_Bps, stream, prog)
     print(f"pdsim calibrate --check {path}: re-measuring {total} held-out points on "
           f"{torch.cuda.get_device_name(0) if ms.device == 'cuda' else _cpu_name()}", file=stream)
     meas.header()
@@ -627,6 +710,17 @@ def check(path: str | Path, plan: Plan | None = None, progress: bool = True, str
                                                              "time_s")}, "tp": t.tp, "dtype": t.dtype})
     prog.close()
     errs = holdout_errors(prof, HoldoutSpec.model_validate(new))
+    noise = noise_summary(bench.noise, plan.rel_ci)
+    errs["noise"] = noise
+    print(_noise_line(noise), file=stream)
+    if noise["stable"] < min_stable * noise["points"]:
+        errs["verdict"] = "machine too noisy to judge"
+        print(f"--check {path}: machine too noisy to judge: only {noise['stable']} of {noise['points']} re-measured "
+              f"points reached a median within +-{plan.rel_ci:.0%}; the prediction errors would measure the load, "
+              "not the profile (for the record, the median error over all points: "
+              f"{errs['all']['median_ape']}%)", file=stream)
+        return errs
+    errs["verdict"] = "judged"
     print_errors(errs, f"--check {path}: prediction of the profile vs re-measured held-out shapes", stream)
     return errs
 
@@ -644,11 +738,11 @@ def _tp_list(text: str) -> list[int]:
 
 def cmd_calibrate(args) -> int:
     if args.check:
-        check(args.check, progress=not args.quiet)
-        return 0
+        errs = check(args.check, progress=not args.quiet)
+        return 3 if errs.get("verdict") == "machine too noisy to judge" else 0
     tps = [t for group in (args.tp or [[1]]) for t in group]
     run(device=args.device, model=args.model, tp=tps, quick=args.quick, out=args.out, base=args.base,
-        progress=not args.quiet)
+        progress=not args.quiet, force=args.force)
     return 0
 
 
@@ -667,4 +761,6 @@ def add_parser(sub) -> None:
                    help="datasheet profile for peaks, memory, price and interconnect (default: cpu-epyc-2c on cpu, "
                         "the preset matching the GPU name on cuda)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.add_argument("--force", action="store_true",
+                   help="write the profile even when some points never reached a median within +-3%% (noisy machine)")
     c.set_defaults(fn=cmd_calibrate)

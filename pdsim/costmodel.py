@@ -13,7 +13,10 @@ aggregates of the batch, which keeps the event loop cheap:
 Per layer, per DESIGN.md: linear FLOPs 2*T*params_per_layer / tp, weights read
 once per step; attention FLOPs 4*n_h*d*attn_work / tp, KV bytes
 kv_read_tokens*2*n_kv*d*bytes / tp; two all-reduces of T*h*2 bytes per layer
-when tp > 1.  Plus an LM head GEMM and a fixed per-step engine overhead.
+when tp > 1.  Plus per-token elementwise kernels (norms, RoPE, KV write, activation,
+embedding) priced by bytes, an LM head GEMM and a fixed per-step engine overhead.
+:class:`RooflineCost` lists these as operator rows (:meth:`RooflineCost.ops`) and prices
+them with one evaluator over :mod:`pdsim.kernels` (measured tables first).
 
 ``ConstantCost`` and ``LinearCost`` are the what-if and theory-test models.
 """
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import kernels
 from .devices import DeviceProfile
 from .models import ModelShape, dtype_bytes
 
@@ -98,23 +102,45 @@ class LinearCost(CostModel):
         return (self.base_s + self.per_token_s * batch) + self.per_kv_token_s * kv, np.zeros(k), np.zeros(k)
 
 
+@dataclass(slots=True)
+class Op:
+    """One operator of a step: ``count`` identical kernels, each of ``flops`` and ``bytes`` (floats, or
+    arrays over k decode steps), evaluated by :meth:`RooflineCost.op_time` from ``kind`` and ``args``."""
+    name: str
+    kind: str            # gemm | attention | elementwise | allreduce | overhead
+    count: int
+    flops: object
+    bytes: object
+    args: tuple = ()
+
+
 @dataclass
 class RooflineCost(CostModel):
-    """Per-operator cost of a dense decoder on a device profile with tensor parallelism ``tp``."""
+    """Per-operator cost of a dense decoder on a device profile with tensor parallelism ``tp``.
+
+    One description of the operators (:meth:`ops`) evaluated by one function (:meth:`op_time`)
+    gives the scalar :meth:`step`, the per-op :meth:`breakdown` and the vectorised
+    :meth:`decode_steps`.  Kernel times come from :mod:`pdsim.kernels` (measured tables first)."""
     model: ModelShape
     device: DeviceProfile
     tp: int = 1
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
-    _linear_cache: dict = field(default_factory=dict, repr=False)
-    _decode_cache: dict = field(default_factory=dict, repr=False)
+    _static_cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         m, t = self.model, self.tp
         self.w_bytes = dtype_bytes(self.weight_dtype)
         self.kv_bytes = dtype_bytes(self.kv_dtype)
-        # weight-only quantisation (int4/int8 weights) still computes in bf16; fp8 uses fp8 tensor cores
+        # fp8 weights use fp8 tensor cores; int4/int8 weights are weight-only: dequantised, computed in bf16
         self.compute_dtype = "fp8" if self.weight_dtype == "fp8" else "bf16"
+        self.weight_only = self.weight_dtype if self.weight_dtype in ("int4", "int8") else None
+        self.gemm_table_dtype = "bf16" if self.weight_dtype in ("bf16", "fp16", "fp32") else self.weight_dtype
+        tabs = self.device.tables
+        if self.weight_only and tabs is not None and any(
+                key[2] == f"{self.weight_dtype}_wo" for key in tabs.gemm):   # imported weight-only tables
+            self.gemm_table_dtype = f"{self.weight_dtype}_wo"
+        self.kv_table_dtype = "bf16" if self.kv_dtype in ("bf16", "fp16", "fp32") else self.kv_dtype
         h, d = m.hidden, m.head_dim
         qh, kvh = m.heads // t, max(1, m.kv_heads // t)
         self.q_heads, self.kv_heads_shard = qh, kvh
@@ -126,111 +152,132 @@ class RooflineCost(CostModel):
             self.linears += [("up", m.mlp_width // t, h), ("down", h, m.mlp_width // t)]
         self.lm_head = ("lm_head", m.vocab // t, h)
         self.kv_bytes_per_token_shard = 2 * m.layers * kvh * d * self.kv_bytes
+        # activation bytes per token of the per-layer elementwise kernels (bf16 activations)
+        act = (3 if m.gated_mlp else 2) * (m.mlp_width // t)
+        self._elementwise = [
+            # two fused residual-add + RMSNorm (read x and residual, write both), replicated under TP
+            ("norm", 2, 2 * 4 * h * 2.0),
+            ("rope", 1, 2 * (qh + kvh) * d * 2.0),                       # read and write q and k
+            ("kv_write", 1, 2 * kvh * d * (2.0 + self.kv_bytes)),       # read new K, V; write them to the cache
+            ("act", 1, act * 2.0),                                       # SiLU(gate) * up: read 2f, write f
+        ]
 
-    # --- the pieces ---------------------------------------------------------
-    def _linear(self, tokens: int) -> tuple[float, float, float]:
-        """(time_s, flops, bytes) of all decoder linear layers for T tokens; cached by T."""
-        hit = self._linear_cache.get(tokens)
-        if hit is not None:
-            return hit
-        dev, L = self.device, self.model.layers
-        time_s = flops = bytes_ = 0.0
-        for _, n, k in self.linears:
-            time_s += dev.gemm_time(tokens, n, k, self.w_bytes, 2.0, self.compute_dtype)
-            flops += 2.0 * tokens * n * k
-            bytes_ += n * k * self.w_bytes + tokens * (n + k) * 2.0
-        out = (time_s * L, flops * L, bytes_ * L)
-        if len(self._linear_cache) < 1 << 16:
-            self._linear_cache[tokens] = out
-        return out
-
-    def _attention(self, tokens: int, attn_work: float, kv_read_tokens: int, batch: int,
-                   prefill: bool) -> tuple[float, float, float]:
-        m = self.model
-        flops = 4.0 * self.q_heads * m.head_dim * attn_work
-        bytes_ = kv_read_tokens * 2 * self.kv_heads_shard * m.head_dim * self.kv_bytes \
-            + tokens * (self.q_heads + 2 * self.kv_heads_shard) * m.head_dim * 2.0
-        shape = (tokens, attn_work, kv_read_tokens, batch, self.q_heads, self.kv_heads_shard, m.head_dim)
-        t = self.device.attention_time(flops, bytes_, prefill, self.compute_dtype, shape)
-        return t * m.layers, flops * m.layers, bytes_ * m.layers
-
-    def breakdown(self, tokens: int, attn_work: float, kv_read_tokens: int, sampled: int,
-                  batch: int) -> dict[str, dict[str, float]]:
-        """Per-op ``{op: {time_s, flops, bytes}}`` of one step (what ``pdsim estimate`` prints)."""
-        dev, L, h = self.device, self.model.layers, self.model.hidden
-        ops: dict[str, dict[str, float]] = {}
-        for name, n, k in self.linears:
-            ops[name] = {"time_s": dev.gemm_time(tokens, n, k, self.w_bytes, 2.0, self.compute_dtype) * L,
-                         "flops": 2.0 * tokens * n * k * L,
-                         "bytes": (n * k * self.w_bytes + tokens * (n + k) * 2.0) * L}
-        # prefill vs decode attention only changes the kernel's efficiency: the mix is judged by work
-        prefill = attn_work > kv_read_tokens  # a decode reads c and works c; a prefill works ~s^2/2
-        t, f, b = self._attention(tokens, attn_work, kv_read_tokens, batch, prefill)
-        ops["attention"] = {"time_s": t, "flops": f, "bytes": b}
+    # --- the one description of a step -------------------------------------
+    def _static_ops(self, tokens: int, sampled: int) -> list[Op]:
+        """Every operator but attention: they depend on the token and sampled counts only."""
+        m, L, h, T = self.model, self.model.layers, self.model.hidden, tokens
+        ops = [Op(name, "gemm", L, 2.0 * T * n * k, n * k * self.w_bytes + T * (n + k) * 2.0,
+                  (T, n, k, self.w_bytes, self.compute_dtype, self.weight_only, self.gemm_table_dtype))
+               for name, n, k in self.linears]
+        ops += [Op(name, "elementwise", L, 0.0, T * per_token, (kernels,))
+                for name, kernels, per_token in self._elementwise]
+        # embedding gather (read, write h) and the final fused add + RMSNorm (read 2h, write h), once a step
+        ops.append(Op("embed", "elementwise", 1, 0.0, T * 5 * h * 2.0, (2,)))
         if sampled:
-            _, n, k = self.lm_head
-            ops["lm_head"] = {"time_s": dev.gemm_time(sampled, n, k, 2.0, 2.0, self.compute_dtype),
-                              "flops": 2.0 * sampled * n * k, "bytes": n * k * 2.0 + sampled * (n + k) * 2.0}
+            _, n, k = self.lm_head     # the LM head stays bf16 under weight quantisation
+            ops.append(Op("lm_head", "gemm", 1, 2.0 * sampled * n * k, n * k * 2.0 + sampled * (n + k) * 2.0,
+                          (sampled, n, k, 2.0, "bf16", None, "bf16")))
         if self.tp > 1:
-            msg = tokens * h * 2.0
-            ops["allreduce"] = {"time_s": 2 * L * dev.allreduce_time(msg, self.tp), "flops": 0.0,
-                                "bytes": 0.0}
-        ops["step_overhead"] = {"time_s": dev.step_overhead_s, "flops": 0.0, "bytes": 0.0}
+            # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding
+            ops.append(Op("allreduce", "allreduce", 2 * L + 1, 0.0, 0.0, (T * h * 2.0, self.tp)))
+        ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
         return ops
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
-        t_lin, f_lin, b_lin = self._linear(tokens)
-        t_att, f_att, b_att = self._attention(tokens, attn_work, kv_read_tokens, batch,
-                                              attn_work > kv_read_tokens)
-        time_s = t_lin + t_att + self.device.step_overhead_s
-        flops, bytes_ = f_lin + f_att, b_lin + b_att
-        if sampled:
-            _, n, k = self.lm_head
-            time_s += self.device.gemm_time(sampled, n, k, 2.0, 2.0, self.compute_dtype)
-            flops += 2.0 * sampled * n * k
-            bytes_ += n * k * 2.0
-        if self.tp > 1:
-            time_s += 2 * self.model.layers * self.device.allreduce_time(tokens * self.model.hidden * 2.0, self.tp)
-        return StepCost(time_s, flops, bytes_)
+    def _attention_op(self, tokens, attn_work, kv_read_tokens, batch, prefill: bool) -> Op:
+        """Attention of one layer; ``attn_work`` and ``kv_read_tokens`` may be arrays over steps."""
+        m, qh, kvh = self.model, self.q_heads, self.kv_heads_shard
+        d = m.head_dim
+        flops = 4.0 * qh * d * attn_work
+        bytes_ = kv_read_tokens * 2 * kvh * d * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0
+        return Op("attention", "attention", m.layers, flops, bytes_,
+                  (tokens, attn_work, kv_read_tokens, batch, prefill))
 
-    def _decode_consts(self, batch: int):
-        """Per batch size: the step's constant (time, flops, bytes) and attention coefficients."""
-        hit = self._decode_cache.get(batch)
+    def ops(self, tokens: int, attn_work, kv_read_tokens, sampled: int, batch: int) -> list[Op]:
+        """The operators of one step (what :meth:`op_time` evaluates)."""
+        # prefill vs decode attention only changes the kernel: the mix is judged by work
+        prefill = _is_prefill(attn_work, kv_read_tokens)
+        return [self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill),
+                *self._static_ops(tokens, sampled)]
+
+    def op_time(self, op: Op):
+        """(seconds of ONE kernel of ``op``, source codes of :mod:`pdsim.kernels`): the one evaluator."""
+        dev = self.device
+        if op.kind == "gemm":
+            m, n, k, w, dtype, wo, tdt = op.args
+            return kernels.gemm_time(dev, m, n, k, w, 2.0, dtype, wo, tdt)
+        if op.kind == "attention":
+            tokens, attn_work, kv_read, batch, prefill = op.args
+            return kernels.attention_time(dev, tokens, attn_work, kv_read, batch,
+                                          (self.q_heads, self.kv_heads_shard, self.model.head_dim), prefill,
+                                          self.kv_bytes, "bf16", self.kv_table_dtype, (op.flops, op.bytes))
+        if op.kind == "elementwise":
+            return kernels.elementwise_roofline(dev, op.bytes, op.args[0]), kernels.ROOFLINE
+        if op.kind == "allreduce":
+            return kernels.allreduce_time(dev, *op.args)
+        if op.kind == "overhead":
+            return dev.step_overhead_s, kernels.ROOFLINE
+        raise AssertionError(op.kind)
+
+    # --- derived: scalar step, per-op breakdown, k decode steps --------------
+    def _static(self, tokens: int, sampled: int) -> tuple[float, float, float]:
+        """Summed (time_s, flops, bytes) of the non-attention operators; cached by (tokens, sampled)."""
+        key = (tokens, sampled)
+        hit = self._static_cache.get(key)
         if hit is not None:
             return hit
-        dev, m, L = self.device, self.model, self.model.layers
-        t_lin, f_lin, b_lin = self._linear(batch)
-        _, n, kk = self.lm_head
-        t_c = t_lin + dev.step_overhead_s + dev.gemm_time(batch, n, kk, 2.0, 2.0, self.compute_dtype)
-        if self.tp > 1:
-            t_c += 2 * L * dev.allreduce_time(batch * m.hidden * 2.0, self.tp)
-        e = dev.spec.efficiency
-        f_per_work = 4.0 * self.q_heads * m.head_dim            # attention FLOPs per unit of attn_work
-        b_per_kv = 2 * self.kv_heads_shard * m.head_dim * self.kv_bytes
-        b_fixed = batch * (self.q_heads + 2 * self.kv_heads_shard) * m.head_dim * 2.0
-        hit = (t_c, f_lin + 2.0 * batch * n * kk, b_lin + n * kk * 2.0, f_per_work, b_per_kv, b_fixed,
-               1.0 / (dev.peak_flops(self.compute_dtype) * e.attention_prefill * 0.5),
-               1.0 / (dev.mem_bw_Bps * e.attention_decode_memory), e.kernel_overhead_us * 1e-6)
-        if len(self._decode_cache) < 4096:
-            self._decode_cache[batch] = hit
-        return hit
+        time_s = flops = bytes_ = 0.0
+        for op in self._static_ops(tokens, sampled):
+            time_s += float(self.op_time(op)[0]) * op.count
+            flops += op.flops * op.count
+            bytes_ += op.bytes * op.count
+        out = (time_s, flops, bytes_)
+        if len(self._static_cache) < 1 << 16:
+            self._static_cache[key] = out
+        return out
+
+    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+        """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays)."""
+        t_s, f_s, b_s = self._static(tokens, sampled)
+        prefill = _is_prefill(attn_work, kv_read_tokens)
+        att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
+        t_a = self.op_time(att)[0]
+        L = att.count
+        return t_s + t_a * L, f_s + att.flops * L, b_s + att.bytes * L
+
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+        t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch)
+        return StepCost(float(t), float(f), float(b))
+
+    def breakdown(self, tokens: int, attn_work: float, kv_read_tokens: int, sampled: int,
+                  batch: int) -> dict[str, dict]:
+        """Per-op ``{op: {time_s, flops, bytes, source}}`` of one step (what ``pdsim estimate`` prints).
+        ``source``: measured, interpolated, extrapolated or roofline (:mod:`pdsim.kernels`)."""
+        out = {}
+        for op in self.ops(tokens, float(attn_work), float(kv_read_tokens), sampled, batch):
+            t, code = self.op_time(op)
+            out[op.name] = {"time_s": float(t) * op.count, "flops": float(op.flops) * op.count,
+                            "bytes": float(op.bytes) * op.count, "source": kernels.source_name(code)}
+        return out
 
     def decode_steps(self, batch, attn0, kv0, k):
-        """:meth:`step` for decode steps on arrays: attention is affine in the step index, so a
-        few numpy operations give all k steps (equal to ``step`` to ~1e-15 relative)."""
-        if self.device.tables is not None:      # measured tables interpolate per call
-            return CostModel.decode_steps(self, batch, attn0, kv0, k)
-        t_c, f_c, b_c, f_w, b_kv, b_fixed, inv_c, inv_m, ovh = self._decode_consts(batch)
-        L = self.model.layers
+        """:meth:`step` for k decode steps of the same batch, on arrays: the same operators and the
+        same evaluator with attention's work and KV reads as arrays over the step index (measured
+        tables included: their lookups are vectorised)."""
         i = np.arange(k, dtype=np.float64)
-        fa0, fa1 = f_w * attn0, f_w * batch          # attention FLOPs of step i: fa0 + fa1 * i
-        ba0, ba1 = b_kv * kv0 + b_fixed, b_kv * batch
-        t_att = np.maximum(fa0 * inv_c + (fa1 * inv_c) * i, ba0 * inv_m + (ba1 * inv_m) * i)
-        time_s = t_att * L + (t_c + ovh * L)
-        flops = (f_c + fa0 * L) + (fa1 * L) * i
-        bytes_ = (b_c + ba0 * L) + (ba1 * L) * i
-        return time_s, flops, bytes_
+        attn = float(attn0) + batch * i
+        kv = float(kv0) + batch * i
+        t, f, b = self._sum(batch, attn, kv, batch, batch)
+        return np.asarray(t, float), np.asarray(f, float), np.asarray(b, float)
 
     # --- memory -------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
         return self.model.weight_bytes(self.weight_dtype) / self.tp
+
+
+def _is_prefill(attn_work, kv_read_tokens) -> bool:
+    """Prefill attention when the work exceeds the KV read (a decode works c and reads c + 1).
+    Over k decode steps both grow by the batch each step, so the first step decides for all."""
+    if isinstance(attn_work, np.ndarray):
+        return bool(attn_work.flat[0] > np.asarray(kv_read_tokens).flat[0])
+    return attn_work > kv_read_tokens
+

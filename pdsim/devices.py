@@ -14,10 +14,12 @@ Roofline with efficiency, per kernel::
 """
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -47,6 +49,12 @@ class EfficiencySpec(_Strict):
     kernel_overhead_us: float = Field(4, ge=0, allow_inf_nan=False)
     step_overhead_us: float = Field(800, ge=0, allow_inf_nan=False)
     allreduce: float = Field(0.75, gt=0, le=1)
+    # floors and launch costs of pdsim.kernels (the cost model's formulas); 0 = none, as older profiles
+    attention_decode_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
+    attention_prefill_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
+    elementwise_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
+    allreduce_base_us: float = Field(3, ge=0, allow_inf_nan=False)   # custom one-shot all-reduce launch
+    allreduce_per_peer_us: float = Field(0, ge=0, allow_inf_nan=False)  # and its growth per extra GPU
 
 
 # --- the measured section written by ``pdsim calibrate`` --------------------
@@ -81,12 +89,13 @@ class GemmTableSpec(_Strict):
 
 
 class AttentionPrefillTableSpec(_Strict):
-    """Causal attention of one prompt of ``seq_len`` tokens (batch 1), one layer."""
+    """Causal attention of ``batch`` prompts (default 1) of ``seq_len`` tokens each, one layer."""
     q_heads: int = Field(gt=0)
     kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
     tp: int = Field(1, ge=1)
     dtype: str = "bf16"
+    batch: int = Field(1, ge=1)
     seq_len: list[int] = Field(min_length=1)
     time_s: list[float] = Field(min_length=1)
     samples_s: list[list[float]] | None = None
@@ -102,7 +111,10 @@ class AttentionPrefillTableSpec(_Strict):
 
 
 class AttentionDecodeTableSpec(_Strict):
-    """One query token per sequence over ``batch`` x ``context`` KV tokens, one layer; time_s[b][c]."""
+    """One query token per sequence over ``batch`` x ``context`` KV tokens, one layer; time_s[b][c].
+
+    An imported grid may be ragged: ``null`` where the source measured nothing (the lookup then
+    scales the largest measured batch at that context)."""
     q_heads: int = Field(gt=0)
     kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
@@ -110,7 +122,7 @@ class AttentionDecodeTableSpec(_Strict):
     dtype: str = "bf16"
     batch: list[int] = Field(min_length=1)
     context: list[int] = Field(min_length=1)
-    time_s: list[list[float]] = Field(min_length=1)
+    time_s: list[list[float | None]] = Field(min_length=1)
     samples_s: list[list[list[float]]] | None = None
 
     @model_validator(mode="after")
@@ -119,8 +131,10 @@ class AttentionDecodeTableSpec(_Strict):
         _check_increasing("context", self.context)
         if len(self.time_s) != len(self.batch) or any(len(r) != len(self.context) for r in self.time_s):
             raise ValueError(f"time_s must be a {len(self.batch)} x {len(self.context)} grid (batch x context)")
-        if any(not (t > 0 and t < float("inf")) for r in self.time_s for t in r):
-            raise ValueError("time_s must be positive and finite")
+        if any(not (t > 0 and t < float("inf")) for r in self.time_s for t in r if t is not None):
+            raise ValueError("time_s must be positive and finite (or null where not measured)")
+        if all(t is None for r in self.time_s for t in r):
+            raise ValueError("time_s has no measured cell")
         return self
 
 
@@ -128,6 +142,7 @@ class TransferTableSpec(_Strict):
     """Bytes moved by one copy (device, host->device, device->host) or all-reduce, and its time."""
     kind: Literal["device_copy", "h2d", "d2h", "allreduce"]
     tp: int = Field(1, ge=1)
+    impl: str | None = None        # all-reduce implementation, e.g. "nccl" or "custom" (imported tables)
     bytes: list[float] = Field(min_length=1)
     time_s: list[float] = Field(min_length=1)
     samples_s: list[list[float]] | None = None
@@ -155,6 +170,9 @@ class MeasuredSpec(_Strict):
     device: Literal["cpu", "cuda"] = "cuda"
     model: str | None = None
     tp: list[int] = [1]
+    # True when the GEMM tables of a dtype are a sweep over a grid of (n, k) (imported databases):
+    # shapes between grid points are then interpolated in (log n, log k) instead of the roofline.
+    gemm_nk_grid: bool = False
     gemm: list[GemmTableSpec] = []
     attention_prefill: list[AttentionPrefillTableSpec] = []
     attention_decode: list[AttentionDecodeTableSpec] = []
@@ -235,42 +253,71 @@ class DeviceProfile:
         return MeasuredTables.from_profile(self.spec)
 
     # --- kernel timings -----------------------------------------------------
-    def gemm_time(self, m: int, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
-                  dtype: str = "bf16") -> float:
+    # Each ``*_lookup`` returns Timing(time_s, source) with source "exact" | "interpolated" |
+    # "extrapolated" (measured tables, see pdsim.profile_tables) or "roofline"; the plain
+    # ``*_time`` methods return the time alone.
+    def gemm_lookup(self, m: int, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
+                    dtype: str = "bf16") -> "Timing":
         """One (m x k) @ (k x n) GEMM: measured table if it covers the shape, else the roofline."""
         if self.tables is not None:
-            t = self.tables.gemm_time(m, n, k, dtype)
-            if t is not None:
-                return t
+            r = self.tables.gemm_lookup(m, n, k, dtype)
+            if r is not None:
+                return Timing(r.time_s, r.how)
         e = self.spec.efficiency
         flops = 2.0 * m * n * k
         bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
         eff_c = e.gemm_max * m / (m + e.gemm_m_half)
-        return max(flops / (self.peak_flops(dtype) * eff_c), bytes_ / (self.mem_bw_Bps * e.memory)) \
-            + e.kernel_overhead_us * 1e-6
+        return Timing(max(flops / (self.peak_flops(dtype) * eff_c), bytes_ / (self.mem_bw_Bps * e.memory))
+                      + e.kernel_overhead_us * 1e-6, "roofline")
 
-    def attention_time(self, flops: float, bytes_: float, prefill: bool, dtype: str = "bf16",
-                       shape: tuple | None = None) -> float:
+    def gemm_time(self, m: int, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
+                  dtype: str = "bf16") -> float:
+        return self.gemm_lookup(m, n, k, weight_bytes, act_bytes, dtype).time_s
+
+    def attention_lookup(self, flops: float, bytes_: float, prefill: bool, dtype: str = "bf16",
+                         shape: tuple | None = None) -> "Timing":
         """Attention kernel: compute-bound in prefill, KV-read-bound in decode."""
         if self.tables is not None and shape is not None:
-            t = self.tables.attention_time(prefill, shape, dtype)
-            if t is not None:
-                return t
+            r = self.tables.attention_lookup(prefill, shape, dtype)
+            if r is not None:
+                return Timing(r.time_s, r.how)
         if flops <= 0 and bytes_ <= 0:
-            return 0.0
+            return Timing(0.0, "roofline")
         e = self.spec.efficiency
         c_eff = e.attention_prefill if prefill else e.attention_prefill * 0.5
         m_eff = e.memory if prefill else e.attention_decode_memory
-        return max(flops / (self.peak_flops(dtype) * c_eff), bytes_ / (self.mem_bw_Bps * m_eff)) \
-            + e.kernel_overhead_us * 1e-6
+        return Timing(max(flops / (self.peak_flops(dtype) * c_eff), bytes_ / (self.mem_bw_Bps * m_eff))
+                      + e.kernel_overhead_us * 1e-6, "roofline")
 
-    def allreduce_time(self, bytes_: float, tp: int) -> float:
-        """Ring all-reduce: 2 (t-1)/t of the message crosses each link, plus a latency per hop."""
+    def attention_time(self, flops: float, bytes_: float, prefill: bool, dtype: str = "bf16",
+                       shape: tuple | None = None) -> float:
+        return self.attention_lookup(flops, bytes_, prefill, dtype, shape).time_s
+
+    def allreduce_lookup(self, bytes_: float, tp: int, impl: str | None = None) -> "Timing":
+        """All-reduce of ``bytes_`` over ``tp`` GPUs: the measured table of ``impl`` ("nccl",
+        "custom", ...; None = the fastest measured at this size) when the profile has one for
+        this tp, else a ring all-reduce on the datasheet interconnect: 2 (t-1)/t of the message
+        crosses each link, plus a latency per hop."""
         if tp <= 1:
-            return 0.0
+            return Timing(0.0, "exact")
+        if self.tables is not None:
+            hit = self.tables.allreduce_lookup(bytes_, tp, impl)
+            if hit is not None:
+                return Timing(hit[0].time_s, hit[0].how, hit[1])
         e = self.spec.efficiency
-        return 2 * (tp - 1) / tp * bytes_ / (self.interconnect_Bps * e.allreduce) \
-            + 2 * (tp - 1) * self.interconnect_latency_s
+        return Timing(2 * (tp - 1) / tp * bytes_ / (self.interconnect_Bps * e.allreduce)
+                      + 2 * (tp - 1) * self.interconnect_latency_s, "roofline")
+
+    def allreduce_time(self, bytes_: float, tp: int, impl: str | None = None) -> float:
+        return self.allreduce_lookup(bytes_, tp, impl).time_s
+
+
+class Timing(NamedTuple):
+    """A kernel time and where it came from: "exact", "interpolated", "extrapolated" (measured
+    tables) or "roofline"; ``impl`` names the all-reduce implementation whose table was used."""
+    time_s: float
+    source: str
+    impl: str | None = None
 
 
 def preset_names() -> list[str]:
@@ -284,12 +331,66 @@ def _shown(value: object, limit: int = 120) -> object:
     return value
 
 
+# An imported profile holds ~10^5 numbers, which PyYAML needs many seconds to build (json: a
+# fraction of one).  In the ``measured:`` section, table rows written one per line as JSON
+# (``- {"n": 32, ...}``) and one-line flow lists of numbers are valid JSON: they are parsed with
+# json and put back into the YAML tree by placeholder.  Anything json rejects is left to YAML.
+_JSON_ROW = re.compile(r"^(\s*- )(\{.*\})[ \t]*$", flags=re.M)
+_NUM_LIST = re.compile(r"(?<=[:\-,\[] )\[[-+0-9.eEnul, ]*\]|(?<=\[)\[[-+0-9.eEnul, ]*\]")
+_PLACEHOLDER = "__pdsim_json_{}"
+
+
+def _load_yaml_fast(text: str):
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    m = re.search(r"^measured:", text, flags=re.M)
+    if m is None or len(text) < 100_000:
+        return yaml.load(text, Loader=loader)
+    parsed: list = []
+
+    def stash(match, group=0, keep=""):
+        try:
+            parsed.append(json.loads(match.group(group)))
+        except ValueError:
+            return match.group(0)                  # not JSON (e.g. .inf): YAML reads it
+        return (match.group(1) if keep else "") + _PLACEHOLDER.format(len(parsed) - 1)
+
+    tail = _JSON_ROW.sub(lambda mm: stash(mm, 2, "keep"), text[m.start():])
+    tail = _NUM_LIST.sub(stash, tail)
+    raw = yaml.load(text[:m.start()] + tail, Loader=loader)
+    by_name = {_PLACEHOLDER.format(i): v for i, v in enumerate(parsed)}
+
+    def put_back(x):
+        if isinstance(x, str) and x in by_name:
+            return by_name[x]
+        if isinstance(x, list):
+            return [put_back(v) for v in x]
+        if isinstance(x, dict):
+            return {k: put_back(v) for k, v in x.items()}
+        return x
+    return put_back(raw)
+
+
+# Files re-read only when they change: an imported profile takes about a second to load and a
+# scenario may name it in several topologies.  A DeviceProfile is immutable, so sharing it is safe.
+_FILE_CACHE: dict[tuple[str, int, int], DeviceProfile] = {}
+
+
 def load_profile_file(path: str | Path) -> DeviceProfile:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("device profile file not found", file=str(path))
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _FILE_CACHE:
+        if len(_FILE_CACHE) > 32:
+            _FILE_CACHE.clear()
+        _FILE_CACHE[key] = _load_profile_file(path)
+    return _FILE_CACHE[key]
+
+
+def _load_profile_file(path: Path) -> DeviceProfile:
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = _load_yaml_fast(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"not valid YAML: {exc}".splitlines()[0], file=str(path)) from None
     if not isinstance(raw, dict):
@@ -308,6 +409,7 @@ def load_profile_file(path: str | Path) -> DeviceProfile:
 
 # Presets are immutable package data, so caching them by name is safe; files are re-read.
 _PRESET_CACHE: dict[str, DeviceProfile] = {}
+_FILE_CACHE: dict[tuple, DeviceProfile] = {}     # (resolved path, mtime_ns, size) -> profile
 
 
 def get_device(name_or_path: str, key: str = "device", base_dir: Path | None = None) -> DeviceProfile:
@@ -324,7 +426,12 @@ def get_device(name_or_path: str, key: str = "device", base_dir: Path | None = N
             p = base_dir / p
         if not p.is_file():
             raise ConfigError("device profile file not found", key=key, value=name_or_path)
-        prof = load_profile_file(p)
+        # a measured profile is megabytes of tables: read it once per process while the file is unchanged
+        st = p.stat()
+        fkey = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+        prof = _FILE_CACHE.get(fkey)
+        if prof is None:
+            prof = _FILE_CACHE[fkey] = load_profile_file(p)
     else:
         raise ConfigError(f"unknown device; valid presets: {', '.join(preset_names())} "
                           "(or a path to a profile .yaml)", key=key, value=name_or_path)

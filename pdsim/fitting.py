@@ -190,3 +190,29 @@ def summarize(errors) -> dict:
         return {"n": 0, "median_ape": None, "p90_ape": None}
     return {"n": int(e.size), "median_ape": round(float(np.median(e)), 2),
             "p90_ape": round(float(np.percentile(e, 90)), 2)}
+
+
+# --- fits of the cost model's efficiency constants to measured kernel tables ---------------------------
+def fit_log(pred, t, x0: Sequence[float], caps: Sequence[float] | None = None) -> tuple[np.ndarray, float]:
+    """Positive parameters p minimising the mean squared log error of ``pred(p)`` against ``t``;
+    searched in log space from ``x0`` (each at most its cap).  Returns (p, RMS log error)."""
+    t = np.asarray(t, float)
+    caps_a = np.full(len(x0), np.inf) if caps is None else np.asarray(caps, float)
+
+    def unpack(x):
+        return np.minimum(np.exp(np.minimum(x, 700.0)), caps_a)
+
+    x, fx = minimise(lambda x: _log_loss(np.asarray(pred(unpack(x)), float), t), np.log(np.asarray(x0, float)))
+    return unpack(x), math.sqrt(fx)
+
+
+def attention_kernel_model(flops, bytes_, C, B, overhead_s, floor_s):
+    """:func:`pdsim.kernels.attention_roofline` with explicit rates: max(f/C, b/B) + max(overhead, floor)."""
+    return np.maximum(np.asarray(flops, float) / C, np.asarray(bytes_, float) / B) + max(overhead_s, floor_s)
+
+
+def allreduce_model(bytes_, tp, bw_Bps, base_s, per_peer_s=0.0):
+    """:func:`pdsim.kernels.allreduce_datasheet` on arrays: the faster of one-shot and two-shot."""
+    s, t = np.asarray(bytes_, float), np.asarray(tp, float)
+    b = base_s + (t - 1) * per_peer_s
+    return np.minimum(b + (t - 1) * s / bw_Bps, 2 * b + 2 * (t - 1) / t * s / bw_Bps)

@@ -13,7 +13,23 @@ returns ``None`` (a shape outside the measured range or never measured).
   is ``2 * attn_work / tokens`` and the time is scaled by ``tokens / seq_len``
   prompts.
 - Decode attention: bilinear in (log batch, log context) of log t, with
-  ``context = kv_read_tokens / batch``.
+  ``context = kv_read_tokens / batch``.  An imported grid may be ragged (cells
+  left ``null`` where the source did not measure, e.g. batch x context beyond
+  the GPU's memory): there the time is the largest measured batch at that
+  context scaled by batch (decode attention reads KV linearly in batch).
+- Prefill attention tables may carry a ``batch`` (prompts per kernel call,
+  default 1): a batch of ``n`` prompts is bilinear in (log batch, log seq_len)
+  between the measured batches, and scaled by ``n / batch`` outside them.
+- GEMM tables of one dtype that form an (n, k) grid (imported databases,
+  ``measured.gemm_nk_grid: true``) are interpolated bilinearly in (log n, log k) of log t between grid shapes.
+- All-reduce (``transfers`` of kind ``allreduce``, per ``tp`` and ``impl``):
+  log-log in bytes; below the smallest message the smallest message's time
+  (latency floor), above the largest scaled by bytes (bandwidth-bound).
+
+Every lookup has a ``*_lookup`` form that also says how the value was found:
+``"exact"`` (a table point), ``"interpolated"`` (inside the table),
+``"extrapolated"`` (outside it, by the scaling rules above) -- or ``None``
+when the tables do not serve the shape and the roofline must.
 
 Pure Python and the standard library: importing this never needs torch or numpy.
 """
@@ -22,6 +38,13 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class Lookup(NamedTuple):
+    """A time and how it was found: "exact", "interpolated" or "extrapolated"."""
+    time_s: float
+    how: str
 
 
 def _merge(points: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
@@ -79,20 +102,93 @@ class LogGrid:
     lt: tuple[tuple[float, ...], ...] = field(init=False, repr=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "lt", tuple(tuple(math.log(v) for v in row) for row in self.t))
+        object.__setattr__(self, "lt", tuple(tuple(None if v is None else math.log(v) for v in row)
+                                             for row in self.t))
 
     def __call__(self, b: float, c: float) -> float | None:
+        r = self.lookup(b, c)
+        return None if r is None else r.time_s
+
+    def _row(self, i: int, pc: tuple[int, int, float]) -> float | None:
+        """log t along batch row i at the context bracket pc; None where a cell is missing."""
+        c0, c1, wc = pc
+        a, z = self.lt[i][c0], self.lt[i][c1]
+        if a is None or z is None:
+            return None
+        return a * (1 - wc) + z * wc
+
+    def lookup(self, b: float, c: float) -> Lookup | None:
+        """Bilinear inside the grid; in a ragged grid's missing cells, the largest measured batch
+        below ``b`` at this context scaled by ``b / batch`` ("extrapolated"); None outside."""
         pb, pc = _bracket(self.batch, b), _bracket(self.context, c)
         if pb is None or pc is None:
             return None
         b0, b1, wb = pb
-        c0, c1, wc = pc
-        if wb == 0.0 and wc == 0.0:
-            return self.t[b0][c0]                # exact at grid points
-        g = self.lt
-        top = g[b0][c0] * (1 - wc) + g[b0][c1] * wc
-        bot = g[b1][c0] * (1 - wc) + g[b1][c1] * wc
-        return math.exp(top * (1 - wb) + bot * wb)
+        if wb == 0.0 and pc[2] == 0.0 and self.t[b0][pc[0]] is not None:
+            return Lookup(self.t[b0][pc[0]], "exact")            # exact at grid points
+        top, bot = self._row(b0, pc), self._row(b1, pc)
+        if top is not None and bot is not None:
+            return Lookup(math.exp(top * (1 - wb) + bot * wb), "interpolated")
+        for i in range(b0, -1, -1):          # ragged: scale the largest measured batch below
+            row = self._row(i, pc)
+            if row is not None:
+                return Lookup(math.exp(row) * b / self.batch[i], "extrapolated")
+        return None
+
+
+@dataclass(frozen=True)
+class GemmGrid:
+    """GEMM curves of one dtype over a grid of (n, k), each a LogCurve in m."""
+    n: tuple[int, ...]
+    k: tuple[int, ...]
+    curves: dict[tuple[int, int], LogCurve]
+
+    def lookup(self, m: float, n: float, k: float) -> Lookup | None:
+        pn, pk = _bracket(self.n, n), _bracket(self.k, k)
+        if pn is None or pk is None:
+            return None
+        n0, n1, wn = pn
+        k0, k1, wk = pk
+        corners = {}
+        for i in {n0, n1}:
+            for j in {k0, k1}:
+                curve = self.curves.get((self.n[i], self.k[j]))
+                t = None if curve is None else curve(m)
+                if t is None:
+                    return None
+                corners[i, j] = math.log(t)
+        if wn == 0.0 and wk == 0.0:
+            curve = self.curves[(self.n[n0], self.k[k0])]
+            i = bisect.bisect_left(curve.x, m)
+            return Lookup(math.exp(corners[n0, k0]), "exact" if curve.x[i] == m else "interpolated")
+        lt = (corners[n0, k0] * (1 - wk) + corners[n0, k1] * wk) * (1 - wn) \
+            + (corners[n1, k0] * (1 - wk) + corners[n1, k1] * wk) * wn
+        return Lookup(math.exp(lt), "interpolated")
+
+
+def _curve_lookup(curve: LogCurve, x: float) -> Lookup | None:
+    t = curve(x)
+    if t is None:
+        return None
+    i = bisect.bisect_left(curve.x, x)
+    return Lookup(t, "exact" if curve.x[i] == x else "interpolated")
+
+
+@dataclass(frozen=True)
+class AllreduceCurve:
+    """All-reduce time by message bytes for one (tp, impl): log-log inside, a latency floor below
+    the smallest message, linear in bytes above the largest (bandwidth-bound)."""
+    curve: LogCurve
+
+    def lookup(self, bytes_: float) -> Lookup | None:
+        xs = self.curve.x
+        if bytes_ <= 0:
+            return None
+        if bytes_ < xs[0]:
+            return Lookup(self.curve.y[0], "extrapolated")
+        if bytes_ > xs[-1]:
+            return Lookup(self.curve.y[-1] * bytes_ / xs[-1], "extrapolated")
+        return _curve_lookup(self.curve, bytes_)
 
 
 @dataclass
@@ -100,6 +196,10 @@ class MeasuredTables:
     gemm: dict[tuple[int, int, str], LogCurve]
     prefill: dict[tuple[int, int, int, str], LogCurve]
     decode: dict[tuple[int, int, int, str], LogGrid]
+    # prefill tables by batch: key -> {batch: curve in seq_len}; batch-1 curves are also in ``prefill``
+    prefill_batches: dict[tuple[int, int, int, str], dict[int, LogCurve]] = field(default_factory=dict)
+    gemm_grids: dict[str, GemmGrid] = field(default_factory=dict)
+    allreduce: dict[tuple[int, str], AllreduceCurve] = field(default_factory=dict)   # (tp, impl)
 
     @classmethod
     def from_profile(cls, spec) -> "MeasuredTables":
@@ -111,35 +211,100 @@ class MeasuredTables:
         for t in meas.gemm:
             gpts.setdefault((t.n, t.k, t.dtype), []).extend(zip(t.m, t.time_s))
         gemm = {key: LogCurve(*map(tuple, _merge(p))) for key, p in gpts.items()}
-        ppts: dict[tuple, list] = {}
+        grids = {}
+        for dtype in ({d for (_, _, d) in gemm} if getattr(meas, "gemm_nk_grid", False) else ()):
+            ns = tuple(sorted({n for (n, _, d) in gemm if d == dtype}))
+            ks = tuple(sorted({k for (_, k, d) in gemm if d == dtype}))
+            grids[dtype] = GemmGrid(ns, ks, {(n, k): c for (n, k, d), c in gemm.items() if d == dtype})
+        ppts: dict[tuple, dict[int, list]] = {}
         for t in meas.attention_prefill:
-            ppts.setdefault((t.q_heads, t.kv_heads, t.head_dim, t.dtype), []).extend(zip(t.seq_len, t.time_s))
-        prefill = {key: LogCurve(*map(tuple, _merge(p))) for key, p in ppts.items()}
+            b = getattr(t, "batch", 1)
+            ppts.setdefault((t.q_heads, t.kv_heads, t.head_dim, t.dtype), {}).setdefault(b, []).extend(
+                zip(t.seq_len, t.time_s))
+        batches = {key: {b: LogCurve(*map(tuple, _merge(p))) for b, p in sorted(by_b.items())}
+                   for key, by_b in ppts.items()}
+        prefill = {key: by_b[1] for key, by_b in batches.items() if 1 in by_b}
         decode = {}
         for t in meas.attention_decode:   # a later table of the same key replaces an earlier one
             decode[(t.q_heads, t.kv_heads, t.head_dim, t.dtype)] = LogGrid(
                 tuple(map(float, t.batch)), tuple(map(float, t.context)),
-                tuple(tuple(float(v) for v in row) for row in t.time_s))
-        return cls(gemm, prefill, decode)
+                tuple(tuple(None if v is None else float(v) for v in row) for row in t.time_s))
+        apts: dict[tuple, list] = {}
+        for t in meas.transfers:
+            if t.kind == "allreduce":
+                apts.setdefault((t.tp, getattr(t, "impl", None) or "default"), []).extend(zip(t.bytes, t.time_s))
+        allreduce = {key: AllreduceCurve(LogCurve(*map(tuple, _merge(p)))) for key, p in apts.items()}
+        return cls(gemm, prefill, decode, batches, grids, allreduce)
 
     # --- lookups used by DeviceProfile --------------------------------------
     def gemm_time(self, m: float, n: int, k: int, dtype: str = "bf16") -> float | None:
+        r = self.gemm_lookup(m, n, k, dtype)
+        return None if r is None else r.time_s
+
+    def gemm_lookup(self, m: float, n: int, k: int, dtype: str = "bf16") -> Lookup | None:
+        """One (m x k) @ (k x n) GEMM from the tables: the (n, k) curve in m, or bilinear in
+        (log n, log k) between the four grid shapes around it; None outside."""
         curve = self.gemm.get((n, k, dtype))
-        return None if curve is None else curve(m)
+        if curve is not None:
+            return _curve_lookup(curve, m)
+        grid = self.gemm_grids.get(dtype)
+        return None if grid is None else grid.lookup(m, n, k)
 
     def attention_time(self, prefill: bool, shape: tuple, dtype: str = "bf16") -> float | None:
         """Seconds per layer for ``shape = (tokens, attn_work, kv_read_tokens, batch, q_heads,
         kv_heads, head_dim)``, or None where the tables do not cover it."""
+        r = self.attention_lookup(prefill, shape, dtype)
+        return None if r is None else r.time_s
+
+    def attention_lookup(self, prefill: bool, shape: tuple, dtype: str = "bf16") -> Lookup | None:
+        """:meth:`attention_time` with how the value was found."""
         tokens, attn_work, kv_read, batch, qh, kvh, d = shape
         key = (qh, kvh, d, dtype)
         if prefill:
-            curve = self.prefill.get(key)
-            if curve is None or tokens <= 0 or attn_work <= 0:
+            by_b = self.prefill_batches.get(key)
+            if not by_b or tokens <= 0 or attn_work <= 0:
                 return None
             seq = 2.0 * attn_work / tokens
-            t = curve(seq)
-            return None if t is None else t * tokens / seq
+            return _prefill_lookup(by_b, seq, tokens / seq)
         grid = self.decode.get(key)
         if grid is None or batch <= 0 or kv_read <= 0:
             return None
-        return grid(batch, kv_read / batch)
+        return grid.lookup(batch, kv_read / batch)
+
+    def allreduce_impls(self, tp: int) -> list[str]:
+        return sorted(impl for (t, impl) in self.allreduce if t == tp)
+
+    def allreduce_lookup(self, bytes_: float, tp: int, impl: str | None = None) -> tuple[Lookup, str] | None:
+        """All-reduce of ``bytes_`` over ``tp`` GPUs from the table of implementation ``impl``
+        (e.g. "nccl", "custom"); with ``impl=None`` the fastest measured implementation at this
+        size (engines pick per message size).  Returns (lookup, impl) or None (no table for tp)."""
+        impls = [impl] if impl is not None else self.allreduce_impls(tp)
+        best = None
+        for name in impls:
+            curve = self.allreduce.get((tp, name))
+            r = None if curve is None else curve.lookup(bytes_)
+            if r is not None and (best is None or r.time_s < best[0].time_s):
+                best = (r, name)
+        return best
+
+
+def _prefill_lookup(by_b: dict[int, LogCurve], seq: float, n: float) -> Lookup | None:
+    """``n`` prompts of ``seq`` tokens: bilinear in (log batch, log seq) between measured batches,
+    the nearest measured batch scaled by ``n / batch`` outside them (or where a batch lacks seq)."""
+    bs = tuple(sorted(by_b))
+    pb = _bracket(tuple(float(b) for b in bs), n)
+    if pb is not None:
+        b0, b1, wb = pb
+        r0, r1 = _curve_lookup(by_b[bs[b0]], seq), _curve_lookup(by_b[bs[b1]], seq)
+        if r0 is not None and r1 is not None:
+            if wb == 0.0:
+                return r0
+            return Lookup(math.exp(math.log(r0.time_s) * (1 - wb) + math.log(r1.time_s) * wb), "interpolated")
+    # outside the measured batches (or a ragged grid): scale the nearest batch that has this seq
+    below = [b for b in bs if b <= n]
+    order = sorted(below, reverse=True) + [b for b in bs if b > n]
+    for b in order:
+        r = by_b[b](seq)
+        if r is not None:
+            return Lookup(r * n / b, "extrapolated")
+    return None

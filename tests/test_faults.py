@@ -95,8 +95,10 @@ def test_decode_failure_in_2p2d_costs_more_than_a_replica_failure_in_colocated4(
     df = metrics.requests_frame(res)
     summ = metrics.summarize(res, df, sc)
     colo, dis = summ["colocated-4"]["faults"], summ["disagg-2p2d"]["faults"]
-    # a decode instance holds half the running decodes, a replica a quarter: twice the requests lose KV
-    assert dis["requests_affected"] > 1.5 * colo["requests_affected"] > 0
+    # a decode instance holds half the running decodes, a replica a quarter: more requests lose KV.  Not
+    # twice: a replica also holds its queued and prefilling requests (with the cost model refitted to
+    # measured kernels, prefill is slower and decode faster than before: 42 vs 31 here, was 47 vs 21)
+    assert dis["requests_affected"] > 1.2 * colo["requests_affected"] > 0
     assert dis["recomputed_tokens"] > colo["recomputed_tokens"]
     assert summ["disagg-2p2d"]["tpot_s"]["p90"] > summ["colocated-4"]["tpot_s"]["p90"]
     for f in (colo, dis):
