@@ -39,5 +39,5 @@ def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = 
         return summary
     if progress:
         print("pdsim: building report.html...", file=sys.stderr, flush=True)
-    build_report(out, progress=progress)
+    build_report(out, progress=progress, df=df, summary=summary, ts=ts)   # in memory: no re-reading the CSVs
     return summary
