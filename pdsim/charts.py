@@ -163,7 +163,7 @@ def line_chart(series: list[dict], xlabel: str, ylabel: str, *, xlog: bool = Fal
 
     series: {name, x, y, i (style index), step (bool), points (bool), line (bool, default True)}; vlines/hlines: (value, label);
     marks: {x, y, label, i}: a labelled marker (a goodput, a winner)."""
-    L, R, T, B = 78, 44, 12, 52
+    L, R, T, B = 92, 44, 12, 52
     pw, ph = width - L - R, height - T - B
     xs = [v for s in series for v in s["x"] if finite(v) is not None and (not xlog or v > 0)]
     ys = [v for s in series for v in s["y"] if finite(v) is not None]
