@@ -86,3 +86,22 @@ def test_sweep_bad_value_is_one_line_before_simulating(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "workload.rate" in err and "-2" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_sweep_page_fits_1024_px(tmp_path):
+    """Two topologies over a swept rate, rendered and probed in Chromium (no simulation needed)."""
+    from pdsim.sweep import build_sweep_report
+    from test_report import _overflows
+    rows = [{"workload.rate": r, "topology": t, "slo_attainment": max(0.0, 1 - r / (40 if t == "a" else 60)),
+             "ttft_p90_s": 0.01 * r, "tpot_p90_s": 0.001 * r, "cost_per_million_output_tokens_usd": 1.0 + r / 100,
+             "gpus": 2} for t in ("a", "colocated-4-chunked-with-a-long-name") for r in range(2, 22, 2)]
+    series = {}
+    for row in rows:
+        series.setdefault(row["topology"], []).append(row)
+    gp = {k: goodput([r["workload.rate"] for r in v], [r["slo_attainment"] for r in v], 0.9) for k, v in series.items()}
+    result = {"scenario": "x.yaml", "name": "x", "axes": [{"key": "workload.rate", "values": list(range(2, 22, 2))}],
+              "fixed": [], "x": "workload.rate", "numeric_x": True,
+              "slo": {"ttft_s": 0.1, "tpot_s": 0.01, "attainment_target": 0.9}, "rows": rows, "series": series,
+              "goodput": gp, "wall_s": 1.0, "jobs": 2}
+    path = build_sweep_report(result, tmp_path)
+    assert _overflows(path, tmp_path, 1024) == []
