@@ -165,9 +165,11 @@ def _reasons(name, t, f, a, spec: dict, topos: dict) -> list[str]:
         if t.get("kind") == "colocated":
             others = [(n, finite(_get(o, "tpot_s.p90"))) for n, o in topos.items()
                       if o.get("kind") == "disaggregated" and finite(_get(o, "tpot_s.p90")) is not None]
-            if others:
+            mine = finite(_get(t, "tpot_s.p90"))
+            if others and mine is not None:
                 n2, v2 = min(others, key=lambda kv: kv[1])
-                why.append(f"{n2}, with no prefill in its decode steps, has TPOT p90 {seconds(v2)}")
+                if v2 < mine:
+                    why.append(f"{n2}, with no prefill in its decode steps, has TPOT p90 {seconds(v2)}")
         else:
             dq = f["decode_queue_s"][fin]
             kv = f["kv_s"][fin]
@@ -175,7 +177,8 @@ def _reasons(name, t, f, a, spec: dict, topos: dict) -> list[str]:
                 why.append(f"KV transfer adds {seconds(float(np.nanmean(kv)))} and decode queueing "
                            f"{seconds(float(np.nanmean(dq)))} per request on average")
             if busy.get("decode") is not None:
-                why.append(f"decode pool {pct(busy['decode'])} busy")
+                why.append(f"decode pool {pct(busy['decode'])} busy" + (" (more decode instances would shrink its "
+                                                                        "batches)" if busy["decode"] > 0.9 else ""))
     if t.get("preemptions"):
         why.append(f"{num(t['preemptions'])} preemptions (KV cache full)")
     return why
@@ -241,8 +244,12 @@ def verdict(analysis: dict, topos: dict, slo: dict, wl: dict) -> tuple[str | Non
          f"{len(analysis)} topologies meet the SLO ({bounds}; at least {pct(target)} of requests within both)."]
     for n in passing:
         a, t = analysis[n], topos[n]
+        marginal = a["noise"] is not None and target is not None and a["attainment"] is not None and \
+            a["attainment"] - target < 2 * a["noise"]
         s.append(f"{n} passes with {_gpus(t)} ({usd(t.get('cost_per_hour_usd'))}/h): attainment "
-                 f"{pct(a['attainment'])}; binding {_bound_text(a)}.")
+                 f"{pct(a['attainment'])}" + (f" (marginal: within twice its run-to-run noise, ±{num(a['noise'] * 100)}"
+                                              f" points, of the target)" if marginal else "")
+                 + f"; binding {_bound_text(a)}.")
     for n, a in analysis.items():
         if a["passes"]:
             continue
@@ -573,9 +580,8 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
                   ("finished / rejected / abandoned / unfinished",
                    " / ".join(num(_get(t, f"requests.{k}")) for k in ("finished", "rejected", "abandoned",
                                                                       "unfinished")))]
-        if a["reasons"] and not a["passes"]:
-            items.append(("why", "; ".join(a["reasons"])))
-        cards.append({"name": n, "best": n == best, "passes": a["passes"], "items": items})
+        cards.append({"name": n, "best": n == best, "passes": a["passes"], "items": items,
+                      "why": "; ".join(a["reasons"]) if a["reasons"] and not a["passes"] else ""})
 
     model = sc.get("model")
     if isinstance(model, dict):
