@@ -534,17 +534,20 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
         _workload_section(first, wl) if first is not None else {},
         _faults_section(topos)) if s]
 
+    keys = list(SUMMARY_KEYS)
+    if any(isinstance(t.get("itl_s"), dict) for t in topos.values()):      # the engine branch's ITL stats
+        keys.insert(7, ("itl_s.p99", "ITL p99", seconds))
     rows = []
     for n in names:
         t, a = topos[n], analysis[n]
         status = "–" if a["passes"] is None else ("PASS" if a["passes"] else "FAIL")
         cells = [(f"{n}{' ★' if n == best else ''}", n),
                  (status, status, f' class="{"pass" if a["passes"] else "fail"}"')]
-        for k, _, f in SUMMARY_KEYS:
+        for k, _, f in keys:
             v = _get(t, k)
             cells.append((f(v), finite(v), f' data-key="{esc(k)}"'))
         rows.append(cells)
-    summary_table = table(["topology", "SLO"] + [h for _, h, _ in SUMMARY_KEYS], rows, "summary",
+    summary_table = table(["topology", "SLO"] + [h for _, h, _ in keys], rows, "summary",
                           [f' data-topology="{esc(n)}"' + (' class="best"' if n == best else "") for n in names])
     slo_rows = []
     for n in names:

@@ -342,3 +342,24 @@ def test_nothing_overflows_in_chromium(quick, tmp_path, width):
     """Three topologies (quickstart): no element's content is wider than its box at 1024 or 1400 px."""
     out, _, _ = quick
     assert _overflows(out / "report.html", tmp_path, width) == []
+
+
+def test_itl_from_the_run_when_recorded_else_approximated_and_said(quick, tmp_path):
+    out, html, _ = quick
+    assert "Approximated: per-token gaps are not recorded" in html         # today's runs: said so
+    dst = tmp_path / "itl"
+    shutil.copytree(out, dst)
+    s = json.loads((dst / "summary.json").read_text())
+    for t in s["topologies"].values():
+        t["itl_s"] = {"mean": 0.01, "p50": 0.009, "p90": 0.02, "p99": 0.0512}
+    (dst / "summary.json").write_text(json.dumps(s))
+    import pandas as pd
+    df = pd.read_csv(dst / "requests.csv")
+    df["itl_s"] = 0.004                                                     # a recorded per-row ITL column
+    df.to_csv(dst / "requests.csv", index=False)
+    page = build_report(dst, progress=False).read_text(encoding="utf-8")
+    p = _parse(page)
+    assert {float(p.values[(t, "itl_s.p99")]) for t in s["topologies"]} == {0.0512}
+    assert "Approximated: per-token gaps" not in page
+    itl = page[page.index("CDF of ITL"):]
+    assert "<td data-value=\"0.004\">4\u00a0ms</td>" in itl[:itl.index("</table>")]   # p50 of the recorded gaps
