@@ -179,8 +179,9 @@ def print_goodput(result: dict, out=None) -> None:
     from .charts import num
     x = result["x"]
     for label, g in result["goodput"].items():
-        est = "-" if g["estimate"] is None else num(g["estimate"])
-        print(f"{label}: goodput {est} ({x}; {g['status']}; last passing {num(g['last_pass'])}, "
+        est = {"within the swept range": f"≈ {num(g['estimate'])}", "above the swept range":
+               f"≥ {num(g['last_pass'])}"}.get(g["status"], f"< {num(g['first_fail'])}")
+        print(f"{label}: goodput {est} {x} ({g['status']}; last passing {num(g['last_pass'])}, "
               f"first failing {num(g['first_fail'])})", file=out)
 
 
