@@ -77,8 +77,9 @@ def analyze(topos: dict, frames: dict, slo: dict, scenario_topos: dict | None = 
     for name, t in topos.items():
         f = frames.get(name)
         a = {"name": name, "kind": t.get("kind"), "attainment": finite(t.get("slo_attainment")), "target": target}
-        a["passes"] = (a["attainment"] >= target) if a["attainment"] is not None and target is not None \
-            else t.get("slo_met")
+        # the run's own verdict when it has one (it follows slo.mode: attainment or percentile)
+        a["passes"] = t["slo_met"] if isinstance(t.get("slo_met"), bool) else \
+            ((a["attainment"] >= target) if a["attainment"] is not None and target is not None else None)
         semantic = t.get("slo") if isinstance(t.get("slo"), dict) else {}
         bounds = {}
         for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
@@ -240,8 +241,10 @@ def verdict(analysis: dict, topos: dict, slo: dict, wl: dict) -> tuple[str | Non
     bounds = " and ".join(f"{lab} p{num(finite(slo.get(k + '_percentile')) or 90)} ≤ {seconds(slo.get(k + '_s'))}"
                           for k, lab in (("ttft", "TTFT"), ("tpot", "TPOT")) if finite(slo.get(k + "_s")))
     passing = [n for n, a in analysis.items() if a["passes"]]
+    percentile = any(a.get("mode") == "percentile" for a in analysis.values())
     s = [f"At {num(wl.get('rate'))} requests/s ({num(wl.get('requests'))} requests), {len(passing)} of "
-         f"{len(analysis)} topologies meet the SLO ({bounds}; at least {pct(target)} of requests within both)."]
+         f"{len(analysis)} topologies meet the SLO ({bounds}"
+         + ("; percentile mode)." if percentile else f"; at least {pct(target)} of requests within both).")]
     for n in passing:
         a, t = analysis[n], topos[n]
         marginal = a["noise"] is not None and target is not None and a["attainment"] is not None and \
@@ -256,8 +259,9 @@ def verdict(analysis: dict, topos: dict, slo: dict, wl: dict) -> tuple[str | Non
         t = analysis[n]
         bb = a["bounds"].get(a["binding"] or "", {})
         misses = f" — {pct(bb.get('miss_share'))} of requests miss it" if bb.get("miss_share") is not None else ""
-        s.append(f"{n} fails ({_gpus(topos[n])}): attainment {pct(t['attainment'])} < "
-                 f"{pct(target)}; {_bound_text(a)} binds{misses}"
+        s.append(f"{n} fails ({_gpus(topos[n])}): "
+                 + ("" if percentile else f"attainment {pct(t['attainment'])} < {pct(target)}; ")
+                 + f"{_bound_text(a)} binds{misses}"
                  + (f"; why: {'; '.join(a['reasons'])}" if a["reasons"] else "") + ".")
     s.append(("Best: " if best else "No best: ") + why_best + ".")
     return best, " ".join(s)

@@ -363,3 +363,22 @@ def test_itl_from_the_run_when_recorded_else_approximated_and_said(quick, tmp_pa
     assert "Approximated: per-token gaps" not in page
     itl = page[page.index("CDF of ITL"):]
     assert "<td data-value=\"0.004\">4\u00a0ms</td>" in itl[:itl.index("</table>")]   # p50 of the recorded gaps
+
+
+def test_report_follows_the_runs_own_verdict_and_mode(quick, tmp_path):
+    """When summary.json says slo_met (e.g. percentile mode, semantics branch), the page agrees with it,
+    even where attainment alone would say PASS."""
+    out, _, _ = quick
+    dst = tmp_path / "pct"
+    shutil.copytree(out, dst)
+    s = json.loads((dst / "summary.json").read_text())
+    first = next(iter(s["topologies"]))
+    for name, t in s["topologies"].items():
+        t["slo"] = {"mode": "percentile"}
+        t["slo_met"] = name != first
+    (dst / "summary.json").write_text(json.dumps(s))
+    page = build_report(dst, progress=False).read_text(encoding="utf-8")
+    row = re.search(rf'<tr data-topology="{re.escape(first)}"[^>]*>(.*?)</tr>', page, re.S).group(1)
+    assert '<td data-value="FAIL" class="fail">FAIL</td>' in row
+    assert "percentile mode" in page and f"{first} fails" in page
+    assert _parse(page).best_rows != [first]
