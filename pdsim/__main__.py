@@ -102,8 +102,11 @@ def cmd_run(args) -> int:
         except InputError as exc:   # a key found bad once the run started: name the scenario file
             raise exc.in_file(args.scenario) from None
         wall = time.perf_counter() - t0
-        summary = write_outputs(results, sc, out, wall_s=wall, progress=not args.quiet)
-    print_summary(summary["topologies"])
+        summary = write_outputs(results, sc, out, wall_s=wall, progress=not args.quiet, report=not args.no_report)
+    if args.format == "json":
+        print(json.dumps(summary["topologies"], indent=2))
+    else:
+        print_summary(summary["topologies"])
     print(f"\nwrote {out}/ (requests.csv, summary.json, timeseries.csv"
           f"{', report.html' if (out / 'report.html').exists() else ''}) in {wall:.2f} s wall", file=sys.stderr)
     return 0
@@ -146,7 +149,7 @@ def cmd_estimate(args) -> int:
            "ops": ops,   # each op's "source": exact | interpolated (measured tables), extrapolated, roofline
            "sources": {src: [k for k, v in ops.items() if v.get("source") == src]
                        for src in ("exact", "interpolated", "extrapolated", "roofline")}}
-    if args.json:
+    if args.json or args.format == "json":
         print(json.dumps(res, indent=2))
     else:
         print(f"{what['phase']} on {dev.name} x tp{args.tp}, {model.name}: {st.time_s * 1e3:.3f} ms "
@@ -162,6 +165,23 @@ def cmd_report(args) -> int:
     validate_run_folder(Path(args.dir))     # a missing, half-written or corrupt folder: one line, exit 2
     path = build_report(Path(args.dir))
     print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_list(args) -> int:
+    from .catalog import listing, print_listing
+    print_listing(args.what, listing(args.what, args.where), args.format)
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from .sweep import print_goodput, run_sweep, write_sweep_outputs
+    out = Path(args.out or f"reports/{Path(args.scenario).stem}-sweep")
+    result = run_sweep(args.scenario, args.set, args.jobs, progress=not args.quiet)
+    path = write_sweep_outputs(result, out)
+    print_goodput(result)
+    print(f"\nwrote {out}/ (sweep.csv, sweep.json, {path.name}): {len(result['rows'])} rows in "
+          f"{result['wall_s']:.1f} s", file=sys.stderr)
     return 0
 
 
@@ -227,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     r.add_argument("--step-by-step", action="store_true",
                    help="one event per engine step (the reference loop; slower, same results)")
+    r.add_argument("--no-report", action="store_true", help="write the CSVs and summary.json, skip report.html")
+    r.add_argument("--format", choices=["table", "json"], default="table",
+                   help="stdout: a table (latencies in ms) or summary.json's per-topology dicts (seconds)")
     r.set_defaults(fn=cmd_run)
     e = sub.add_parser("estimate", help="cost-model time of one prefill or decode step")
     e.add_argument("--model", required=True, help="model preset name, e.g. llama-3.1-8b")
@@ -244,7 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .models import DTYPE_BYTES
     e.add_argument("--weight-dtype", default="bf16", choices=list(DTYPE_BYTES), help="weight data type (default bf16)")
     e.add_argument("--kv-dtype", default="bf16", choices=list(DTYPE_BYTES), help="KV-cache data type (default bf16)")
-    e.add_argument("--json", action="store_true", help="print the result as JSON (times in s, bytes, FLOPs)")
+    e.add_argument("--json", action="store_true", help="same as --format json")
+    e.add_argument("--format", choices=["table", "json"], default="table", help="stdout format (json: seconds, "
+                   "FLOPs, bytes)")
     e.set_defaults(fn=cmd_estimate)
     pl = sub.add_parser("plan", help="find the cheapest deployment that meets the SLO (goodput search)")
     pl.add_argument("plan", help="plan YAML file")
@@ -265,6 +290,23 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-cache", action="store_true", help="simulate everything; read and write no cache")
     pl.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     pl.set_defaults(fn=cmd_plan)
+    sw = sub.add_parser("sweep", help="run a scenario over a grid of values: attainment, TTFT/TPOT and cost vs "
+                        "the swept key, and each topology's goodput")
+    sw.add_argument("scenario")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUES",
+                    help="an axis: KEY=lo:hi:step (hi included) or KEY=a,b,c, e.g. workload.rate=2:20:2 "
+                    "(requests/s); any other KEY=VALUE applies to every point")
+    sw.add_argument("--out", help="output folder (default reports/<scenario name>-sweep)")
+    sw.add_argument("--jobs", type=int, help="local worker processes (default: all cores)")
+    sw.add_argument("--quiet", action="store_true")
+    sw.set_defaults(fn=cmd_sweep)
+    ls = sub.add_parser("list", help="models (params, KV bytes/token), devices (peak FLOP/s, HBM GB/s, memory, "
+                        "measured or datasheet), KV links (GB/s, us), scenarios")
+    ls.add_argument("what", choices=["models", "devices", "links", "scenarios"])
+    ls.add_argument("where", nargs="?", help="scenarios: folder (default ./scenarios); devices: a folder of "
+                    "profile .yaml files to list beside the presets (default ./calibration/profiles)")
+    ls.add_argument("--format", choices=["table", "json"], default="table")
+    ls.set_defaults(fn=cmd_list)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")
     rp.add_argument("dir", help="a pdsim run output folder (summary.json, requests.csv, timeseries.csv); "
                                 "checked before anything is drawn")

@@ -296,17 +296,16 @@ class DeviceProfile:
     def allreduce_lookup(self, bytes_: float, tp: int, impl: str | None = None) -> "Timing":
         """All-reduce of ``bytes_`` over ``tp`` GPUs: the measured table of ``impl`` ("nccl",
         "custom", ...; None = the fastest measured at this size) when the profile has one for
-        this tp, else a ring all-reduce on the datasheet interconnect: 2 (t-1)/t of the message
-        crosses each link, plus a latency per hop."""
+        this tp, else the datasheet model of :func:`pdsim.kernels.allreduce_datasheet` (the faster of a
+        one-shot and a two-shot all-reduce over the interconnect)."""
         if tp <= 1:
             return Timing(0.0, "exact")
         if self.tables is not None:
             hit = self.tables.allreduce_lookup(bytes_, tp, impl)
             if hit is not None:
                 return Timing(hit[0].time_s, hit[0].how, hit[1])
-        e = self.spec.efficiency
-        return Timing(2 * (tp - 1) / tp * bytes_ / (self.interconnect_Bps * e.allreduce)
-                      + 2 * (tp - 1) * self.interconnect_latency_s, "roofline")
+        from .kernels import allreduce_datasheet      # one datasheet model for the cost model and this lookup
+        return Timing(allreduce_datasheet(self, bytes_, tp), "roofline")
 
     def allreduce_time(self, bytes_: float, tp: int, impl: str | None = None) -> float:
         return self.allreduce_lookup(bytes_, tp, impl).time_s

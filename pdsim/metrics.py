@@ -140,16 +140,17 @@ def slo_verdict(df: pd.DataFrame, slo) -> dict:
     mode = getattr(slo, "mode", "attainment")
     met = slo_passes(slo, att, bounds["ttft"]["measured_s"] if not bounds["ttft"]["unserved"] else math.inf,
                      bounds["tpot"]["measured_s"] if not bounds["tpot"]["unserved"] else math.inf)
+    def headroom(k):
+        b = bounds[k]
+        if b["unserved"]:
+            return -math.inf
+        return math.inf if b["margin_s"] is None else b["margin_s"] / b["bound_s"]
     if mode == "percentile":
-        def headroom(k):
-            b = bounds[k]
-            if b["unserved"]:
-                return -math.inf
-            return math.inf if b["margin_s"] is None else b["margin_s"] / b["bound_s"]
         binding = min(("ttft", "tpot"), key=headroom)
         margin, unit = bounds[binding]["margin_s"], "s"
     else:
-        binding = min(("ttft", "tpot"), key=lambda k: bounds[k]["share_within"] if n else 0.0)
+        # fewer requests within binds; a tie (e.g. every request meets both) goes to the smaller headroom
+        binding = min(("ttft", "tpot"), key=lambda k: (bounds[k]["share_within"] if n else 0.0, headroom(k)))
         margin, unit = (att - slo.attainment_target if n else None), "fraction"
     return {"mode": mode, "met": bool(met), "binding": binding, "margin": margin, "margin_unit": unit,
             "attainment": att if n else None, "attainment_target": slo.attainment_target, "bounds": bounds}

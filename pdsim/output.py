@@ -164,8 +164,11 @@ def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: 
     df.to_csv(out / "requests.csv", index=False, float_format="%.9g")
     ts = metrics.timeseries_frame(results)
     ts.to_csv(out / "timeseries.csv", index=False, float_format="%.6g")
+    topologies = metrics.summarize(results, df, sc)
+    for t in topologies.values():
+        t.update(vllm_aliases(t))
     summary = {"pdsim_version": __version__, "wall_s": wall_s,
-               "topologies": metrics.summarize(results, df, sc),
+               "topologies": topologies,
                "scenario": sc.model_dump(mode="json"),
                # what pdsim report checks the CSVs against: a folder whose files disagree is not rendered
                "outputs": {"requests.csv": {"rows": int(len(df))}, "timeseries.csv": {"rows": int(len(ts))}}}
@@ -179,5 +182,29 @@ def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: 
         return summary
     if progress:
         print("pdsim: building report.html...", file=sys.stderr, flush=True)
-    build_report(out, progress=progress)
+    build_report(out, progress=progress, df=df, summary=summary, ts=ts)   # in memory: no re-reading the CSVs
     return summary
+
+
+def vllm_aliases(t: dict) -> dict:
+    """The names ``vllm bench serve`` gives the same quantities (milliseconds, as it reports them), so a
+    result can be compared key for key with a measured run: mean/median/p90/p99 of ttft, tpot, e2el (and itl
+    when the run records it), request_throughput (req/s), output_throughput (tok/s), completed.  The
+    pdsim keys stay as they are; these are extra keys beside them."""
+    out = {}
+    thr = t.get("throughput") or {}
+    if thr.get("requests_per_s") is not None:
+        out["request_throughput"] = thr["requests_per_s"]
+    if thr.get("output_tokens_per_s") is not None:
+        out["output_throughput"] = thr["output_tokens_per_s"]
+    if isinstance(t.get("requests"), dict) and "finished" in t["requests"]:
+        out["completed"] = t["requests"]["finished"]
+    for ours, theirs in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("itl_s", "itl"), ("e2e_s", "e2el")):
+        st = t.get(ours)
+        if not isinstance(st, dict):
+            continue
+        for k, name in (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99")):
+            v = st.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[f"{name}_{theirs}_ms"] = v * 1e3
+    return out

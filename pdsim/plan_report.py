@@ -1,91 +1,165 @@
-"""plan.html: the ranked table, SLO attainment vs request rate per config, and the cost/goodput frontier.
+"""plan.html: the verdict first, then the ranked table (status first), cost and GPUs against goodput with
+the target rate and the winner marked, and SLO attainment vs request rate for the Pareto front and the
+winner only (every other config's points are in a table).
 
-Self-contained like report.html (inline CSS and PNG, no scripts or URLs); every plot's numbers
-are in a table below it.
+Self-contained like report.html: inline CSS and SVG, one small inline script that sorts tables.
 """
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from .report import COLORS, STYLES, _png, _table  # noqa: E402
-
-CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:2em;max-width:1200px;color:#111}
-table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
-th{background:#eee}td:nth-child(2){text-align:left}.win{background:#e6f4ea}.fail{color:#a00}
-img{max-width:100%}h2{margin-top:1.6em}.note{color:#555}"""
+from .charts import CSS, SORT_JS, esc, finite, line_chart, num, pct, seconds, table, usd
 
 
-def _attainment_plot(result: dict) -> tuple[str, pd.DataFrame]:
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    recs = []
-    shown = [r for r in result["rows"] if len(r["points"]) > 0][:12]
+def _cell(col: str, v):
+    """Human text for a plan.csv column, with the exact value kept for sorting."""
+    if isinstance(v, bool):
+        return ("yes" if v else "", int(v))
+    x = finite(v)
+    if x is None:
+        return ("–" if v is None or v == "" else str(v), None if not isinstance(v, str) else v)
+    if col.endswith("_s"):
+        return (seconds(x), x)
+    if col.startswith("attainment") or col.endswith("attainment"):
+        return (pct(x), x)
+    if col == "usd_per_hour":
+        return (usd(x), x)
+    return (num(x), x)
+
+
+HEADERS = {"rank": "#", "config": "config", "gpus": "GPUs", "usd_per_hour": "$/hour", "goodput": "goodput req/s",
+           "goodput_per_gpu": "req/s per GPU", "goodput_per_usd_hour": "req/s per $/h",
+           "attainment_at_target": "attainment at target", "ttft_p_at_target_s": "TTFT pXX at target",
+           "tpot_p_at_target_s": "TPOT pXX at target", "bound_rate": "analytic bound req/s", "pareto": "Pareto",
+           "status": "status", "note": "note"}
+
+
+def _ranked_table(result: dict, cols: list[str]) -> str:
+    cols = ["status"] + [c for c in cols if c != "status"]      # the status column first: what to act on
+    slo = result["slo"]
+    heads = [HEADERS.get(c, c.replace("_", " ")).replace("TTFT pXX", f"TTFT p{num(slo.get('ttft_percentile', 90))}")
+             .replace("TPOT pXX", f"TPOT p{num(slo.get('tpot_percentile', 90))}") for c in cols]
+    rows, attrs = [], []
+    for r in result["rows"]:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            if c == "status":
+                ok = r.get("meets")
+                cells.append((str(v or "–") + (" ★ winner" if r["config"] == result["winner"] else ""), str(v or ""),
+                              f' class="{"pass" if ok else "fail"}"'))
+            elif c in ("config", "note"):
+                cells.append((str(v or ""), str(v or ""), ' class="text"'))
+            else:
+                cells.append(_cell(c, v))
+        rows.append(cells)
+        attrs.append(f' data-config="{esc(r["config"])}"' + (' class="best"' if r["config"] == result["winner"] else ""))
+    return table(heads, rows, "plan", attrs)
+
+
+def _cost_charts(result: dict) -> str:
+    rows = [r for r in result["rows"] if finite(r.get("goodput")) and r["goodput"] > 0]
+    if not rows:
+        return '<p class="note">No config reached a positive goodput: nothing to plot.</p>'
+    target = finite(result.get("target_rate"))
+    win = next((r for r in rows if r["config"] == result["winner"]), None)
+    out = []
+    for ykey, ylabel, yfmt in (("usd_per_hour", "cost ($ per hour)", usd), ("gpus", "GPUs", num)):
+        front = sorted((r for r in rows if r.get("pareto")), key=lambda r: r["goodput"])
+        series = [{"name": "every config", "x": [r["goodput"] for r in rows], "y": [r[ykey] for r in rows],
+                   "i": 0, "points": True, "line": False}]
+        if front:
+            series.append({"name": "Pareto front (most goodput per $/h)", "x": [r["goodput"] for r in front],
+                           "y": [r[ykey] for r in front], "i": 1, "points": True})
+        marks = [{"x": win["goodput"], "y": win[ykey], "label": f"winner: {win['config']}", "i": 2}] if win else []
+        vl = [(target, f"target {num(target)} req/s")] if target else []
+        out.append(f"<h3>{esc(ylabel)} vs goodput</h3>" + line_chart(
+            series, "goodput (requests/s meeting the SLO)", ylabel, yfmt=yfmt, vlines=vl, marks=marks,
+            xlim=(0.0, max(max(r["goodput"] for r in rows), target or 0) * 1.05),
+            height=320, title=f"{ylabel} vs goodput"))
+    return "".join(out)
+
+
+def _attainment_chart(result: dict) -> tuple[str, str]:
+    """Curves for the Pareto front and the winner; every point of every config in a table."""
+    shown = [r for r in result["rows"] if r["points"] and (r.get("pareto") or r["config"] == result["winner"])]
+    series = []
     for i, r in enumerate(shown):
-        xs = [float(k) for k in r["points"]]
-        ys = [v["attainment"] for v in r["points"].values()]
-        ax.plot(xs, ys, STYLES[i % len(STYLES)], marker="o", color=COLORS[i % len(COLORS)], label=r["config"])
-        recs += [{"config": r["config"], "rate_req_s": x, "slo_attainment": y} for x, y in zip(xs, ys)]
-    ax.axhline(result["slo"]["attainment_target"], color="k", lw=1, ls=":", label="attainment target")
-    if result["target_rate"]:
-        ax.axvline(result["target_rate"], color="grey", lw=1, ls="--", label="target rate")
-    ax.set_xlabel("arrival rate (requests/s)")
-    ax.set_ylabel("SLO attainment")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    return _png(fig), pd.DataFrame(recs)
+        xs = sorted(float(k) for k in r["points"])
+        pts = {float(k): v for k, v in r["points"].items()}
+        series.append({"name": r["config"] + (" (winner)" if r["config"] == result["winner"] else ""),
+                       "x": xs, "y": [pts[x]["attainment"] for x in xs], "i": i, "points": True})
+    slo = result["slo"]
+    target = finite(result.get("target_rate"))
+    chart = line_chart(series, "arrival rate (requests/s)", "SLO attainment", yfmt=pct, ylim=(0, 1.0),
+                       hlines=[(slo["attainment_target"], f"target {pct(slo['attainment_target'])}")],
+                       vlines=[(target, f"target {num(target)} req/s")] if target else [],
+                       title="SLO attainment vs rate") if series else '<p class="note">No simulations.</p>'
+    recs = []
+    for r in result["rows"]:
+        for k, v in sorted(r["points"].items(), key=lambda kv: float(kv[0])):
+            recs.append([(r["config"], r["config"], ' class="text"'), (num(float(k)), float(k)), (pct(v.get("attainment")), v.get("attainment")),
+                         (pct(v.get("worst_seed_attainment")), v.get("worst_seed_attainment")),
+                         (seconds(v.get("ttft_p")), v.get("ttft_p")), (seconds(v.get("tpot_p")), v.get("tpot_p"))])
+    tab = table(["config", "rate req/s", "attainment", "worst seed", "TTFT pXX", "TPOT pXX"], recs, "points") \
+        if recs else ""
+    return chart, tab
 
 
-def _frontier_plot(result: dict) -> str:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    rows = [r for r in result["rows"] if r["goodput"] is not None]
-    ax.scatter([r["usd_per_hour"] for r in rows], [r["goodput"] for r in rows], color=COLORS[0], marker="o",
-               label="configs")
-    front = [r for r in sorted(rows, key=lambda r: r["usd_per_hour"]) if r["pareto"]]
-    ax.plot([r["usd_per_hour"] for r in front], [r["goodput"] for r in front], "--", color=COLORS[1], marker="s",
-            label="Pareto frontier")
-    for r in front:
-        ax.annotate(r["config"], (r["usd_per_hour"], r["goodput"]), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
-    ax.set_xlabel("cost ($/hour)")
-    ax.set_ylabel("goodput (requests/s)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _png(fig)
+def _verdict(result: dict) -> str:
+    slo = result["slo"]
+    target = finite(result.get("target_rate"))
+    rows = result["rows"]
+    bounds = (f"TTFT ≤ {seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])} for at least "
+              f"{pct(slo['attainment_target'])} of requests")
+    meets = [r for r in rows if r.get("meets")]
+    s = [f"{len(meets)} of {len(rows)} configurations meet the SLO ({bounds})"
+         + (f" at {num(target)} requests/s" if target else "") + "."]
+    if result["winner"]:
+        w = next(r for r in rows if r["config"] == result["winner"])
+        s.append(f"Recommended ({result['objective']}): {w['config']} with {num(w['gpus'])} GPUs at "
+                 f"{usd(w['usd_per_hour'])}/h, goodput {num(w['goodput'])} requests/s"
+                 + (f" ({num(w['goodput'] / target)}× the target)" if target and w.get("goodput") else "")
+                 + ". Ready to run: winner.yaml.")
+        nxt = next((r for r in rows if r is not w and r.get("meets")), None)
+        if nxt is not None:
+            s.append(f"Runner-up: {nxt['config']} ({num(nxt['gpus'])} GPUs, {usd(nxt['usd_per_hour'])}/h, goodput "
+                     f"{num(nxt['goodput'])} requests/s).")
+    else:
+        s.append("No configuration meets the SLO within the budget; the closest are at the top of the table and "
+                 "the note says which SLO each misses.")
+    return " ".join(s)
 
 
 def build_plan_report(result: dict, out: Path) -> Path:
     from .plan import TABLE_COLS
-    att_png, att_df = _attainment_plot(result)
-    fr_png = _frontier_plot(result)
-    table = pd.DataFrame([{k: r.get(k) for k in TABLE_COLS} for r in result["rows"]])
-    win = result["winner"]
-    head = (f"<p><b>Recommended:</b> {html.escape(win)} (see winner.yaml)</p>" if win else
-            "<p class=fail><b>No configuration meets the SLO within the budget.</b> The closest are at the top of "
-            "the table; <i>note</i> says which SLO each misses.</p>")
     slo = result["slo"]
-    parts = [f"<!doctype html><html><head><meta charset=utf-8><title>pdsim plan {html.escape(result['plan'])}</title>"
+    att_chart, att_table = _attainment_chart(result)
+    parts = [f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+             f'content="width=device-width, initial-scale=1"><title>pdsim plan {esc(result["plan"])}</title>'
              f"<style>{CSS}</style></head><body>",
-             f"<h1>Capacity plan: {html.escape(result['plan'])}</h1>",
-             f"<p>Objective <b>{result['objective']}</b>"
-             + (f", target rate {result['target_rate']:g} req/s" if result["target_rate"] else "")
-             + f". SLO: TTFT &le; {slo['ttft_s']} s and TPOT &le; {slo['tpot_s']} s for at least "
-             f"{slo['attainment_target']:.0%} of requests. Goodput bracket tolerance {result['tolerance']:.0%}, "
-             f"{result['seeds']} seeds per rate; {result['simulations']} simulations run, {result['cached']} "
-             f"from cache, {result['wall_s']:.1f} s wall. pdsim {result['pdsim_version']}.</p>", head,
-             "<h2>Ranked configurations</h2>", _table(table, "plan", index=False),
-             "<h2>SLO attainment vs request rate</h2>", f'<img alt="attainment vs rate" src="data:image/png;base64,{att_png}">',
-             _table(att_df, "points", index=False) if len(att_df) else "<p>No simulations.</p>",
-             "<h2>Cost vs goodput</h2>", f'<img alt="frontier" src="data:image/png;base64,{fr_png}">']
+             f"<h1>Capacity plan: {esc(result['plan'])}</h1>",
+             f'<p class="verdict" id="verdict">{esc(_verdict(result))}</p>',
+             f'<p class="meta">Objective <b>{esc(result["objective"])}</b>'
+             + (f", target rate {num(result['target_rate'])} requests/s" if result["target_rate"] else "")
+             + f". SLO: TTFT ≤ {seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])} for at least "
+             f"{pct(slo['attainment_target'])} of requests. Goodput bracket tolerance {pct(result['tolerance'])}, "
+             f"{num(result['seeds'])} seeds per rate; {num(result['simulations'])} simulations run, "
+             f"{num(result['cached'])} from cache, {seconds(result['wall_s'])} wall. pdsim "
+             f"{esc(result['pdsim_version'])}.</p>",
+             "<h2>Ranked configurations</h2>", _ranked_table(result, list(TABLE_COLS)),
+             '<p class="note">Click a header to sort. Status first: <i>ok</i> configs meet the SLO; the others say '
+             "what they miss.</p>",
+             "<h2>Cost and GPUs vs goodput</h2>", _cost_charts(result),
+             "<h2>SLO attainment vs request rate (Pareto front and winner)</h2>", att_chart,
+             '<details><summary>every simulated point of every config</summary>' + att_table + "</details>"]
     if result["excluded"]:
-        parts += ["<h2>Excluded before simulation</h2>", _table(pd.DataFrame(result["excluded"]), "excluded", False)]
-    parts.append("</body></html>")
+        ex = result["excluded"]
+        keys = list(ex[0].keys()) if isinstance(ex[0], dict) else ["excluded"]
+        parts += ["<h2>Excluded before simulation</h2>",
+                  table(keys, [[str(e.get(k, "")) if isinstance(e, dict) else str(e) for k in keys] for e in ex],
+                        "excluded")]
+    parts += [SORT_JS, "</body></html>"]
     path = out / "plan.html"
-    path.write_text("\n".join(parts))
+    path.write_text("\n".join(parts), encoding="utf-8")
     return path

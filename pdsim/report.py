@@ -1,43 +1,36 @@
-"""A self-contained HTML page from a run's outputs: inline CSS and PNG images, no scripts, no URLs.
+"""report.html: a page a capacity planner acts on at a glance.  Self-contained: inline CSS, inline SVG
+charts and one small inline script that sorts tables (the page reads the same without it); no URLs.
 
-``build_report(out_dir)`` reads ``requests.csv``, ``summary.json`` and ``timeseries.csv`` from
-``out_dir`` and writes ``out_dir/report.html``. Every plot's numbers are also in an HTML table; the
-summary table (``class="summary"``) has one ``<tr data-topology=NAME>`` per topology and cells with
-``data-key="ttft_s.p90"`` etc. holding the summary.json value (``%.7g``, i.e. within 1e-6 relative).
+``build_report(out_dir)`` reads ``requests.csv``, ``summary.json`` and ``timeseries.csv`` from ``out_dir``
+(or takes them in memory from ``write_outputs``) and writes ``out_dir/report.html``.  At the top a verdict
+written from the numbers: which topologies meet the SLO, with how many GPUs at what cost, which bound binds
+each one and by how much, and why a topology misses.  The summary table (``class="summary"``) has one
+``<tr data-topology=NAME>`` per topology and cells with ``data-key="ttft_s.p90"`` etc. whose ``data-value``
+holds the exact summary.json value; the text is for people (25.6 ms, 3 significant figures).
 """
 from __future__ import annotations
 
-import base64
-import io
 import json
 import math
 import sys
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from jinja2 import Environment, FileSystemLoader, select_autoescape  # noqa: E402
+from .charts import CSS, SORT_JS, esc, finite, legend, line_chart, num, pct, seconds, stacked_bars, table, usd
 
-STYLES = ["-", "--", "-.", ":"]
-# Okabe-Ito palette: colour-blind safe. Combined with STYLES so lines differ without colour too.
-COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
-HATCHES = ["", "//", "..", "xx"]
-
-# The summary-table columns: (data-key, header). Values are looked up in summary.json by dotted key.
+# The summary-table columns: (data-key, header, formatter).  Values are looked up in summary.json by dotted key.
 SUMMARY_KEYS = [
-    ("gpus", "GPUs"),
-    ("ttft_s.p50", "TTFT p50 s"), ("ttft_s.p90", "TTFT p90 s"), ("ttft_s.p99", "TTFT p99 s"),
-    ("tpot_s.p50", "TPOT p50 s"), ("tpot_s.p90", "TPOT p90 s"), ("tpot_s.p99", "TPOT p99 s"),
-    ("e2e_s.p50", "E2E p50 s"), ("e2e_s.p90", "E2E p90 s"), ("e2e_s.p99", "E2E p99 s"),
-    ("slo_attainment", "SLO attainment"),
-    ("throughput.output_tokens_per_s_per_gpu", "out tok/s/GPU"),
-    ("cost_per_million_output_tokens_usd", "$ / M out tok"),
+    ("gpus", "GPUs", num),
+    ("ttft_s.p50", "TTFT p50", seconds), ("ttft_s.p90", "TTFT p90", seconds), ("ttft_s.p99", "TTFT p99", seconds),
+    ("tpot_s.p50", "TPOT p50", seconds), ("tpot_s.p90", "TPOT p90", seconds), ("tpot_s.p99", "TPOT p99", seconds),
+    ("e2e_s.p90", "E2E p90", seconds), ("e2e_s.p99", "E2E p99", seconds),
+    ("slo_attainment", "SLO attain\u00adment", pct),
+    ("throughput.output_tokens_per_s_per_gpu", "out tok/s per GPU", num),
+    ("cost_per_million_output_tokens_usd", "$ per M out tok", usd),
 ]
-
+MAX_CDF_POINTS = 300        # a plotted CDF needs no more; 10k-request runs stay fast and small
+BATCHES = 10                # batch means over arrival order: the run-to-run noise of an attainment
 
 _QUIET = [False]
 
@@ -47,292 +40,573 @@ def _log(msg: str) -> None:
         print(f"report: {msg}", file=sys.stderr, flush=True)
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 def _get(d, dotted: str):
     for k in dotted.split("."):
         d = d.get(k) if isinstance(d, dict) else None
     return d
 
 
-def _num(x):
-    """A finite float, or None."""
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+# --- the numbers behind the verdict -----------------------------------------------------------
+def _quantile(x: np.ndarray, q: float) -> float:
+    """The q-quantile (0..1) where +inf stands for 'never happened' (no first token): may be inf."""
+    if len(x) == 0:
+        return float("nan")
+    v = float(np.quantile(np.minimum(x, 1e300), q))
+    return float("inf") if v >= 1e299 else v
 
 
-def _fmt(x) -> str:
-    if x is None or isinstance(x, bool):
-        return "-" if x is None else str(x)
-    if isinstance(x, int):
-        return str(x)
-    x = _num(x)
-    return "-" if x is None else f"{x:.7g}"
+def _ecdf(x: np.ndarray, w: np.ndarray | None = None) -> tuple[list, list]:
+    """Sorted values and cumulative fractions, downsampled to MAX_CDF_POINTS."""
+    order = np.argsort(x, kind="stable")
+    x = x[order]
+    cum = np.cumsum(w[order]) / w.sum() if w is not None else np.arange(1, len(x) + 1) / len(x)
+    if len(x) > MAX_CDF_POINTS:
+        idx = np.unique(np.linspace(0, len(x) - 1, MAX_CDF_POINTS).round().astype(int))
+        x, cum = x[idx], cum[idx]
+    return x.tolist(), cum.tolist()
 
 
-def _table(df: pd.DataFrame, cls: str, index: bool = True) -> str:
-    return df.to_html(float_format=lambda v: f"{v:.6g}", classes=cls, index=index, na_rep="-", border=0)
+def analyze(topos: dict, frames: dict, slo: dict, scenario_topos: dict | None = None) -> dict:
+    """Per topology: attainment and its run-to-run noise, each bound's measured percentile and margin,
+    the binding bound, miss shares and a list of plain-language reasons.
 
-
-def _style(i: int) -> dict:
-    return {"linestyle": STYLES[i % len(STYLES)], "color": COLORS[i % len(COLORS)]}
-
-
-def _passes(t: dict, target) -> bool | None:
-    if isinstance(t.get("slo"), dict) and "met" in t["slo"]:   # metrics.slo_verdict: the mode's own rule
-        return bool(t["slo"]["met"])
-    att = _num(t.get("slo_attainment"))
-    if att is not None and _num(target) is not None:
-        return att >= float(target)
-    return t.get("slo_met")
-
-
-def _slo_card(v) -> dict:
-    """Card lines from ``metrics.slo_verdict``: each bound's measured percentile, the binding bound, the margin."""
-    if not isinstance(v, dict) or "bounds" not in v:
-        return {}
+    frames: topology -> dict of numpy columns (status, ttft_s, tpot_s, queue_s, prefill_s, kv_s,
+    decode_queue_s, arrival_s).  A request with no first token counts as an infinite TTFT."""
+    target = finite(slo.get("attainment_target"))
     out = {}
-    for k, b in v["bounds"].items():
-        got = "never (unserved)" if b.get("unserved") else _fmt(b.get("measured_s"))
-        out[f"{k.upper()} p{b['percentile']:g} s (bound {b['bound_s']:g})"] = got
-    m = v.get("margin")
-    unit = " s" if v.get("margin_unit") == "s" else ""
-    out[f"SLO mode / binding / margin"] = f"{v['mode']} / {v['binding'].upper()} / {_fmt(m)}{unit}"
+    for name, t in topos.items():
+        f = frames.get(name)
+        a = {"name": name, "kind": t.get("kind"), "attainment": finite(t.get("slo_attainment")), "target": target}
+        # the run's own verdict when it has one (it follows slo.mode: attainment or percentile)
+        a["passes"] = t["slo_met"] if isinstance(t.get("slo_met"), bool) else \
+            ((a["attainment"] >= target) if a["attainment"] is not None and target is not None else None)
+        semantic = t.get("slo") if isinstance(t.get("slo"), dict) else {}
+        bounds = {}
+        for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
+            bound = finite(slo.get(f"{key}_s"))
+            p = finite(slo.get(f"{key}_percentile")) or 90.0
+            measured = None
+            sb = (semantic.get("bounds") or {}).get(key) if isinstance(semantic.get("bounds"), dict) else None
+            if isinstance(sb, dict) and (sb.get("unserved") or finite(sb.get("measured_s")) is not None):
+                # the run's own nearest-rank percentile (metrics.slo_verdict): the report shows the same number
+                measured = float("inf") if sb.get("unserved") else finite(sb["measured_s"])
+            elif f is not None:
+                x = f["ttft_inf"] if key == "ttft" else f["tpot_s"][np.isfinite(f["tpot_s"])]
+                measured = _quantile(x, p / 100) if len(x) else None
+            if measured is None or measured != measured:
+                measured = finite(_get(t, f"{key}_s.p{int(p)}")) if float(p).is_integer() else None
+            miss = None
+            if f is not None and bound is not None and len(f["status"]):
+                if key == "ttft":
+                    miss = float((~(f["ttft_inf"] <= bound)).mean())
+                else:
+                    miss = float(((f["status"] == "finished") & (f["tpot_s"] > bound)).mean())
+            ratio = measured / bound if measured is not None and bound else None
+            bounds[key] = {"label": label, "percentile": p, "bound_s": bound, "measured_s": measured,
+                           "ratio": ratio, "miss_share": miss}
+        a["bounds"] = bounds
+        given = semantic.get("binding") or t.get("slo_binding")          # the semantics branch's own, if any
+        if isinstance(given, str) and given.lower().removesuffix("_s") in bounds:
+            a["binding"] = given.lower().removesuffix("_s")
+        else:
+            ranked = [k for k in bounds if bounds[k]["ratio"] is not None]
+            a["binding"] = max(ranked, key=lambda k: bounds[k]["ratio"]) if ranked else None
+        a["mode"] = semantic.get("mode") or slo.get("mode") or "attainment"
+        # run-to-run noise of the attainment: standard error of batch means over arrival order
+        a["noise"] = None
+        if f is not None and len(f["ok"]) >= 2 * BATCHES:
+            means = [float(b.mean()) for b in np.array_split(f["ok"][np.argsort(f["arrival_s"], kind="stable")],
+                                                              BATCHES)]
+            a["noise"] = float(np.std(means, ddof=1) / math.sqrt(BATCHES))
+        a["reasons"] = _reasons(name, t, f, a, (scenario_topos or {}).get(name) or {}, topos)
+        out[name] = a
     return out
 
 
-def _workload(first: pd.DataFrame, figures: list) -> dict:
-    _log("plotting workload...")
-    fig, axes = plt.subplots(1, 3, figsize=(11, 2.8))
-    arr = first.arrival_s.dropna().to_numpy()
-    span = float(arr.max() - arr.min()) if len(arr) > 1 else 0.0
-    if len(arr):
+def _pools_busy(t: dict) -> dict:
+    return {p: finite(u.get("busy_fraction")) for p, u in (t.get("utilization") or {}).items()}
+
+
+def _reasons(name, t, f, a, spec: dict, topos: dict) -> list[str]:
+    """Why the binding bound is where it is, from the request components and the pools' utilization."""
+    why = []
+    b = a.get("binding")
+    busy = _pools_busy(t)
+    rej = t.get("rejected_by_reason") or {}
+    if rej:
+        why.append("rejected " + ", ".join(f"{num(v)} ({k})" for k, v in rej.items()))
+    if f is None or b is None:
+        return why
+    fin = f["status"] == "finished"
+    if b == "ttft" and fin.any():
+        q90 = float(np.nanquantile(f["queue_s"][fin], 0.9))
+        pf90 = float(np.nanquantile(f["prefill_s"][fin], 0.9))
+        pool = "prefill" if "prefill" in busy else next(iter(busy), None)
+        load = f" ({pool} pool {pct(busy[pool])} busy)" if pool and busy.get(pool) is not None else ""
+        if q90 >= pf90:
+            why.append(f"requests queue for prefill: p90 wait {seconds(q90)} vs p90 prefill compute "
+                       f"{seconds(pf90)}{load}")
+        else:
+            why.append(f"prefill compute itself is long: p90 {seconds(pf90)} (long prompts; more prefill "
+                       f"GPUs or TP would help){load}")
+    if b == "tpot" and fin.any():
+        tp = f["tpot_s"][fin & np.isfinite(f["tpot_s"])]
+        lo, hi = (float(np.quantile(tp, 0.1)), float(np.quantile(tp, 0.9))) if len(tp) else (None, None)
+        if lo is not None and hi > 1.3 * lo:
+            if t.get("kind") == "colocated":
+                chunk = (spec.get("chunked_prefill") or {}).get("token_budget") if isinstance(spec, dict) else None
+                if chunk:
+                    why.append(f"prefill chunks of up to {num(chunk)} tokens share decode steps: TPOT p10 "
+                               f"{seconds(lo)} but p90 {seconds(hi)}")
+                else:
+                    why.append(f"prefills stall decodes: a colocated replica runs each new prompt's whole prefill "
+                               f"between its decode steps (TPOT p10 {seconds(lo)}, p90 {seconds(hi)})")
+            else:
+                why.append(f"decode steps vary: TPOT p10 {seconds(lo)}, p90 {seconds(hi)} (batch size and "
+                           "context grow under load)")
+        elif lo is not None:
+            why.append(f"every decode step itself is slow: TPOT p10 {seconds(lo)} is already near p90 "
+                       f"{seconds(hi)} (no interference to remove; a faster device, more TP or smaller batches)")
+        if t.get("kind") == "colocated":
+            others = [(n, finite(_get(o, "tpot_s.p90"))) for n, o in topos.items()
+                      if o.get("kind") == "disaggregated" and finite(_get(o, "tpot_s.p90")) is not None]
+            mine = finite(_get(t, "tpot_s.p90"))
+            if others and mine is not None:
+                n2, v2 = min(others, key=lambda kv: kv[1])
+                if v2 < mine:
+                    why.append(f"{n2}, with no prefill in its decode steps, has TPOT p90 {seconds(v2)}")
+        else:
+            dq = f["decode_queue_s"][fin]
+            kv = f["kv_s"][fin]
+            if np.isfinite(dq).any() or np.isfinite(kv).any():
+                why.append(f"KV transfer adds {seconds(float(np.nanmean(kv)))} and decode queueing "
+                           f"{seconds(float(np.nanmean(dq)))} per request on average")
+            if busy.get("decode") is not None:
+                why.append(f"decode pool {pct(busy['decode'])} busy" + (" (more decode instances would shrink its "
+                                                                        "batches)" if busy["decode"] > 0.9 else ""))
+    if t.get("preemptions"):
+        why.append(f"{num(t['preemptions'])} preemptions (KV cache full)")
+    return why
+
+
+def _bound_text(a: dict, key: str | None = None) -> str:
+    key = key or a.get("binding")
+    if key is None:
+        return "no bound measured"
+    b = a["bounds"][key]
+    m, bound = b["measured_s"], b["bound_s"]
+    head = f"{b['label']} p{num(b['percentile'])} {seconds(m) if m != float('inf') else 'never (no first token)'} " \
+           f"vs {seconds(bound)} bound"
+    if b["ratio"] is None or m == float("inf"):
+        return head
+    r = b["ratio"]
+    return head + (f" ({pct(1 - r)} headroom)" if r <= 1 else f" ({num((r - 1) * 100)}% over)")
+
+
+def pick_best(analysis: dict, topos: dict) -> tuple[str | None, str]:
+    """The topology to recommend, or None, and why.  Only a config that passes can be best; among those
+    the cheapest per hour; configs within 1% of that price are told apart only by an attainment lead
+    larger than twice its run-to-run noise (batch-means standard error), else it is a tie."""
+    passing = [n for n, a in analysis.items() if a["passes"]]
+    if not passing:
+        return None, "no topology meets the SLO, so none is marked best"
+    cost = {n: finite(topos[n].get("cost_per_hour_usd")) for n in passing}
+    cheapest = min(cost[n] if cost[n] is not None else math.inf for n in passing)
+    tied = [n for n in passing if (cost[n] if cost[n] is not None else math.inf) <= cheapest * 1.01 + 1e-12]
+    if len(tied) == 1:
+        n = tied[0]
+        more = len(passing) > 1
+        return n, (f"{n} meets the SLO at the lowest cost ({usd(cost[n])}/h)" if more
+                   else f"{n} is the only topology that meets the SLO")
+    tied.sort(key=lambda n: -(analysis[n]["attainment"] or 0))
+    first, second = analysis[tied[0]], analysis[tied[1]]
+    lead = (first["attainment"] or 0) - (second["attainment"] or 0)
+    noise = 2 * math.hypot(first["noise"] or 0, second["noise"] or 0)
+    if lead > noise and lead > 0:
+        return tied[0], (f"{tied[0]} has the highest attainment among equally priced passing topologies, ahead by "
+                         f"{num(lead * 100)} points (run-to-run noise ±{num(noise * 100)})")
+    same = (f"{', '.join(tied)} all pass at the same cost" + (f" ({usd(cheapest)}/h)" if math.isfinite(cheapest)
+                                                              else ""))
+    if lead == 0:
+        return None, same + " with the same attainment; compare their margins below"
+    return None, (same + f"; their attainments differ by {num(lead * 100)} points, within run-to-run noise "
+                  f"(±{num(noise * 100)}), so none is marked best")
+
+
+def _gpus(t: dict) -> str:
+    g = t.get("gpus")
+    return f"{num(g)} GPU{'' if g == 1 else 's'}"
+
+
+def verdict(analysis: dict, topos: dict, slo: dict, wl: dict) -> tuple[str | None, str]:
+    """(best topology or None, one paragraph of plain text) generated from the numbers."""
+    best, why_best = pick_best(analysis, topos)
+    target = finite(slo.get("attainment_target"))
+    bounds = " and ".join(f"{lab} p{num(finite(slo.get(k + '_percentile')) or 90)} ≤ {seconds(slo.get(k + '_s'))}"
+                          for k, lab in (("ttft", "TTFT"), ("tpot", "TPOT")) if finite(slo.get(k + "_s")))
+    passing = [n for n, a in analysis.items() if a["passes"]]
+    percentile = any(a.get("mode") == "percentile" for a in analysis.values())
+    s = [f"At {num(wl.get('rate'))} requests/s ({num(wl.get('requests'))} requests), {len(passing)} of "
+         f"{len(analysis)} topologies meet the SLO ({bounds}"
+         + ("; percentile mode)." if percentile else f"; at least {pct(target)} of requests within both).")]
+    for n in passing:
+        a, t = analysis[n], topos[n]
+        marginal = a["noise"] is not None and target is not None and a["attainment"] is not None and \
+            a["attainment"] - target < 2 * a["noise"]
+        s.append(f"{n} passes with {_gpus(t)} ({usd(t.get('cost_per_hour_usd'))}/h): attainment "
+                 f"{pct(a['attainment'])}" + (f" (marginal: within twice its run-to-run noise, ±{num(a['noise'] * 100)}"
+                                              f" points, of the target)" if marginal else "")
+                 + f"; binding {_bound_text(a)}.")
+    for n, a in analysis.items():
+        if a["passes"]:
+            continue
+        t = analysis[n]
+        bb = a["bounds"].get(a["binding"] or "", {})
+        misses = f" — {pct(bb.get('miss_share'))} of requests miss it" if bb.get("miss_share") is not None else ""
+        s.append(f"{n} fails ({_gpus(topos[n])}): "
+                 + ("" if percentile else f"attainment {pct(t['attainment'])} < {pct(target)}; ")
+                 + f"{_bound_text(a)} binds{misses}"
+                 + (f"; why: {'; '.join(a['reasons'])}" if a["reasons"] else "") + ".")
+    s.append(("Best: " if best else "No best: ") + why_best + ".")
+    return best, " ".join(s)
+
+
+# --- sections ---------------------------------------------------------------------------------
+def _frames(df) -> dict:
+    """Per topology, the numpy columns the verdict and charts use (one pass over the request table)."""
+    out = {}
+    for name, d in df.groupby("topology", sort=False):
+        g = {c: d[c].to_numpy(dtype=float) for c in ("arrival_s", "ttft_s", "tpot_s", "queue_s", "prefill_s",
+                                                     "kv_wait_s", "kv_transfer_s", "decode_queue_s", "e2e_s",
+                                                     "prompt_tokens", "output_tokens")}
+        g["status"] = d["status"].to_numpy(dtype=object).astype(str)
+        ttft = g["ttft_s"].copy()
+        ttft[~np.isfinite(ttft) | (g["status"] == "rejected")] = np.inf
+        g["ttft_inf"] = ttft
+        g["kv_s"] = np.nan_to_num(g["kv_wait_s"]) + np.nan_to_num(g["kv_transfer_s"])
+        for col in ("itl_s", "itl"):            # the engine branch's per-token ITL column, if there is one
+            if col in d.columns and d[col].dtype.kind in "fi":
+                g["itl"] = d[col].to_numpy(dtype=float)
+        out[str(name)] = g
+    return out
+
+
+def _ok_column(frames: dict, slo: dict) -> None:
+    tb, pb = finite(slo.get("ttft_s")), finite(slo.get("tpot_s"))
+    for g in frames.values():
+        fin = g["status"] == "finished"
+        ok = fin & (g["ttft_inf"] <= (tb if tb is not None else np.inf))
+        if pb is not None:
+            ok &= ~(g["tpot_s"] > pb)
+        g["ok"] = ok.astype(float)
+
+
+def _cdf_section(frames, names, col, label, slo_key, slo, note="") -> dict:
+    bound = finite(slo.get(f"{slo_key}_s")) if slo_key else None
+    pctl = finite(slo.get(f"{slo_key}_percentile")) if slo_key else None
+    series, rows = [], []
+    for i, n in enumerate(names):
+        g = frames.get(n)
+        if g is None:
+            continue
+        w = None
+        if col == "itl":
+            if "itl" in g:
+                x = g["itl"][np.isfinite(g["itl"])]
+            else:       # approximation: a request's tokens at its mean gap (TPOT), weighted by their count
+                m = np.isfinite(g["tpot_s"]) & (g["output_tokens"] > 1)
+                x, w = g["tpot_s"][m], g["output_tokens"][m] - 1
+        else:
+            x = g[col][np.isfinite(g[col])]
+        if not len(x):
+            continue
+        xs, ys = _ecdf(x, w)
+        series.append({"name": n, "x": xs, "y": ys, "i": i})
+        if w is None:
+            q = np.percentile(x, [50, 90, 99])
+            within = float((x <= bound).mean()) if bound is not None else None
+        else:
+            cw = np.cumsum(w[np.argsort(x)]) / w.sum()
+            xsrt = np.sort(x)
+            q = [xsrt[min(len(xsrt) - 1, int(np.searchsorted(cw, p)))] for p in (0.5, 0.9, 0.99)]
+            within = float(w[x <= bound].sum() / w.sum()) if bound is not None else None
+        rows.append([n, (num(len(x)), len(x))] + [(seconds(v), v) for v in q]
+                    + [(pct(within), within) if within is not None else "–"])
+    if not series:
+        return {}
+    xlog = all(min(s["x"]) > 0 for s in series)
+    vl = [(bound, f"SLO {seconds(bound)}")] if bound is not None else []
+    hl = [(pctl / 100, f"p{num(pctl)}")] if pctl is not None else []
+    chart = line_chart(series, label, "fraction of requests" if col != "itl" else "fraction of tokens",
+                       xlog=xlog, xfmt=seconds, yfmt=lambda v: f"{v:g}", ylim=(0, 1.0), vlines=vl, hlines=hl,
+                       title=f"CDF of {label}")
+    tab = table(["topology", "samples", "p50", "p90", "p99", "≤ SLO bound"], rows, "cdf")
+    return {"title": f"CDF of {label}", "id": f"cdf-{col}", "chart": chart, "table": tab, "note": note}
+
+
+COMPONENTS = [("queue_s", "prefill queue"), ("prefill_s", "prefill compute"), ("kv_s", "KV wait + transfer"),
+              ("decode_queue_s", "decode queue"), ("decode_s", "decode (incl. preemption)")]
+
+
+def _components_section(frames, names) -> dict:
+    rows, vals_mean, vals_p90, shown = [], [], [], []
+    for n in names:
+        g = frames.get(n)
+        if g is None:
+            continue
+        fin = g["status"] == "finished"
+        if not fin.any():
+            continue
+        parts = {c: np.clip(np.nan_to_num(g[c][fin]), 0, None) for c, _ in COMPONENTS if c != "decode_s"}
+        parts["decode_s"] = np.clip(g["e2e_s"][fin] - sum(parts.values()), 0, None)
+        mean = [float(parts[c].mean()) for c, _ in COMPONENTS]
+        p90 = [float(np.quantile(parts[c], 0.9)) for c, _ in COMPONENTS]
+        shown.append(n)
+        vals_mean.append(mean)
+        vals_p90.append(p90)
+        e2e = g["e2e_s"][fin]
+        rows.append([n] + [(seconds(v), v) for v in mean] + [(seconds(float(e2e.mean())), float(e2e.mean())),
+                                                             (seconds(float(np.quantile(e2e, .9))),
+                                                              float(np.quantile(e2e, .9)))])
+    if not shown:
+        return {}
+    labels = [lab for _, lab in COMPONENTS]
+    chart = stacked_bars(shown, labels, vals_mean, "mean seconds per finished request")
+    tab = table(["topology"] + [f"{lab} (mean)" for lab in labels] + ["E2E mean", "E2E p90"], rows, "components")
+    p90rows = [[n] + [(seconds(v), v) for v in vs] for n, vs in zip(shown, vals_p90)]
+    tab += "<details><summary>each component's own p90</summary>" + \
+        table(["topology"] + [f"{lab} (p90)" for lab in labels], p90rows, "components-p90") + "</details>"
+    return {"title": "Where the time goes (E2E components)", "id": "components", "chart": chart, "table": tab}
+
+
+def _timeseries_section(ts, names) -> dict:
+    ts = ts.copy()
+    ts["kv_used_fraction"] = ts.kv_blocks_used_max / ts.kv_blocks_total.where(ts.kv_blocks_total > 0)
+    cols = [("busy_fraction", "busy fraction", pct), ("batch_size", "batch size", num),
+            ("queued_max", "queued (max)", num), ("kv_used_fraction", "KV used / total", pct)]
+    extra = ["mfu", "mbu"]
+    g = ts.groupby(["topology", "pool", "t_s"], sort=False)[[c for c, _, _ in cols] + extra].mean()
+    order = {n: i for i, n in enumerate(names)}
+    keys = sorted({k[:2] for k in g.index}, key=lambda k: (order.get(k[0], 1e9), k[1]))
+    charts = []
+    for c, label, fmt in cols:
+        series = []
+        for i, (topo, pool) in enumerate(keys):
+            part = g.loc[(topo, pool)]
+            x, y = part.index.to_numpy(dtype=float), part[c].to_numpy(dtype=float)
+            if len(x) > MAX_CDF_POINTS:     # keep each bin's peak: a spike must not vanish by subsampling
+                k = math.ceil(len(x) / MAX_CDF_POINTS)
+                m = len(x) // k * k
+                x, y = np.r_[x[:m:k], x[m:]], np.r_[np.nanmax(y[:m].reshape(-1, k), axis=1), y[m:]]
+            series.append({"name": f"{topo} / {pool}", "x": x.tolist(), "y": y.tolist(), "i": i})
+        charts.append(f"<h3>{esc(label)}</h3>" + line_chart(series, "simulated time (s)", label, yfmt=fmt,
+                                                            height=230, xfmt=num, title=label))
+    per = ts.groupby(["topology", "pool"], sort=False)[[c for c, _, _ in cols] + extra].mean()
+    rows = [[f"{t} / {p}"] + [(f(v), v) for (_, _, f), v in zip(cols + [("mfu", "MFU", pct), ("mbu", "MBU", pct)],
+                                                               per.loc[(t, p)].tolist())] for t, p in keys]
+    tab = table(["topology / pool", "busy", "batch size", "queued (max)", "KV used", "MFU", "MBU"], rows,
+                "utilization")
+    return {"title": "Over time per pool (mean over instances)", "id": "timeseries", "chart": "".join(charts),
+            "table": tab}
+
+
+def _kv_section(frames, topos, names) -> dict:
+    dis = [n for n in names if topos[n].get("kind") == "disaggregated" and n in frames]
+    series, rows = [], []
+    for i, n in enumerate(dis):
+        g = frames[n]
+        x = g["kv_transfer_s"][(g["status"] == "finished") & np.isfinite(g["kv_transfer_s"])]
+        if not len(x):
+            continue
+        xs, ys = _ecdf(x)
+        series.append({"name": n, "x": xs, "y": ys, "i": i})
+        q = np.percentile(x, [50, 90, 99])
+        rows.append([n, (num(len(x)), len(x)), (seconds(x.mean()), float(x.mean()))]
+                    + [(seconds(v), float(v)) for v in q] + [(seconds(x.max()), float(x.max()))])
+    if not series:
+        return {}
+    chart = line_chart(series, "KV transfer time per request", "fraction of requests", xfmt=seconds,
+                       yfmt=lambda v: f"{v:g}", ylim=(0, 1.0), height=280)
+    tab = table(["topology", "transfers", "mean", "p50", "p90", "p99", "max"], rows, "kvtransfer")
+    links = [[n, str(link.get("name", "")), (num(link.get("transfers")), link.get("transfers")),
+              (num((link.get("bytes") or 0) / 1e9) + " GB", link.get("bytes")),
+              (pct(link.get("busy_fraction")), link.get("busy_fraction"))]
+             for n in dis for link in topos[n].get("links") or []]
+    if links:
+        tab += "<h3>KV links</h3>" + table(["topology", "link", "transfers", "bytes", "busy"], links, "links")
+    return {"title": "KV-cache transfer time (disaggregated topologies)", "id": "kv", "chart": chart, "table": tab}
+
+
+def _workload_section(first_frame, wl) -> dict:
+    arr = first_frame["arrival_s"]
+    arr = arr[np.isfinite(arr)]
+    charts = []
+    if len(arr) > 1:
         bins = max(1, min(100, int(len(arr) ** 0.5)))
         counts, edges = np.histogram(arr, bins=bins)
         width = (edges[1] - edges[0]) or 1.0
-        axes[0].step(edges[:-1], counts / width, where="post", color=COLORS[0])
-    axes[0].set_xlabel("arrival time (s)")
-    axes[0].set_ylabel("requests / s")
-    axes[0].set_title("arrival rate", fontsize=9)
-    for ax, col, c, h in ((axes[1], "prompt_tokens", COLORS[1], ""), (axes[2], "output_tokens", COLORS[2], "//")):
-        v = first[col].dropna()
-        if len(v):
-            ax.hist(v, bins=40, color=c, hatch=h)
-        ax.set_xlabel(col.replace("_", " "))
-        ax.set_ylabel("requests")
-    wl = first[["prompt_tokens", "output_tokens"]].describe(percentiles=[0.5, 0.9, 0.99]).T
-    figures.append({"title": "Workload: arrival rate and length distributions", "png": _png(fig),
-                    "table": _table(wl, "workload")})
-    return {"requests": int(len(first)), "duration_s": span,
-            "rate": (len(arr) - 1) / span if span > 0 else None,
-            "prompt_mean": _num(first.prompt_tokens.mean()), "output_mean": _num(first.output_tokens.mean())}
+        charts.append("<h3>arrival rate</h3>" + line_chart(
+            [{"name": "arrivals", "x": edges.tolist(), "y": (counts / width).tolist() + [counts[-1] / width],
+              "i": 0, "step": True}], "arrival time (s)", "requests / s", height=220))
+    rows = []
+    for i, (col, label) in enumerate((("prompt_tokens", "prompt tokens"), ("output_tokens", "output tokens"))):
+        v = first_frame[col][np.isfinite(first_frame[col])]
+        if not len(v):
+            continue
+        counts, edges = np.histogram(v, bins=40)
+        charts.append(f"<h3>{label}</h3>" + line_chart(
+            [{"name": label, "x": edges.tolist(), "y": counts.tolist() + [counts[-1]], "i": i + 1, "step": True}],
+            label, "requests", height=220))
+        q = np.percentile(v, [50, 90, 99])
+        rows.append([label, (num(v.mean()), float(v.mean())), (num(q[0]), q[0]), (num(q[1]), q[1]),
+                     (num(q[2]), q[2]), (num(v.max()), float(v.max()))])
+    tab = table(["tokens", "mean", "p50", "p90", "p99", "max"], rows, "workload")
+    return {"title": "Workload: arrival rate and length distributions", "id": "workload", "chart": "".join(charts),
+            "table": tab}
 
 
-def _cdfs(df: pd.DataFrame, names: list, slo: dict, figures: list) -> None:
-    _log("plotting CDFs...")
-    for col, key, label in (("ttft_s", "ttft_s", "TTFT (s)"), ("tpot_s", "tpot_s", "TPOT (s)")):
-        bound = _num(slo.get(key))
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        rows, positive = [], False
-        for i, name in enumerate(names):
-            x = np.sort(df.loc[df.topology == name, col].dropna().to_numpy())
-            if len(x):
-                positive |= bool((x > 0).any())
-                ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=name, **_style(i))
-            q = np.percentile(x, [50, 90, 99]) if len(x) else [np.nan] * 3
-            rows.append({"topology": name, "n": len(x), "p50 s": q[0], "p90 s": q[1], "p99 s": q[2],
-                         "fraction ≤ SLO": (float((x <= bound).mean()) if len(x) and bound is not None else np.nan)})
-        if bound is not None:
-            ax.axvline(bound, color="k", linestyle=(0, (1, 3)), linewidth=1.5, label=f"SLO {bound:g} s")
-            pct = _num(slo.get(f"{key.split('_')[0]}_percentile"))
-            if pct is not None:
-                ax.axhline(pct / 100, color="grey", linestyle=(0, (5, 5)), linewidth=0.8, label=f"p{pct:g}")
-        if positive:
-            ax.set_xscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("fraction of requests")
-        ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=8)
-        figures.append({"title": f"CDF of {label}", "png": _png(fig),
-                        "table": _table(pd.DataFrame(rows).set_index("topology"), "cdf")})
-
-
-def _components(df: pd.DataFrame, names: list, figures: list) -> None:
-    _log("plotting latency components...")
-    fin = df[df.status == "finished"].copy()
-    if not len(fin):
-        return
-    for c in ("queue_s", "prefill_s", "kv_wait_s", "kv_transfer_s", "decode_queue_s"):
-        fin[c] = fin[c].fillna(0).clip(lower=0)
-    fin["kv_s"] = fin.kv_wait_s + fin.kv_transfer_s
-    fin["decode_s"] = (fin.e2e_s - fin.queue_s - fin.prefill_s - fin.kv_s - fin.decode_queue_s).clip(lower=0)
-    cols = ["queue_s", "prefill_s", "kv_s", "decode_queue_s", "decode_s"]
-    labels = ["prefill queue", "prefill compute", "KV wait + transfer", "decode queue", "decode (incl. preemption)"]
-    order = [n for n in names if n in set(fin.topology)]
-    g = fin.groupby("topology")[cols]
-    stats = {"mean": g.mean().reindex(order), "p90": g.quantile(0.9).reindex(order)}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.8 + 0.45 * max(2, len(order))), sharey=True)
-    for ax, (what, comp) in zip(axes, stats.items()):
-        left = np.zeros(len(comp))
-        for i, (c, lab) in enumerate(zip(cols, labels)):
-            ax.barh(comp.index, comp[c], left=left, color=COLORS[i], hatch=HATCHES[i % len(HATCHES)],
-                    edgecolor="white", label=lab)
-            left += comp[c].fillna(0).to_numpy()
-        ax.set_xlabel(f"{what} seconds per finished request" + (" (each component's own p90)" if what == "p90" else ""))
-        ax.grid(axis="x", alpha=0.3)
-    axes[0].invert_yaxis()
-    axes[1].legend(fontsize=8, loc="lower right")
-    table = pd.concat({what: comp.rename(columns=dict(zip(cols, [f"{lab} s" for lab in labels])))
-                       for what, comp in stats.items()}, axis=1)
-    table[("mean", "E2E s")] = fin.groupby("topology").e2e_s.mean()
-    table[("p90", "E2E s")] = fin.groupby("topology").e2e_s.quantile(0.9)
-    figures.append({"title": "Where the time goes (E2E components: mean and p90)", "png": _png(fig),
-                    "table": _table(table, "components")})
-
-
-def _faults(topos: dict, figures: list) -> None:
+def _faults_section(topos) -> dict:
     rows = []
     for n, t in topos.items():
         f = t.get("faults")
         if not f:
             continue
         rec = [r.get("time_to_recover_s") for r in f.get("recovery", [])]
-        rows.append({"topology": n, "fault events": len(f.get("events", [])),
-                     "requests affected": f.get("requests_affected"),
-                     "recomputed tokens": f.get("recomputed_tokens"),
-                     "extra E2E s (affected)": f.get("extra_e2e_s_affected"),
-                     "SLO att. in fault windows": f.get("slo_attainment_inside_fault_windows"),
-                     "SLO att. outside": f.get("slo_attainment_outside_fault_windows"),
-                     "time to recover s": ", ".join("-" if x is None else f"{x:.3g}" for x in rec) or "-",
-                     "abandoned": _get(t, "requests.abandoned"), "rejected": _get(t, "requests.rejected")})
-    if rows:
-        figures.append({"title": "Faults: what they cost", "png": "",
-                        "table": _table(pd.DataFrame(rows).set_index("topology"), "faults")})
+        rows.append([n, (num(len(f.get("events", []))), len(f.get("events", []))),
+                     (num(f.get("requests_affected")), f.get("requests_affected")),
+                     (num(f.get("recomputed_tokens")), f.get("recomputed_tokens")),
+                     (seconds(f.get("extra_e2e_s_affected")), f.get("extra_e2e_s_affected")),
+                     (pct(f.get("slo_attainment_inside_fault_windows")), f.get("slo_attainment_inside_fault_windows")),
+                     (pct(f.get("slo_attainment_outside_fault_windows")),
+                      f.get("slo_attainment_outside_fault_windows")),
+                     ", ".join(seconds(x) for x in rec) or "–",
+                     (num(_get(t, "requests.abandoned")), _get(t, "requests.abandoned")),
+                     (num(_get(t, "requests.rejected")), _get(t, "requests.rejected"))])
+    if not rows:
+        return {}
+    return {"title": "Faults: what they cost", "id": "faults", "chart": "", "table": table(
+        ["topology", "fault events", "requests affected", "recomputed tokens", "extra E2E (affected)",
+         "SLO att. in fault windows", "SLO att. outside", "time to recover", "abandoned", "rejected"], rows, "faults")}
 
 
-def _timeseries(ts: pd.DataFrame, names: list, figures: list) -> None:
-    _log("plotting time series...")
-    ts = ts.copy()
-    ts["kv_used_fraction"] = ts.kv_blocks_used_max / ts.kv_blocks_total.where(ts.kv_blocks_total > 0)
-    cols = ["busy_fraction", "mfu", "mbu", "batch_size", "queued_max", "kv_used_fraction"]
-    ylabels = ["busy fraction", "MFU", "MBU", "batch size", "queued (max)", "KV used / total"]
-    g = ts.groupby(["topology", "pool", "t_s"])[cols + ["kv_blocks_used_max", "kv_blocks_total"]].mean()
-    order = {n: i for i, n in enumerate(names)}
-    series = sorted(g.groupby(level=[0, 1]), key=lambda kv: (order.get(kv[0][0], 1e9), kv[0][1]))
-    fig, axes = plt.subplots(len(cols), 1, figsize=(8, 1.7 * len(cols)), sharex=True)
-    for i, ((topo, pool), part) in enumerate(series):
-        t = part.index.get_level_values("t_s")
-        for ax, c in zip(axes, cols):
-            ax.plot(t, part[c], label=f"{topo} / {pool}", linewidth=1.2, **_style(i))
-    for ax, lab in zip(axes, ylabels):
-        ax.set_ylabel(lab, fontsize=8)
-    axes[0].legend(fontsize=7, ncol=2)
-    axes[-1].set_xlabel("simulated time (s)")
-    per_pool = ts.groupby(["topology", "pool"])[cols + ["kv_blocks_used_max", "kv_blocks_total"]].mean()
-    per_pool = per_pool.reindex(sorted(per_pool.index, key=lambda k: (order.get(k[0], 1e9), k[1])))
-    per_pool.columns = [f"mean {c}" for c in per_pool.columns]
-    figures.append({"title": "Over time per pool (mean over instances)", "png": _png(fig),
-                    "table": _table(per_pool, "utilization")})
-
-
-def _kv_transfers(df: pd.DataFrame, topos: dict, figures: list) -> None:
-    dis_names = [n for n, t in topos.items() if t.get("kind") == "disaggregated"]
-    dis = df[df.topology.isin(dis_names) & (df.status == "finished") & df.kv_transfer_s.notna()]
-    if not len(dis):
-        return
-    _log("plotting KV transfers...")
-    fig, ax = plt.subplots(figsize=(7, 3))
-    rows = []
-    for i, name in enumerate(dis_names):
-        x = np.sort(dis.loc[dis.topology == name, "kv_transfer_s"].to_numpy())
-        if not len(x):
-            continue
-        ax.plot(x * 1e3, np.arange(1, len(x) + 1) / len(x), label=name, **_style(i))
-        q = np.percentile(x, [50, 90, 99])
-        rows.append({"topology": name, "transfers": len(x), "mean s": x.mean(), "p50 s": q[0], "p90 s": q[1],
-                     "p99 s": q[2], "max s": x.max()})
-    ax.set_xlabel("KV transfer time per request (ms)")
-    ax.set_ylabel("fraction of requests")
-    ax.legend(fontsize=8)
-    table = _table(pd.DataFrame(rows).set_index("topology"), "kvtransfer")
-    links = pd.DataFrame([{"topology": n, **link} for n in dis_names for link in topos[n].get("links") or []])
-    if len(links):
-        table += "<h3>KV links</h3>" + _table(links, "links", index=False)
-    figures.append({"title": "KV-cache transfer time (disaggregated topologies)", "png": _png(fig),
-                    "table": table})
-
-
-def build_report(out_dir: Path, progress: bool = True) -> Path:
-    """Write ``out_dir/report.html`` from the run outputs in ``out_dir``; return its path."""
+# --- the page -----------------------------------------------------------------------------------
+def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | None = None, ts=None) -> Path:
+    """Write ``out_dir/report.html`` from the run outputs in ``out_dir`` (or the frames given); return its path."""
+    import pandas as pd
     _QUIET[0] = not progress
     out_dir = Path(out_dir)
-    _log(f"reading {out_dir}...")
-    summary = json.loads((out_dir / "summary.json").read_text())
-    df = pd.read_csv(out_dir / "requests.csv", low_memory=False,
-                     dtype={"instance": str, "decode_instance": str, "reject_reason": str, "status": str})
-    ts_path = out_dir / "timeseries.csv"
-    ts = None
-    if ts_path.exists() and ts_path.stat().st_size > 1:
-        try:
-            ts = pd.read_csv(ts_path)
-        except pd.errors.EmptyDataError:
-            ts = None
+    if summary is None:
+        summary = json.loads((out_dir / "summary.json").read_text())
+    if df is None:
+        _log(f"reading {out_dir}...")
+        df = pd.read_csv(out_dir / "requests.csv", low_memory=False,
+                         dtype={"instance": str, "decode_instance": str, "reject_reason": str, "status": str})
+    if ts is None:
+        ts_path = out_dir / "timeseries.csv"
+        if ts_path.exists() and ts_path.stat().st_size > 1:
+            try:
+                ts = pd.read_csv(ts_path)
+            except pd.errors.EmptyDataError:
+                ts = None
     sc, topos = summary.get("scenario") or {}, summary["topologies"]
-    slo = sc.get("slo") or {}
-    target = slo.get("attainment_target")
+    slo = dict(sc.get("slo") or {})
     names = list(topos)
-    df["topology"] = df["topology"].astype(str)
+    df = df.assign(topology=df["topology"].astype(str))
+    frames = _frames(df)
+    _ok_column(frames, slo)
+    first = frames[names[0]] if names and names[0] in frames else next(iter(frames.values()), None)
+    arr = first["arrival_s"][np.isfinite(first["arrival_s"])] if first is not None else np.array([])
+    span = float(arr.max() - arr.min()) if len(arr) > 1 else 0.0
+    wl = {"requests": int(len(first["status"])) if first is not None else 0, "duration_s": span,
+          "rate": (len(arr) - 1) / span if span > 0 else None,
+          "prompt_mean": float(np.nanmean(first["prompt_tokens"])) if first is not None else None,
+          "output_mean": float(np.nanmean(first["output_tokens"])) if first is not None else None}
+    w = sc.get("workload") or {}
+    if w.get("arrival") in ("poisson", "gamma", "constant") and finite(w.get("rate")):
+        wl["rate"] = float(w["rate"])                   # the offered rate, not this sample's estimate of it
+    analysis = analyze(topos, frames, slo, sc.get("topologies"))
+    best, text = verdict(analysis, topos, slo, wl)
 
+    _log("charts...")
+    has_itl = any("itl" in g for g in frames.values())
+    itl_note = "" if has_itl else ("Approximated: per-token gaps are not recorded in this run, so each request's "
+                                   "output tokens are counted at its mean inter-token time (its TPOT). Real ITL "
+                                   "has a wider spread (a stalled step shows up as one long gap).")
+    sections = [s for s in (
+        _cdf_section(frames, names, "ttft_s", "TTFT", "ttft", slo),
+        _cdf_section(frames, names, "tpot_s", "TPOT", "tpot", slo),
+        _cdf_section(frames, names, "itl", "ITL (inter-token latency)", "tpot", slo, itl_note),
+        _components_section(frames, names),
+        _timeseries_section(ts, names) if ts is not None and len(ts) else {},
+        _kv_section(frames, topos, names),
+        _workload_section(first, wl) if first is not None else {},
+        _faults_section(topos)) if s]
+
+    keys = list(SUMMARY_KEYS)
+    if any(isinstance(t.get("itl_s"), dict) for t in topos.values()):      # the engine branch's ITL stats
+        keys.insert(7, ("itl_s.p99", "ITL p99", seconds))
     rows = []
-    for n, t in topos.items():
-        rows.append({"name": n, "kind": t.get("kind"), "passes": _passes(t, target),
-                     "cells": [(k, _fmt(_get(t, k))) for k, _ in SUMMARY_KEYS],
-                     "card": {"GPUs": _fmt(t.get("gpus")), "kind": t.get("kind") or "-",
-                              "TTFT p50/p90/p99 s": " / ".join(_fmt(_get(t, f"ttft_s.p{p}")) for p in (50, 90, 99)),
-                              "TPOT p50/p90/p99 s": " / ".join(_fmt(_get(t, f"tpot_s.p{p}")) for p in (50, 90, 99)),
-                              "E2E p50/p90/p99 s": " / ".join(_fmt(_get(t, f"e2e_s.p{p}")) for p in (50, 90, 99)),
-                              "SLO attainment": _fmt(t.get("slo_attainment")),
-                              **_slo_card(t.get("slo")),
-                              "out tok/s per GPU": _fmt(_get(t, "throughput.output_tokens_per_s_per_gpu")),
-                              "$ per M output tokens": _fmt(t.get("cost_per_million_output_tokens_usd")),
-                              "requests finished / rejected / abandoned / unfinished": " / ".join(
-                                  _fmt(_get(t, f"requests.{k}"))
-                                  for k in ("finished", "rejected", "abandoned", "unfinished"))}})
+    for n in names:
+        t, a = topos[n], analysis[n]
+        status = "–" if a["passes"] is None else ("PASS" if a["passes"] else "FAIL")
+        cells = [(f"{n}{' ★' if n == best else ''}", n),
+                 (status, status, f' class="{"pass" if a["passes"] else "fail"}"')]
+        for k, _, f in keys:
+            v = _get(t, k)
+            cells.append((f(v), finite(v), f' data-key="{esc(k)}"'))
+        rows.append(cells)
+    summary_table = table(["topology", "SLO"] + [h for _, h, _ in keys], rows, "summary",
+                          [f' data-topology="{esc(n)}"' + (' class="best"' if n == best else "") for n in names])
+    slo_rows = []
+    for n in names:
+        a = analysis[n]
+        r = [n, (("PASS" if a["passes"] else "FAIL") if a["passes"] is not None else "–", int(bool(a["passes"])),
+                 f' class="{"pass" if a["passes"] else "fail"}"'),
+             (pct(a["attainment"]), a["attainment"]),
+             (f"±{num((a['noise'] or 0) * 100)} pts" if a["noise"] is not None else "–", a["noise"]),
+             ((a["bounds"][a["binding"]]["label"] if a["binding"] else "–"), a["binding"] or "", ' data-key="binding"')]
+        for k in ("ttft", "tpot"):
+            b = a["bounds"][k]
+            r += [(seconds(b["measured_s"]), b["measured_s"]),
+                  ((f"{num((1 - b['ratio']) * 100)}%" if b["ratio"] is not None else "–"),
+                   (1 - b["ratio"]) if b["ratio"] is not None else None),
+                  (pct(b["miss_share"]), b["miss_share"])]
+        slo_rows.append(r)
+    tp, pp = (num(finite(slo.get(k)) or 90) for k in ("ttft_percentile", "tpot_percentile"))
+    slo_table = table(["topology", "SLO", "attainment", "noise (1 s.e.)", "binding",
+                       f"TTFT p{tp}", "TTFT margin", "miss TTFT", f"TPOT p{pp}", "TPOT margin", "miss TPOT"],
+                      slo_rows, "slocheck", [f' data-topology="{esc(n)}"' for n in names])
+    cards = []
+    for n in names:
+        t, a = topos[n], analysis[n]
+        items = [("kind", t.get("kind") or "–"), ("GPUs", num(t.get("gpus"))),
+                 ("cost", f"{usd(t.get('cost_per_hour_usd'))}/h"),
+                 ("SLO attainment", pct(a["attainment"])),
+                 ("binding", _bound_text(a))]
+        for k in ("ttft_s", "tpot_s", "e2e_s"):
+            items.append((f"{k[:-2].upper()} p50 / p90 / p99", " / ".join(seconds(_get(t, f"{k}.p{p}"))
+                                                                         for p in (50, 90, 99))))
+        items += [("out tok/s per GPU", num(_get(t, "throughput.output_tokens_per_s_per_gpu"))),
+                  ("$ per M output tokens", usd(t.get("cost_per_million_output_tokens_usd"))),
+                  ("finished / rejected / abandoned / unfinished",
+                   " / ".join(num(_get(t, f"requests.{k}")) for k in ("finished", "rejected", "abandoned",
+                                                                      "unfinished")))]
+        cards.append({"name": n, "best": n == best, "passes": a["passes"], "items": items,
+                      "why": "; ".join(a["reasons"]) if a["reasons"] and not a["passes"] else ""})
 
-    def rank(n):
-        att, cost = _num(topos[n].get("slo_attainment")), _num(topos[n].get("cost_per_million_output_tokens_usd"))
-        return (att if att is not None else -1.0, -(cost if cost is not None else float("inf")))
-    best = max(names, key=rank) if names else None
-
-    figures: list = []
-    first = df.drop_duplicates("request_id")
-    wl = _workload(first, figures)
-    _cdfs(df, names, slo, figures)
-    _components(df, names, figures)
-    if ts is not None and len(ts):
-        _timeseries(ts, names, figures)
-    _kv_transfers(df, topos, figures)
-    _faults(topos, figures)
-
-    _log("rendering HTML...")
     model = sc.get("model")
     if isinstance(model, dict):
         model = model.get("name") or model.get("preset") or json.dumps(model)
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
     env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                       autoescape=select_autoescape(["html", "j2"]))
     html = env.get_template("report.html.j2").render(
         name=sc.get("name") or out_dir.name, description=sc.get("description") or "", model=model,
-        seed=sc.get("seed"), version=summary.get("pdsim_version"), wall_s=_num(summary.get("wall_s")),
-        slo=slo, target=target, wl=wl, fmt=_fmt, headers=[h for _, h in SUMMARY_KEYS],
-        rows=rows, best=best, figures=figures)
+        seed=sc.get("seed"), version=summary.get("pdsim_version"), wall=seconds(summary.get("wall_s")),
+        slo=slo, target=pct(slo.get("attainment_target")), wl=wl, num=num, seconds=seconds, pct=pct,
+        verdict=text, best=best, cards=cards, summary_table=summary_table, slo_table=slo_table,
+        tp=tp, pp=pp, sections=sections, css=CSS, sort_js=SORT_JS, mode=next(iter(analysis.values()))["mode"]
+        if analysis else "attainment", legend=legend)
     path = out_dir / "report.html"
     path.write_text(html, encoding="utf-8")
     _log(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
@@ -349,7 +623,9 @@ REQUIRED_TIMESERIES_COLUMNS = ["topology", "pool", "t_s", "busy_fraction", "mfu"
 _RERUN = "rerun pdsim run to write a complete folder"
 
 
-def _read_csv(path: Path, required: list, **kw) -> pd.DataFrame:
+def _read_csv(path: Path, required: list, **kw) -> "pd.DataFrame":
+    import pandas as pd
+
     from .errors import ConfigError
     if not path.is_file():
         raise ConfigError(f"missing: not a complete pdsim run folder; {_RERUN}", file=str(path))
@@ -376,6 +652,8 @@ def validate_run_folder(out_dir: Path) -> dict:
     different runs, or a run interrupted while writing). Row counts recorded under summary.json's
     ``outputs`` (pdsim run writes them) are checked too.
     """
+    import pandas as pd
+
     from .errors import ConfigError
     out_dir = Path(out_dir)
     if not out_dir.exists():

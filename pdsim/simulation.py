@@ -1,20 +1,17 @@
 """``simulate(scenario)``: the same request stream through every topology, one SimPy environment each."""
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import simpy
 
-from . import workload as wl
-from .config import LengthSpec, Scenario
+from .config import Scenario
 from .errors import ConfigError, SimulationInvariantError
 from .models import ModelShape, get_model
 from .topology import build
-from .workload import ABANDONED, FINISHED, REJECTED, UNFINISHED, Request
+from .workload import ABANDONED, FINISHED, REJECTED, UNFINISHED, Request, generate  # noqa: F401 (generate: re-export)
 
 
 @dataclass
@@ -35,79 +32,6 @@ def resolve_model(sc: Scenario) -> ModelShape:
         raise ConfigError("heads must be a multiple of kv_heads", key="model.kv_heads", value=m.kv_heads)
     return ModelShape(m.name, m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim or m.hidden // m.heads,
                       m.mlp_width, m.vocab, m.tied_embeddings, m.gated_mlp, m.max_context)
-
-
-# --- workload ------------------------------------------------------------------------------
-def _lengths(spec: LengthSpec, rng, n: int, key: str, sc: Scenario, model: ModelShape) -> np.ndarray:
-    if spec.dist == "fixed":
-        return np.full(n, spec.value, dtype=np.int64)
-    if spec.dist == "uniform":
-        return wl.uniform_lengths(rng, spec.low, spec.high, n)
-    if spec.dist == "lognormal":
-        return wl.lognormal_lengths(rng, spec.mean, spec.cv, n, 1, spec.max or model.max_context)
-    from .traces import load_trace
-    tr = load_trace(sc.resolve(spec.path), spec.format)
-    col = tr.prompt_tokens if key.endswith("prompt_tokens") else tr.output_tokens
-    return rng.choice(col, n, replace=True)
-
-
-def generate(sc: Scenario, model: ModelShape) -> list[Request]:
-    """The request stream of a scenario (arrival_s is NaN for closed-loop requests: set when sent)."""
-    w = sc.workload
-    rng = np.random.default_rng(sc.seed)
-    if w.arrival == "trace":
-        from .traces import load_trace, scale_rate, window
-        t = w.trace
-        tr = load_trace(sc.resolve(t.path), t.format)
-        if tr.arrival_s is None:
-            raise ConfigError("this trace has no timestamps; use it for lengths "
-                              "(prompt_tokens: {dist: trace, path: ...}) with a synthetic arrival",
-                              key="workload.trace.path", value=t.path)
-        tr = scale_rate(window(tr, t.start_s, t.duration_s), t.rate_scale)
-        arrival = tr.arrival_s.copy()
-        if t.jitter_s > 0:
-            arrival = np.sort(arrival + rng.uniform(0, t.jitter_s, len(arrival)))
-        prompt, output = tr.prompt_tokens, tr.output_tokens
-        if w.num_requests is not None:
-            arrival, prompt, output = arrival[:w.num_requests], prompt[:w.num_requests], output[:w.num_requests]
-        if len(arrival) == 0:
-            raise ConfigError("no trace rows in the chosen window", key="workload.trace", value=t.path)
-        return wl.make_requests(arrival, prompt, output)
-    if w.arrival == "closed":
-        n = w.num_requests
-        arrival = np.full(n, np.nan)
-    else:
-        n = w.num_requests
-        if n is None:  # enough to cover duration_s, then cut
-            n = int(w.rate * w.duration_s * 1.2 + 10 * math.sqrt(w.rate * w.duration_s) + 10)
-        if w.arrival == "poisson":
-            arrival = wl.poisson_arrivals(rng, w.rate, n)
-        elif w.arrival == "gamma":
-            arrival = wl.gamma_arrivals(rng, w.rate, w.cv, n)
-        else:
-            arrival = wl.constant_arrivals(w.rate, n)
-        if w.num_requests is None and w.arrival != "constant":
-            # n was guessed for Poisson-like gaps: a bursty gamma stream (large cv) often needs more to
-            # reach duration_s, and used to stop short of it; draw on (the same stream) until it does.
-            # (With num_requests given, duration_s only cuts the stream.)
-            while arrival[-1] < w.duration_s:
-                more = wl.poisson_gaps(rng, w.rate, n) if w.arrival == "poisson" else \
-                    wl.gamma_gaps(rng, w.rate, w.cv, n)
-                arrival = np.concatenate([arrival, arrival[-1] + np.cumsum(more)])
-        if w.duration_s is not None:
-            arrival = arrival[arrival < w.duration_s]
-            n = len(arrival)
-    prompt = _lengths(w.prompt_tokens, rng, n, "workload.prompt_tokens", sc, model)
-    output = _lengths(w.output_tokens, rng, n, "workload.output_tokens", sc, model)
-    for key, spec in (("workload.prompt_tokens", w.prompt_tokens), ("workload.output_tokens", w.output_tokens)):
-        if spec.dist == "fixed" and spec.value >= model.max_context:
-            raise ConfigError(f"longer than the {model.max_context}-token context of {model.name}",
-                              key=key, value=spec.value)
-    if w.prompt_tokens.dist == "fixed" and w.output_tokens.dist == "fixed" and \
-            w.prompt_tokens.value + w.output_tokens.value > model.max_context:
-        raise ConfigError(f"prompt + output exceed the {model.max_context}-token context of {model.name}",
-                          key="workload.output_tokens", value=w.output_tokens.value)
-    return wl.make_requests(arrival, prompt, output)
 
 
 # --- the run ----------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Requests and the traffic that makes them: arrival processes, length distributions, trace replay.
+"""Requests and the traffic that makes them: arrival processes, length distributions, trace replay,
+and ``generate(scenario, model)``, the one place a scenario's request stream is made.
 
 Everything takes an explicit ``numpy.random.Generator``: same seed, same requests.
 A :class:`Request` carries its own progress (vLLM's one request model): tokens
@@ -97,3 +98,103 @@ def uniform_lengths(rng: np.random.Generator, low: int, high: int, n: int) -> np
 def make_requests(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> list[Request]:
     return [Request(i, float(a), int(p), int(o))
             for i, (a, p, o) in enumerate(zip(arrival_s.tolist(), prompt.tolist(), output.tolist()))]
+
+
+# --- the stream a scenario produces -----------------------------------------------------
+# One module owns request generation (STYLE.md habit 16): simulate, plan and sweep all call generate().
+def _lengths(spec, rng: np.random.Generator, n: int, model) -> np.ndarray:
+    if spec.dist == "fixed":
+        return np.full(n, spec.value, dtype=np.int64)
+    if spec.dist == "uniform":
+        return uniform_lengths(rng, spec.low, spec.high, n)
+    assert spec.dist == "lognormal", spec.dist
+    return lognormal_lengths(rng, spec.mean, spec.cv, n, 1, spec.max or model.max_context)
+
+
+def _trace_lengths(sc, rng: np.random.Generator, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Lengths sampled from traces.  When prompt and output come from the same trace file, whole rows
+    are sampled, so each request keeps a real (prompt, output) pair and the trace's correlation
+    between them (long code prompts with short replies, say); otherwise each column independently."""
+    from .traces import load_trace
+    w = sc.workload
+    p, o = w.prompt_tokens, w.output_tokens
+    if p.dist == o.dist == "trace" and sc.resolve(p.path) == sc.resolve(o.path) and p.format == o.format:
+        tr = load_trace(sc.resolve(p.path), p.format)
+        rows = rng.integers(0, len(tr), n)
+        return tr.prompt_tokens[rows], tr.output_tokens[rows]
+    out = []
+    for spec, col in ((p, "prompt_tokens"), (o, "output_tokens")):
+        if spec.dist != "trace":
+            out.append(None)
+            continue
+        tr = load_trace(sc.resolve(spec.path), spec.format)
+        out.append(getattr(tr, col)[rng.integers(0, len(tr), n)])
+    return out[0], out[1]
+
+
+def generate(sc, model) -> list[Request]:
+    """The request stream of scenario ``sc`` for ``model`` (a ModelShape), seeded by ``sc.seed``.
+
+    arrival_s is NaN for closed-loop requests: set when the client sends them."""
+    import math
+
+    from .errors import ConfigError
+    w = sc.workload
+    rng = np.random.default_rng(sc.seed)
+    if w.arrival == "trace":
+        from .traces import load_trace, scale_rate, window
+        t = w.trace
+        tr = load_trace(sc.resolve(t.path), t.format)
+        if tr.arrival_s is None:
+            raise ConfigError("this trace has no timestamps; use it for lengths "
+                              "(prompt_tokens: {dist: trace, path: ...}) with a synthetic arrival",
+                              key="workload.trace.path", value=t.path)
+        tr = scale_rate(window(tr, t.start_s, t.duration_s), t.rate_scale)
+        arrival = tr.arrival_s.copy()
+        if t.jitter_s > 0:
+            arrival = np.sort(arrival + rng.uniform(0, t.jitter_s, len(arrival)))
+        prompt, output = tr.prompt_tokens, tr.output_tokens
+        if w.num_requests is not None:
+            arrival, prompt, output = arrival[:w.num_requests], prompt[:w.num_requests], output[:w.num_requests]
+        if len(arrival) == 0:
+            raise ConfigError("no trace rows in the chosen window", key="workload.trace", value=t.path)
+        return make_requests(arrival, prompt, output)
+    if w.arrival == "closed":
+        n = w.num_requests
+        arrival = np.full(n, np.nan)
+    else:
+        n = w.num_requests
+        if n is None:  # enough to cover duration_s, then cut
+            n = int(w.rate * w.duration_s * 1.2 + 10 * math.sqrt(w.rate * w.duration_s) + 10)
+        if w.arrival == "poisson":
+            arrival = poisson_arrivals(rng, w.rate, n)
+        elif w.arrival == "gamma":
+            arrival = gamma_arrivals(rng, w.rate, w.cv, n)
+        else:
+            arrival = constant_arrivals(w.rate, n)
+        if w.num_requests is None and w.arrival != "constant":
+            # n was guessed for Poisson-like gaps: a bursty gamma stream (large cv) often needs more to
+            # reach duration_s, and used to stop short of it; draw on (the same stream) until it does.
+            # (With num_requests given, duration_s only cuts the stream.)
+            while arrival[-1] < w.duration_s:
+                more = poisson_gaps(rng, w.rate, n) if w.arrival == "poisson" else gamma_gaps(rng, w.rate, w.cv, n)
+                arrival = np.concatenate([arrival, arrival[-1] + np.cumsum(more)])
+        if w.duration_s is not None:
+            arrival = arrival[arrival < w.duration_s]
+            n = len(arrival)
+    # synthetic lengths first, in the order they always were drawn (same seed, same stream as before)
+    prompt = None if w.prompt_tokens.dist == "trace" else _lengths(w.prompt_tokens, rng, n, model)
+    output = None if w.output_tokens.dist == "trace" else _lengths(w.output_tokens, rng, n, model)
+    if prompt is None or output is None:
+        tp, to = _trace_lengths(sc, rng, n)
+        prompt = tp if prompt is None else prompt
+        output = to if output is None else output
+    for key, spec in (("workload.prompt_tokens", w.prompt_tokens), ("workload.output_tokens", w.output_tokens)):
+        if spec.dist == "fixed" and spec.value >= model.max_context:
+            raise ConfigError(f"longer than the {model.max_context}-token context of {model.name}",
+                              key=key, value=spec.value)
+    if w.prompt_tokens.dist == "fixed" and w.output_tokens.dist == "fixed" and \
+            w.prompt_tokens.value + w.output_tokens.value > model.max_context:
+        raise ConfigError(f"prompt + output exceed the {model.max_context}-token context of {model.name}",
+                          key="workload.output_tokens", value=w.output_tokens.value)
+    return make_requests(arrival, prompt, output)

@@ -1,0 +1,289 @@
+"""``pdsim sweep SCENARIO --set workload.rate=2:20:2``: a scenario over a grid of values, in a local process pool.
+
+A ``--set KEY=lo:hi:step`` (numbers, hi included) or ``--set KEY=a,b,c`` is an axis of the grid; any other
+``--set`` applies to every point.  Every point's scenario is validated before anything is simulated.  For
+each point and topology it keeps SLO attainment, TTFT/TPOT percentiles and cost, and per topology the
+goodput: DistServe's highest swept value whose attainment (and every lower value's) meets the target,
+with the crossing interpolated linearly between the last passing and the first failing point.
+
+Writes ``sweep.csv`` (one row per point per topology), ``sweep.json`` and ``sweep.html``.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from .errors import ConfigError
+
+MAX_POINTS = 1000
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_RANGE = re.compile(rf"^\s*({_NUM})\s*:\s*({_NUM})\s*:\s*({_NUM})\s*$")
+
+
+def parse_axes(sets: list[str]) -> tuple[list[str], list[tuple[str, list]]]:
+    """Split ``--set`` items into fixed overrides and grid axes [(key, values)]."""
+    fixed, axes = [], []
+    for item in sets or []:
+        if "=" not in item:
+            raise ConfigError("--set needs KEY=VALUE", key="--set", value=item)
+        key, text = (s.strip() for s in item.split("=", 1))
+        m = _RANGE.match(text)
+        if m:
+            lo, hi, step = (float(g) for g in m.groups())
+            if not (step > 0) or hi < lo or not all(math.isfinite(v) for v in (lo, hi, step)):
+                raise ConfigError("a range is lo:hi:step with lo <= hi and step > 0", key=f"--set {key}", value=text)
+            n = int(math.floor((hi - lo) / step + 1e-9)) + 1
+            if n > MAX_POINTS:
+                raise ConfigError(f"{n} values; at most {MAX_POINTS}", key=f"--set {key}", value=text)
+            vals = [lo + i * step for i in range(n)]
+            integral = all(float(g).is_integer() for g in (lo, step)) and "." not in text and "e" not in text.lower()
+            vals = [int(round(v)) if integral else float(f"{v:.12g}") for v in vals]
+            axes.append((key, vals))
+        elif "," in text and not text.startswith(("[", "{")):
+            vals = []
+            for part in text.split(","):
+                try:
+                    vals.append(yaml.safe_load(part.strip()))
+                except yaml.YAMLError:
+                    vals.append(part.strip())
+            if any(v is None for v in vals):
+                raise ConfigError("empty value in a list", key=f"--set {key}", value=text)
+            axes.append((key, vals))
+        else:
+            fixed.append(item)
+    if len({k for k, _ in axes}) != len(axes):
+        raise ConfigError("a key is swept twice", key="--set", value=", ".join(k for k, _ in axes))
+    n = math.prod(len(v) for _, v in axes) if axes else 0
+    if n > MAX_POINTS:
+        raise ConfigError(f"the grid has {n} points; at most {MAX_POINTS}", key="--set")
+    return fixed, axes
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def run_point(task: dict) -> dict:
+    """Simulate one grid point; the per-topology numbers a sweep keeps (runs in a worker process)."""
+    from . import config, metrics
+    from .simulation import simulate
+    sc = config.load(task["scenario"], task["overrides"])
+    t0 = time.perf_counter()
+    results = simulate(sc)
+    df = metrics.requests_frame(results)
+    summary = metrics.summarize(results, df, sc)
+    out = []
+    for name, t in summary.items():
+        row = {**task["point"], "topology": name, "slo_attainment": t["slo_attainment"], "slo_met": t["slo_met"],
+               "gpus": t["gpus"], "cost_per_hour_usd": t["cost_per_hour_usd"],
+               "cost_per_million_output_tokens_usd": t["cost_per_million_output_tokens_usd"],
+               "requests": t["requests"]["total"], "finished": t["requests"]["finished"],
+               "output_tokens_per_s": t["throughput"]["output_tokens_per_s"]}
+        for m in ("ttft_s", "tpot_s", "e2e_s"):
+            for p in ("p50", "p90", "p99"):
+                row[f"{m[:-2]}_{p}_s"] = (t.get(m) or {}).get(p)
+        out.append(row)
+    return {"point": task["point"], "rows": out, "wall_s": time.perf_counter() - t0}
+
+
+def goodput(xs: list[float], att: list[float], target: float) -> dict:
+    """Highest x whose attainment, and that of every lower x, is >= target; the crossing interpolated
+    between that x and the next (first failing) one.  ``status``: within / above / below the swept range."""
+    pts = sorted((x, a) for x, a in zip(xs, att) if a is not None and not math.isnan(a))
+    last, nxt = None, None
+    for i, (x, a) in enumerate(pts):
+        if a >= target:
+            last = (x, a)
+        else:
+            nxt = (x, a)
+            break
+    if last is None:
+        return {"status": "below the swept range", "last_pass": None, "first_fail": pts[0][0] if pts else None,
+                "estimate": None}
+    if nxt is None:
+        return {"status": "above the swept range", "last_pass": last[0], "first_fail": None, "estimate": last[0]}
+    (x0, a0), (x1, a1) = last, nxt
+    est = x0 + (x1 - x0) * (a0 - target) / (a0 - a1) if a0 > a1 else x0
+    return {"status": "within the swept range", "last_pass": x0, "first_fail": x1, "estimate": est}
+
+
+def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress: bool = True) -> dict:
+    from . import config
+    fixed, axes = parse_axes(sets)
+    if not axes:
+        raise ConfigError("nothing to sweep: give --set KEY=lo:hi:step or --set KEY=a,b,c", key="--set")
+    points = [dict(zip([k for k, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
+    tasks = []
+    for pt in points:     # validate every point before simulating any: a bad value fails in a second
+        ov = fixed + [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in pt.items()]
+        sc = config.load(scenario, ov)
+        tasks.append({"scenario": scenario, "overrides": ov, "point": pt})
+    jobs = max(1, min(jobs or (os.cpu_count() or 1), len(tasks)))
+    if progress:
+        print(f"pdsim sweep: {len(tasks)} points x {len(sc.topologies)} topologies on {jobs} "
+              f"process{'es' if jobs > 1 else ''}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    results = []
+    if jobs == 1:
+        for i, t in enumerate(tasks, 1):
+            results.append(run_point(t))
+            if progress:
+                print(f"pdsim sweep: {i}/{len(tasks)} {t['point']}", file=sys.stderr, flush=True)
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            for i, r in enumerate(ex.map(run_point, tasks), 1):
+                results.append(r)
+                if progress:
+                    print(f"pdsim sweep: {i}/{len(tasks)} {r['point']}", file=sys.stderr, flush=True)
+    rows = [row for r in results for row in r["rows"]]
+    target = sc.slo.attainment_target
+    # x axis: the first numeric axis; the other axes make separate series
+    keys = [k for k, _ in axes]
+    xkey = next((k for k, v in axes if all(_is_num(x) for x in v)), keys[0])
+    others = [k for k in keys if k != xkey]
+    series = {}
+    for row in rows:
+        label = row["topology"] + "".join(f" · {k.split('.')[-1]}={row[k]}" for k in others)
+        series.setdefault(label, []).append(row)
+    gp = {}
+    numeric = all(_is_num(v) for v in dict(axes)[xkey])
+    for label, rs in series.items():
+        if numeric:
+            gp[label] = goodput([r[xkey] for r in rs], [r["slo_attainment"] for r in rs], target)
+    return {"scenario": str(scenario), "name": sc.name, "axes": [{"key": k, "values": v} for k, v in axes],
+            "fixed": fixed, "x": xkey, "numeric_x": numeric, "slo": sc.slo.model_dump(), "rows": rows,
+            "series": {k: [r for r in v] for k, v in series.items()}, "goodput": gp,
+            "wall_s": time.perf_counter() - t0, "jobs": jobs}
+
+
+def write_sweep_outputs(result: dict, out: Path) -> Path:
+    import pandas as pd
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(result["rows"]).to_csv(out / "sweep.csv", index=False, float_format="%.9g")
+    (out / "sweep.json").write_text(json.dumps({k: v for k, v in result.items() if k != "series"}, indent=2,
+                                               default=str))
+    return build_sweep_report(result, out)
+
+
+def print_goodput(result: dict, out=None) -> None:
+    out = out or sys.stdout
+    from .charts import num
+    x = result["x"]
+    for label, g in result["goodput"].items():
+        est = {"within the swept range": f"≈ {num(g['estimate'])}", "above the swept range":
+               f"≥ {num(g['last_pass'])}"}.get(g["status"], f"< {num(g['first_fail'])}")
+        print(f"{label}: goodput {est} {x} ({g['status']}; last passing {num(g['last_pass'])}, "
+              f"first failing {num(g['first_fail'])})", file=out)
+
+
+def build_sweep_report(result: dict, out: Path) -> Path:
+    from .charts import CSS, SORT_JS, esc, line_chart, num, pct, seconds, table, usd
+    x, slo, gp = result["x"], result["slo"], result["goodput"]
+    labels = list(result["series"])
+    xs_all = [v for a in result["axes"] if a["key"] == x for v in a["values"]]
+    if result["numeric_x"]:
+        xval, xfmt = (lambda v: float(v)), num
+    else:
+        pos = {str(v): i for i, v in enumerate(xs_all)}
+        xval, xfmt = (lambda v: float(pos[str(v)])), \
+            (lambda t: str(xs_all[int(t)]) if float(t).is_integer() and 0 <= int(t) < len(xs_all) else "")
+
+    def chart(metric, ylabel, yfmt, hline=None, mark_y=None, ylim=None):
+        series, marks = [], []
+        for i, label in enumerate(labels):
+            rs = sorted(result["series"][label], key=lambda r: xval(r[x]))
+            series.append({"name": label, "x": [xval(r[x]) for r in rs], "y": [r.get(metric) for r in rs], "i": i,
+                           "points": True})
+            g = gp.get(label)
+            if g and g["estimate"] is not None and mark_y is not None:
+                marks.append({"x": g["estimate"], "y": mark_y(rs, g["estimate"], metric),
+                              "label": f"goodput {num(g['estimate'])}", "i": i})
+        return line_chart(series, x, ylabel, xfmt=xfmt, yfmt=yfmt, hlines=[hline] if hline else [], marks=marks,
+                          ylim=ylim, title=ylabel)
+
+    def interp(rs, at, metric):
+        pts = [(xval(r[x]), r.get(metric)) for r in rs if r.get(metric) is not None]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if x0 <= at <= x1:
+                return y0 + (y1 - y0) * ((at - x0) / (x1 - x0) if x1 > x0 else 0)
+        return pts[-1][1] if pts else None
+
+    tgt = slo["attainment_target"]
+    tp, pp = num(slo.get("ttft_percentile", 90)), num(slo.get("tpot_percentile", 90))
+    sections = [
+        ("SLO attainment", chart("slo_attainment", "SLO attainment", pct, (tgt, f"target {pct(tgt)}"),
+                                 lambda rs, at, m: tgt, (0, 1.0))),
+        ("TTFT p90", chart("ttft_p90_s", "TTFT p90", seconds, (slo["ttft_s"], f"SLO {seconds(slo['ttft_s'])}"),
+                           interp)),
+        ("TPOT p90", chart("tpot_p90_s", "TPOT p90", seconds, (slo["tpot_s"], f"SLO {seconds(slo['tpot_s'])}"),
+                           interp)),
+        ("Cost per million output tokens", chart("cost_per_million_output_tokens_usd", "$ per M output tokens",
+                                                 usd, None, interp)),
+    ]
+    verdict = []
+    for label in labels:
+        g = gp.get(label)
+        if not g:
+            continue
+        if g["status"] == "within the swept range":
+            verdict.append(f"{label}: goodput ≈ {num(g['estimate'])} (passes at {num(g['last_pass'])}, fails at "
+                           f"{num(g['first_fail'])})")
+        elif g["status"] == "above the swept range":
+            verdict.append(f"{label}: passes at every swept value (goodput ≥ {num(g['last_pass'])})")
+        else:
+            verdict.append(f"{label}: fails already at {num(g['first_fail'])} (goodput below the swept range)")
+    text = (f"Goodput over {x} (the highest value at which at least {pct(tgt)} of requests meet TTFT ≤ "
+            f"{seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])}, interpolated between grid points): "
+            + "; ".join(verdict) + ".") if verdict else f"{x} is not numeric: no goodput is computed."
+    cols = [a["key"] for a in result["axes"]] + ["topology", "slo_attainment", "ttft_p50_s", "ttft_p90_s",
+                                                  "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
+                                                  "e2e_p90_s", "gpus", "cost_per_million_output_tokens_usd"]
+    heads = [c.split(".")[-1] for c in cols[:len(result["axes"])]] + [
+        "topology", "attain\u00adment", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99",
+        "E2E p90", "GPUs", "$ per M out tok"]
+
+    def cell(c, v):
+        if c == "topology":
+            return (str(v), str(v), ' class="text"')
+        if v is None or isinstance(v, str):
+            return ("–" if v is None else v, v)
+        if c.endswith("_s"):
+            return (seconds(v), v)
+        if c == "slo_attainment":
+            return (pct(v), v)
+        if c.startswith("cost"):
+            return (usd(v), v)
+        return (num(v), v)
+    rows = [[cell(c, r.get(c)) for c in cols] for r in result["rows"]]
+    gp_rows = [[(label, label, ' class="text"'), g["status"], (num(g["last_pass"]), g["last_pass"]),
+                (num(g["first_fail"]), g["first_fail"]), (num(g["estimate"]), g["estimate"])]
+               for label, g in gp.items()]
+    parts = [f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+             f'content="width=device-width, initial-scale=1"><title>pdsim sweep {esc(result["name"])}</title>'
+             f"<style>{CSS}</style></head><body><h1>Sweep: {esc(result['name'])} over {esc(x)}</h1>",
+             f'<p class="verdict" id="verdict">{esc(text)}</p>',
+             f'<p class="meta">Scenario {esc(result["scenario"])}; grid '
+             + "; ".join(f"{esc(a['key'])} = {esc(', '.join(str(v) for v in a['values']))}" for a in result["axes"])
+             + (f"; fixed {esc(', '.join(result['fixed']))}" if result["fixed"] else "")
+             + f". {num(len(result['rows']))} rows from {num(result['jobs'])} processes in {seconds(result['wall_s'])}."
+             f" SLO: TTFT p{tp} ≤ {seconds(slo['ttft_s'])}, TPOT p{pp} ≤ {seconds(slo['tpot_s'])}, attainment ≥ "
+             f"{pct(tgt)}.</p>"]
+    if gp_rows:
+        parts += ["<h2>Goodput per topology</h2>",
+                  table(["series", "where", "last passing", "first failing", "goodput (interpolated)"], gp_rows,
+                        "goodput", [f' data-series="{esc(label)}"' for label in gp])]
+    for title, ch in sections:
+        parts += [f"<h2>{esc(title)} vs {esc(x)}</h2>", ch]
+    parts += ["<h2>Every point</h2>", table(heads, rows, "sweep"), SORT_JS, "</body></html>"]
+    path = out / "sweep.html"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path

@@ -1,0 +1,107 @@
+"""pdsim sweep: grid parsing, the goodput rule, and an M/D/1 sweep whose goodput mark lands where queueing
+theory puts it (Erlang's M/D/1 waiting-time distribution, the inverse of the Pollaczek-Khinchine transform)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pdsim.__main__ import main
+from pdsim.errors import ConfigError
+from pdsim.sweep import goodput, parse_axes
+
+
+def test_parse_axes_ranges_lists_and_fixed():
+    fixed, axes = parse_axes(["workload.rate=2:20:2", "seed=3", "topologies.c.replicas=1,2,4",
+                              "slo.ttft_s=0.1:0.3:0.1", "workload.prompt_tokens={dist: fixed, value: 8}"])
+    assert fixed == ["seed=3", "workload.prompt_tokens={dist: fixed, value: 8}"]
+    assert axes[0] == ("workload.rate", [2, 4, 6, 8, 10, 12, 14, 16, 18, 20])
+    assert axes[1] == ("topologies.c.replicas", [1, 2, 4])
+    assert axes[2] == ("slo.ttft_s", [0.1, 0.2, 0.3])
+
+
+@pytest.mark.parametrize("bad", ["workload.rate=5:1:1", "workload.rate=1:5:0", "workload.rate=1:1e9:1",
+                                 "workload.rate=1,,2"])
+def test_parse_axes_rejects_bad_grids(bad):
+    with pytest.raises(ConfigError) as e:
+        parse_axes([bad])
+    assert "\n" not in str(e.value) and bad.split("=")[1] in str(e.value)
+
+
+def test_goodput_rule_by_hand():
+    # DistServe: highest value whose attainment, and every lower value's, meets the target
+    g = goodput([1, 2, 3, 4], [0.99, 0.95, 0.85, 0.5], 0.9)
+    assert (g["last_pass"], g["first_fail"]) == (2, 3)
+    assert g["estimate"] == pytest.approx(2 + (0.95 - 0.9) / (0.95 - 0.85))       # 2.5
+    assert goodput([1, 2, 3], [0.95, 0.8, 0.95], 0.9)["last_pass"] == 1          # a later pass does not count
+    assert goodput([1, 2], [0.5, 0.4], 0.9)["status"] == "below the swept range"
+    assert goodput([1, 2], [0.95, 0.91], 0.9)["status"] == "above the swept range"
+
+
+def _md1_wait_cdf(t: float, lam: float, D: float) -> float:
+    """P(W <= t) for M/D/1 (Erlang 1909): sum over k <= t/D of (lam (kD - t))^k / k! e^{-lam (kD - t)}, times 1 - rho."""
+    return (1 - lam * D) * sum((lam * (k * D - t)) ** k / math.factorial(k) * math.exp(-lam * (k * D - t))
+                               for k in range(int(math.floor(t / D)) + 1))
+
+
+def test_md1_sweep_marks_goodput_where_theory_says(tmp_path):
+    D, bound, target = 0.01, 0.03, 0.9          # TTFT = wait + D <= 30 ms for 90% of requests
+    lo, hi = 1e-3, 1 / D - 1e-9
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _md1_wait_cdf(bound - D, mid, D) >= target else (lo, mid)
+    analytic = lo                               # 58.7 req/s
+    sc = tmp_path / "md1.yaml"
+    sc.write_text(f"""name: md1
+seed: 3
+model: llama-3.1-8b
+workload: {{arrival: poisson, rate: 10, num_requests: 30000, prompt_tokens: 8, output_tokens: 1}}
+slo: {{ttft_s: {bound}, tpot_s: 10.0, attainment_target: {target}}}
+topologies:
+  batch1: {{kind: colocated, replicas: 1, max_running: 1, kv_blocks: 100000,
+           cost_model: {{kind: constant, step_s: {D}}}}}
+""")
+    out = tmp_path / "out"
+    assert main(["sweep", str(sc), "--set", "workload.rate=50:65:5", "--out", str(out), "--jobs", "2",
+                 "--quiet"]) == 0
+    res = json.loads((out / "sweep.json").read_text())
+    for row in res["rows"]:                     # every point's attainment is Erlang's P(W <= bound - D)
+        assert row["slo_attainment"] == pytest.approx(_md1_wait_cdf(bound - D, row["workload.rate"], D), abs=0.02)
+    g = res["goodput"]["batch1"]
+    assert (g["last_pass"], g["first_fail"]) == (55, 60)
+    assert g["estimate"] == pytest.approx(analytic, rel=0.04)
+    html = (out / "sweep.html").read_text()
+    from pdsim.charts import num
+    assert html.count(f">goodput {num(g['estimate'])}</text>") >= 2       # marked on attainment and TTFT charts
+    assert "target 90.0%" in html and "SLO 30\u00a0ms" in html                  # the SLO lines
+    assert (out / "sweep.csv").read_text().count("\n") == 1 + 4
+
+
+def test_sweep_bad_value_is_one_line_before_simulating(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text("model: llama-3.1-8b\nworkload: {arrival: poisson, rate: 1, num_requests: 5}\n"
+                  "topologies: {c: {kind: colocated}}\n")
+    assert main(["sweep", str(sc), "--set", "workload.rate=1,-2", "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "workload.rate" in err and "-2" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_page_fits_1024_px(tmp_path):
+    """Two topologies over a swept rate, rendered and probed in Chromium (no simulation needed)."""
+    from pdsim.sweep import build_sweep_report
+    from test_report import _overflows
+    rows = [{"workload.rate": r, "topology": t, "slo_attainment": max(0.0, 1 - r / (40 if t == "a" else 60)),
+             "ttft_p90_s": 0.01 * r, "tpot_p90_s": 0.001 * r, "cost_per_million_output_tokens_usd": 1.0 + r / 100,
+             "gpus": 2} for t in ("a", "colocated-4-chunked-with-a-long-name") for r in range(2, 22, 2)]
+    series = {}
+    for row in rows:
+        series.setdefault(row["topology"], []).append(row)
+    gp = {k: goodput([r["workload.rate"] for r in v], [r["slo_attainment"] for r in v], 0.9) for k, v in series.items()}
+    result = {"scenario": "x.yaml", "name": "x", "axes": [{"key": "workload.rate", "values": list(range(2, 22, 2))}],
+              "fixed": [], "x": "workload.rate", "numeric_x": True,
+              "slo": {"ttft_s": 0.1, "tpot_s": 0.01, "attainment_target": 0.9}, "rows": rows, "series": series,
+              "goodput": gp, "wall_s": 1.0, "jobs": 2}
+    path = build_sweep_report(result, tmp_path)
+    assert _overflows(path, tmp_path, 1024) == []
