@@ -22,7 +22,7 @@ def _clean(x):
 def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = False,
                   report: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    df = metrics.requests_frame(results)
+    df = metrics.requests_frame(results, sc.client)
     df.to_csv(out / "requests.csv", index=False, float_format="%.9g")
     ts = metrics.timeseries_frame(results)
     ts.to_csv(out / "timeseries.csv", index=False, float_format="%.6g")
