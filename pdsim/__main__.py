@@ -121,6 +121,35 @@ def cmd_plan(args) -> int:
     return 0 if result["winner"] else 1
 
 
+def cmd_validate(args) -> int:
+    from .validate import read_measured, silicon_sample_path, validate, write_outputs
+    files = list(args.measured)
+    if args.silicon:
+        files.append(silicon_sample_path())
+    if not files:
+        raise ConfigError("give a measured file (silicon CSV, vllm bench serve JSON, GenAI-Perf JSON) or --silicon",
+                          key="validate")
+    defaults = {k: v for k, v in (("device", args.device), ("tp", args.tp), ("engine", args.engine)) if v}
+    rows = [r for f in files for r in read_measured(f, defaults)]
+    if args.sample and args.sample < len(rows):
+        import numpy as np
+        keep = sorted(np.random.default_rng(args.seed).choice(len(rows), args.sample, replace=False).tolist())
+        rows = [rows[i] for i in keep]
+    res = validate(rows, engine_presets=not args.no_engine, requests_per_client=args.requests_per_client,
+                   progress=None if args.quiet else
+                   lambda i, n, r: print(f"pdsim validate: {i}/{n} {r['id']}", file=sys.stderr, flush=True))
+    out = Path(args.out or "reports/validate")
+    write_outputs(res, out)
+    c = res["counts"]
+    print(f"{c['rows_in']} rows, {c['simulated']} simulated, {c['skipped']} skipped "
+          f"{c['skipped_by_reason']}")
+    for g in res["groups"]:
+        print(f"  {g['model']:14s} {g['device']:9s} {g['engine']:8s} {g['mode']:4s} n={g['rows']:<4d} "
+              f"TTFT MAPE {_fmt(g['ttft_mape'])}%  TPOT MAPE {_fmt(g['tpot_mape'])}%")
+    print(f"wrote {out}/ (validate.csv, skipped.csv, validate.json, validate.html)", file=sys.stderr)
+    return 0 if c["simulated"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pdsim", description="Simulate colocated and prefill/decode-"
                                  "disaggregated LLM serving.")
@@ -157,6 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-cache", action="store_true")
     pl.add_argument("--quiet", action="store_true")
     pl.set_defaults(fn=cmd_plan)
+    va = sub.add_parser("validate", help="simulate measured benchmark runs and report pdsim's error")
+    va.add_argument("measured", nargs="*", help="silicon CSV, `vllm bench serve` JSON or GenAI-Perf JSON")
+    va.add_argument("--silicon", action="store_true", help="add the silicon sample of an installed aiconfigurator-core")
+    va.add_argument("--out", help="output folder (default reports/validate)")
+    va.add_argument("--device", help="GPU of JSON results that do not name one (e.g. h100-sxm)")
+    va.add_argument("--tp", type=int, help="tensor parallelism of JSON results that do not give it")
+    va.add_argument("--engine", help="engine of JSON results that do not give it (vllm-v1, vllm-v0, sglang, trtllm)")
+    va.add_argument("--no-engine", action="store_true", help="simulate with the idealised engine (no presets)")
+    va.add_argument("--sample", type=int, help="simulate a seeded random sample of this many rows")
+    va.add_argument("--seed", type=int, default=0)
+    va.add_argument("--requests-per-client", type=int, default=3)
+    va.add_argument("--quiet", action="store_true")
+    va.set_defaults(fn=cmd_validate)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")
     rp.add_argument("dir")
     rp.set_defaults(fn=cmd_report)
