@@ -223,8 +223,10 @@ def silicon_sample_path() -> Path:
 
 
 # --- simulate a row ------------------------------------------------------------------------------
-def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 3, min_requests: int = 16):
-    """The closed-loop scenario of one measured row (``engine_presets=False``: the idealised engine)."""
+def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 3, min_requests: int = 16,
+                 client: dict | None = None):
+    """The closed-loop scenario of one measured row (``engine_presets=False``: the idealised engine);
+    ``client``: Scenario.client keys (ramp-up, jitter, warm-up)."""
     from . import config
     c = r["concurrency"]
     pool = {"kind": "colocated", "replicas": 1, "tp": r["tp"], "device": r["device"]}
@@ -235,17 +237,31 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
            "workload": {"arrival": "closed", "clients": c, "num_requests": max(min_requests, requests_per_client * c),
                         "prompt_tokens": r["isl"], "output_tokens": r["osl"]},
            "topologies": {"t": pool}}
+    if client:
+        raw["client"] = client
     return config.parse(raw, f"row {r['id']}")
 
 
-def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 3) -> dict:
+#: how the clients of a measured run are assumed to send (the silicon sample does not say):
+#: ``sync``: all start at t=0 and every request is measured (vllm bench serve --max-concurrency);
+#: ``stagger``: first sends spread uniformly over one lone request's E2E time (as clients that
+#: have drifted apart in a long run), the first ``concurrency`` requests left out as warm-up.
+CLIENT_MODES = ("sync", "stagger")
+
+
+def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 3,
+                 client_mode: str = "sync") -> dict:
     """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them."""
     from .metrics import requests_frame
     from .simulation import simulate
-    sc = row_scenario(r, engine_presets, requests_per_client)
+    client = None
+    if client_mode == "stagger":
+        lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1))[0].requests[0]
+        client = {"start_jitter_s": float(lone.finish_s - lone.arrival_s), "warmup_requests": r["concurrency"]}
+    sc = row_scenario(r, engine_presets, requests_per_client, client=client)
     res = simulate(sc)
     df = requests_frame(res, sc.client)
-    fin = df[df.status == "finished"]
+    fin = df[(df.status == "finished") & ~df.warmup.astype(bool)]
     span = res[0].sim_end_s or float("nan")
     return {"sim_ttft_ms": float(fin.ttft_s.mean() * 1e3) if len(fin) else float("nan"),
             "sim_tpot_ms": float(fin.tpot_s.mean() * 1e3) if len(fin) else float("nan"),
@@ -263,7 +279,7 @@ GROUP = ("model", "device", "engine", "mode")
 
 
 def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 3,
-             progress=None) -> dict:
+             progress=None, client_mode: str = "sync") -> dict:
     """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}."""
     usable, skipped = [], []
     for r, why in rows:
@@ -271,7 +287,7 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
     out_rows = []
     for i, (r, _) in enumerate(usable):
         try:
-            sim = simulate_row(r, engine_presets, requests_per_client)
+            sim = simulate_row(r, engine_presets, requests_per_client, client_mode)
         except ConfigError as exc:          # e.g. weights do not fit the GPU at this TP
             skipped.append((r, "does_not_fit: " + str(exc)[:160]))
             continue
