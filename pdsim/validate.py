@@ -82,7 +82,7 @@ def _row(source, rid, model, gpu, backend, version, mode, tp, isl, osl, conc, pr
          "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "throughput_tok_s": throughput, **(extra or {})}
     m, why = _model(model)
     if why:
-        return r, why.split(":")[0]
+        return r, why
     r["model"] = m
     r["device"] = GPUS.get(str(gpu).lower())
     if r["device"] is None:
