@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--write-error-table", action="store_true")
     ap.add_argument("--client", choices=["sync", "stagger"], default="sync",
                     help="how the measured clients are assumed to send (pdsim.validate.CLIENT_MODES)")
-    ap.add_argument("--requests-per-client", type=int, default=3)
+    ap.add_argument("--requests-per-client", type=int, default=10)
     ap.add_argument("--only-after", action="store_true", help="skip the idealised-engine run")
     args = ap.parse_args()
     path = Path(args.csv) if args.csv else silicon_sample_path()

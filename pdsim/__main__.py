@@ -59,6 +59,10 @@ def cmd_estimate(args) -> int:
     model, dev = get_model(args.model, "--model"), get_device(args.device, "--device")
     model.validate_tp(args.tp, "--tp")
     cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype)
+    pool = _estimate_pool(args)
+    if pool.engine is not None:
+        from .engines import wrap_cost
+        cm = wrap_cost(cm, pool)       # the engine's per-step overhead instead of the device's flat one
     if args.prefill is not None:
         if args.prefill < 1:
             raise ConfigError("must be >= 1", key="--prefill", value=args.prefill)
@@ -77,10 +81,14 @@ def cmd_estimate(args) -> int:
     ops = cm.breakdown(*agg)
     peak, bw = dev.peak_flops(cm.compute_dtype) * args.tp, dev.mem_bw_Bps * args.tp
     bound = "compute" if st.flops / peak > st.bytes / bw else "memory"
+    if pool.engine is not None:
+        ops["step_overhead"] = {"time_s": st.time_s - sum(v["time_s"] for k, v in ops.items() if k != "step_overhead"),
+                                "flops": 0.0, "bytes": 0.0}
     res = {**what, "model": model.name, "device": dev.name, "device_source": dev.source, "tp": args.tp,
-           "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
+           "engine": pool.engine, "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
            "achieved_tflops": st.flops / st.time_s / 1e12, "achieved_GBps": st.bytes / st.time_s / 1e9,
-           "ops": ops}
+           "ops": ops, "kv_capacity": _kv_capacity(pool, model, args,
+                                                   what.get("prompt_tokens") or what.get("context", 0) + 1)}
     if args.json:
         print(json.dumps(res, indent=2))
     else:
@@ -88,7 +96,34 @@ def cmd_estimate(args) -> int:
               f"({bound}-bound; {res['achieved_tflops']:.1f} TFLOP/s, {res['achieved_GBps']:.0f} GB/s)")
         for k, v in ops.items():
             print(f"  {k:14s} {v['time_s'] * 1e3:9.3f} ms  {v['flops'] / 1e9:10.2f} GFLOP  {v['bytes'] / 1e6:10.2f} MB")
+        kv = res["kv_capacity"]
+        print(f"KV cache ({pool.engine or 'no engine preset'}): {kv['blocks']} blocks of {kv['block_size']} tokens = "
+              f"{kv['tokens']:,} tokens per instance = {kv['requests']:,} requests of {kv['request_tokens']} tokens")
     return 0
+
+
+def _estimate_pool(args):
+    from .config import PoolSpec
+    from .errors import ConfigError as _CE
+    from pydantic import ValidationError
+    kw = {"device": args.device, "tp": args.tp}
+    if args.engine:
+        kw["engine"] = args.engine
+    try:
+        return PoolSpec(**kw)
+    except ValidationError:
+        raise _CE("unknown engine; valid: vllm-v1, vllm-v0, sglang, trtllm", key="--engine",
+                  value=args.engine) from None
+
+
+def _kv_capacity(pool, model, args, request_tokens: int) -> dict:
+    """KV capacity of one instance in tokens and in requests of ``request_tokens`` tokens each."""
+    from .topology import kv_blocks
+    blocks, _ = kv_blocks(pool, model, args.weight_dtype, args.kv_dtype, None, "--device")
+    usable = blocks - int(pool.watermark * blocks)
+    per_req = -(-request_tokens // pool.block_size)
+    return {"blocks": blocks, "block_size": pool.block_size, "tokens": usable * pool.block_size,
+            "requests": usable // per_req, "request_tokens": request_tokens}
 
 
 def cmd_report(args) -> int:
@@ -173,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--context", type=int, default=1024)
     e.add_argument("--weight-dtype", default="bf16")
     e.add_argument("--kv-dtype", default="bf16")
+    e.add_argument("--engine", help="serving engine preset (vllm-v1, vllm-v0, sglang, trtllm): its step "
+                   "overhead and KV sizing")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_estimate)
     pl = sub.add_parser("plan", help="find the cheapest deployment that meets the SLO (goodput search)")
@@ -196,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--no-engine", action="store_true", help="simulate with the idealised engine (no presets)")
     va.add_argument("--sample", type=int, help="simulate a seeded random sample of this many rows")
     va.add_argument("--seed", type=int, default=0)
-    va.add_argument("--requests-per-client", type=int, default=3)
+    va.add_argument("--requests-per-client", type=int, default=10)
     va.add_argument("--quiet", action="store_true")
     va.set_defaults(fn=cmd_validate)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")

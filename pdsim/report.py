@@ -254,6 +254,24 @@ def _kv_transfers(df: pd.DataFrame, topos: dict, figures: list) -> None:
                     "table": table})
 
 
+def _engine_card(t: dict) -> dict:
+    """KV capacity per instance (tokens, requests of the run's mean size), ITL, and the error band measured
+    against real benchmark runs for each pool's engine and GPU (or 'unvalidated')."""
+    out = {}
+    for name, p in (t.get("pools") or {}).items():
+        if p.get("kv_capacity_tokens") is not None:
+            out[f"{name}: engine / KV capacity per instance (tokens / requests)"] = (
+                f"{p.get('engine') or 'none (idealised)'} / {_fmt(p.get('kv_capacity_tokens'))} / "
+                f"{_fmt(p.get('kv_capacity_requests'))}")
+    itl = t.get("itl_s")
+    if itl:
+        out["ITL p50/p90/p99 s"] = " / ".join(_fmt(itl.get(f"p{q}")) for q in (50, 90, 99))
+    for name, band in (t.get("expected_error") or {}).items():
+        out[f"{name}: expected error of TTFT / TPOT (MAPE vs measured runs)"] = band if isinstance(band, str) else (
+            f"±{_fmt(band.get('ttft_mape_pct'))}% / ±{_fmt(band.get('tpot_mape_pct'))}% over {band.get('rows')} runs")
+    return out
+
+
 def build_report(out_dir: Path, progress: bool = True) -> Path:
     """Write ``out_dir/report.html`` from the run outputs in ``out_dir``; return its path."""
     _QUIET[0] = not progress
@@ -288,7 +306,8 @@ def build_report(out_dir: Path, progress: bool = True) -> Path:
                               "$ per M output tokens": _fmt(t.get("cost_per_million_output_tokens_usd")),
                               "requests finished / rejected / abandoned / unfinished": " / ".join(
                                   _fmt(_get(t, f"requests.{k}"))
-                                  for k in ("finished", "rejected", "abandoned", "unfinished"))}})
+                                  for k in ("finished", "rejected", "abandoned", "unfinished")),
+                              **_engine_card(t)}})
 
     def rank(n):
         att, cost = _num(topos[n].get("slo_attainment")), _num(topos[n].get("cost_per_million_output_tokens_usd"))

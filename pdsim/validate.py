@@ -223,7 +223,7 @@ def silicon_sample_path() -> Path:
 
 
 # --- simulate a row ------------------------------------------------------------------------------
-def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 3, min_requests: int = 16,
+def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 10, min_requests: int = 16,
                  client: dict | None = None):
     """The closed-loop scenario of one measured row (``engine_presets=False``: the idealised engine);
     ``client``: Scenario.client keys (ramp-up, jitter, warm-up)."""
@@ -249,7 +249,7 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
 CLIENT_MODES = ("sync", "stagger")
 
 
-def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 3,
+def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 10,
                  client_mode: str = "sync") -> dict:
     """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them."""
     from .metrics import requests_frame
@@ -278,7 +278,7 @@ def _ape(sim, meas):
 GROUP = ("model", "device", "engine", "mode")
 
 
-def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 3,
+def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 10,
              progress=None, client_mode: str = "sync") -> dict:
     """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}."""
     usable, skipped = [], []

@@ -191,3 +191,13 @@ def test_warmup_is_the_first_to_finish_not_the_first_sent():
     status = np.array(["finished", "finished", "finished", "unfinished", "rejected"], dtype=object)
     assert metrics.warmup_mask(finish, status, 2).tolist() == [False, True, True, False, False]
     assert not metrics.warmup_mask(finish, status, 0).any()
+
+
+def test_estimate_prints_kv_capacity_in_tokens_and_requests(capsys):
+    import json
+    from pdsim.__main__ import main
+    assert main(["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--decode-batch", "8",
+                 "--context", "2047", "--engine", "vllm-v1", "--json"]) == 0
+    kv = json.loads(capsys.readouterr().out)["kv_capacity"]
+    # 27995 blocks (hand-computed above, no watermark in v1); a 2048-token request holds 128 blocks
+    assert (kv["tokens"], kv["requests"]) == (27995 * 16, 27995 // 128)

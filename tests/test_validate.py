@@ -65,7 +65,7 @@ def test_silicon_rows_become_closed_loop_runs_and_bad_rows_are_counted(tmp_path)
     assert (row["model"], row["device"], row["engine"], row["tp"], row["isl"], row["osl"], row["concurrency"]) == \
         ("llama-3.1-8b", "h100-sxm", "trtllm", 1, 128, 9, 1)
     ttft_ms, tpot_ms = _lone_trtllm_ms()
-    # one client: every request runs alone, 3 of them back to back
+    # one client: every request runs alone, 16 of them back to back
     assert row["sim_ttft_ms"] == pytest.approx(ttft_ms, rel=1e-9)
     assert row["sim_tpot_ms"] == pytest.approx(tpot_ms, rel=1e-9)
     assert row["ttft_ape"] == pytest.approx(abs(ttft_ms - 30) / 30 * 100, rel=1e-9)
