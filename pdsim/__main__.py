@@ -23,7 +23,7 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
         rows.append([name, str(s["gpus"]), f"{r['finished']}/{r['total']}",
                      "/".join(_fmt(t[k], 1e3) for k in ("p50", "p90", "p99")),
                      "/".join(_fmt(p[k], 1e3) for k in ("p50", "p90", "p99")),
-                     _fmt(e["p90"]), f"{s['slo_attainment']:.1%}",
+                     _fmt(e["p90"]), "-" if s["slo_attainment"] is None else f"{s['slo_attainment']:.1%}",
                      _fmt(s["throughput"]["output_tokens_per_s_per_gpu"], 1, 4),
                      _fmt(s["cost_per_million_output_tokens_usd"])])
     w = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]

@@ -325,6 +325,14 @@ class Scenario(_Strict):
         return p if p.is_absolute() else Path(self.base_dir) / p
 
     @model_validator(mode="after")
+    def _check_warmup(self):
+        n = self.workload.num_requests
+        if n is not None and self.client.warmup_requests >= n:
+            raise ValueError(f"client.warmup_requests (={self.client.warmup_requests}) leaves none of the "
+                             f"{n} requests (workload.num_requests) to measure")
+        return self
+
+    @model_validator(mode="after")
     def _resolve_device_paths(self):
         """A pool's ``device: profiles/x.yaml`` is relative to the scenario file, as trace paths are,
         never to the working directory (``devices.get_device`` would look there first)."""

@@ -79,12 +79,6 @@ PRESETS: dict[str, EnginePreset] = {p.name: p for p in [
                  "is an ESTIMATE, not measured"),
 ]}
 
-ENGINE_NAMES = tuple(PRESETS)
-
-
-def preset(name: str) -> EnginePreset:
-    return PRESETS[name]
-
 
 def apply_preset(pool) -> None:
     """Fill the pool's engine-related keys that the user did not set from its engine's preset.

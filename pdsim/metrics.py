@@ -164,18 +164,19 @@ def timeseries_frame(results) -> pd.DataFrame:
 def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
     out = {}
     for res in results:
-        d = df[df.topology == res.name]
+        d_all = d = df[df.topology == res.name]
         if "warmup" in d:
-            d = d[~d.warmup.astype(bool)]   # client.warmup_requests: left out of every figure below
+            # client.warmup_requests: counted in `requests`, left out of latency, SLO and throughput figures
+            d = d[~d.warmup.astype(bool)]
         topo = res.topology
         fin = d[d.status == FINISHED]
         span = res.sim_end_s or 1.0
-        counts = {"total": len(d), "finished": int((d.status == FINISHED).sum()),
-                  "rejected": int((d.status == REJECTED).sum()),
-                  "abandoned": int((d.status == ABANDONED).sum()),
-                  "unfinished": int((d.status == UNFINISHED).sum())}
+        counts = {"total": len(d_all), "finished": int((d_all.status == FINISHED).sum()),
+                  "rejected": int((d_all.status == REJECTED).sum()),
+                  "abandoned": int((d_all.status == ABANDONED).sum()),
+                  "unfinished": int((d_all.status == UNFINISHED).sum())}
         assert counts["total"] == counts["finished"] + counts["rejected"] + counts["abandoned"] + counts["unfinished"]
-        rej = d[d.status == REJECTED].reject_reason.str.split(":").str[0]
+        rej = d_all[d_all.status == REJECTED].reject_reason.str.split(":").str[0]
         gpus = sum(p.gpus for p in topo.pools)
         cost_per_hour = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
         out_tokens = float(fin.output_tokens.sum())
@@ -224,6 +225,7 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "sim_end_s": res.sim_end_s,
             "faults": fault_summary(topo, d, sc.slo, res.sim_end_s) if getattr(topo, "fault_log", None) else None,
             "itl_s": itl_summary(res, d, sc.client),
+            "warmup_excluded": len(d_all) - len(d),
             "expected_error": expected_error(topo),
         }
     return out

@@ -163,7 +163,9 @@ def test_closed_loop_ramp_up_jitter_and_warmup():
     df = metrics.requests_frame(res, sc.client)
     assert df.warmup.sum() == 4
     assert (df[df.warmup].finish_s.max() <= df[~df.warmup].finish_s.min())
-    assert metrics.summarize(res, df, sc)["c"]["requests"]["total"] == 4
+    s = metrics.summarize(res, df, sc)["c"]
+    assert (s["requests"]["total"], s["warmup_excluded"]) == (8, 4)     # counted, not measured
+    assert s["ttft_s"]["mean"] == pytest.approx(df[~df.warmup].ttft_s.mean())
     # jitter: first sends inside [0, 2) s, seeded, the lengths unchanged
     sc = config.parse({**raw, "client": {"start_jitter_s": 2.0}}, "t.yaml")
     a = sorted(r.arrival_s for r in simulate(sc)[0].requests)
@@ -201,3 +203,10 @@ def test_estimate_prints_kv_capacity_in_tokens_and_requests(capsys):
     kv = json.loads(capsys.readouterr().out)["kv_capacity"]
     # 27995 blocks (hand-computed above, no watermark in v1); a 2048-token request holds 128 blocks
     assert (kv["tokens"], kv["requests"]) == (27995 * 16, 27995 // 128)
+
+
+def test_warmup_that_leaves_nothing_is_one_line_error():
+    with pytest.raises(config.ConfigError) as e:
+        config.parse({"workload": {"arrival": "closed", "clients": 2, "num_requests": 4},
+                      "client": {"warmup_requests": 4}, "topologies": {"c": {"kind": "colocated"}}}, "w.yaml")
+    assert "w.yaml" in str(e.value) and "warmup_requests" in str(e.value) and "\n" not in str(e.value)
