@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdsim.validate import ERROR_TABLE, read_measured, silicon_sample_path, validate
+from pdsim.validate import ERROR_TABLE, fit_step_overhead, read_measured, silicon_sample_path, validate
 
 
 def held_out(rid: str) -> bool:
@@ -41,6 +41,8 @@ def main() -> None:
                     help="how the measured clients are assumed to send (pdsim.validate.CLIENT_MODES)")
     ap.add_argument("--requests-per-client", type=int, default=10)
     ap.add_argument("--only-after", action="store_true", help="skip the idealised-engine run")
+    ap.add_argument("--fit-overhead", action="store_true",
+                    help="fit each engine's step overhead on the train split, report the test split with it")
     args = ap.parse_args()
     path = Path(args.csv) if args.csv else silicon_sample_path()
     rows = read_measured(path)
@@ -49,6 +51,8 @@ def main() -> None:
     for _, w in rows:
         if w:
             reasons[w.split(":")[0]] = reasons.get(w.split(":")[0], 0) + 1
+    if args.fit_overhead:
+        return fit_and_check(usable, args)
     if args.split != "all":
         usable = [(r, w) for r, w in usable if held_out(str(r["id"])) == (args.split == "test")]
     if args.sample and args.sample < len(usable):
@@ -102,6 +106,30 @@ def main() -> None:
                       "(mean TTFT/TPOT, absolute percentage error)",
             "bands": dict(sorted(bands.items()))}, indent=1) + "\n")
         print(f"wrote {ERROR_TABLE}")
+
+
+def _sample(rows, n, seed):
+    if n and n < len(rows):
+        idx = np.random.default_rng(seed).choice(len(rows), n, replace=False)
+        return [rows[i] for i in sorted(idx.tolist())]
+    return rows
+
+
+def fit_and_check(usable, args) -> None:
+    """Calibration: fit the engine overheads on the train half, check them on the held-out half."""
+    train = _sample([x for x in usable if not held_out(str(x[0]["id"]))], args.sample, args.seed)
+    test = _sample([x for x in usable if held_out(str(x[0]["id"]))], args.sample, args.seed)
+    kw = {"requests_per_client": args.requests_per_client, "client_mode": args.client}
+    fitted = fit_step_overhead(validate(train, **kw)["rows"])
+    print(f"fitted on {len(train)} train rows: {fitted}")
+    for label, ovh in (("presets", None), ("fitted", fitted)):
+        rs = validate(test, step_overhead=ovh, **kw)["rows"]
+        for eng in sorted({r["engine"] for r in rs}):
+            e = [r for r in rs if r["engine"] == eng]
+            print(f"  test {label:7s} {eng:8s} n={len(e):3d} TPOT MAPE {np.mean([r['tpot_ape'] for r in e]):5.1f}%  "
+                  f"TTFT MAPE {np.mean([r['ttft_ape'] for r in e]):5.1f}%")
+        print(f"  test {label:7s} all      n={len(rs):3d} TPOT MAPE {np.mean([r['tpot_ape'] for r in rs]):5.1f}%  "
+              f"TTFT MAPE {np.mean([r['ttft_ape'] for r in rs]):5.1f}%")
 
 
 if __name__ == "__main__":

@@ -224,7 +224,7 @@ def silicon_sample_path() -> Path:
 
 # --- simulate a row ------------------------------------------------------------------------------
 def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 10, min_requests: int = 16,
-                 client: dict | None = None):
+                 client: dict | None = None, step_overhead: dict | None = None):
     """The closed-loop scenario of one measured row (``engine_presets=False``: the idealised engine);
     ``client``: Scenario.client keys (ramp-up, jitter, warm-up)."""
     from . import config
@@ -232,6 +232,8 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
     pool = {"kind": "colocated", "replicas": 1, "tp": r["tp"], "device": r["device"]}
     if engine_presets:
         pool["engine"] = r["engine"]
+        if step_overhead and r["engine"] in step_overhead:     # fitted overhead (calibration) over the preset's
+            pool["step_overhead"] = step_overhead[r["engine"]]
     raw = {"name": str(r["id"])[:80], "model": r["model"], "weight_dtype": r["weight_dtype"],
            "kv_dtype": r["kv_dtype"],
            "workload": {"arrival": "closed", "clients": c, "num_requests": max(min_requests, requests_per_client * c),
@@ -250,7 +252,7 @@ CLIENT_MODES = ("sync", "stagger")
 
 
 def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 10,
-                 client_mode: str = "sync") -> dict:
+                 client_mode: str = "sync", step_overhead: dict | None = None) -> dict:
     """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them."""
     from .metrics import requests_frame
     from .simulation import simulate
@@ -258,7 +260,7 @@ def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int 
     if client_mode == "stagger":
         lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1))[0].requests[0]
         client = {"start_jitter_s": float(lone.finish_s - lone.arrival_s), "warmup_requests": r["concurrency"]}
-    sc = row_scenario(r, engine_presets, requests_per_client, client=client)
+    sc = row_scenario(r, engine_presets, requests_per_client, client=client, step_overhead=step_overhead)
     res = simulate(sc)
     df = requests_frame(res, sc.client)
     fin = df[(df.status == "finished") & ~df.warmup.astype(bool)]
@@ -279,7 +281,7 @@ GROUP = ("model", "device", "engine", "mode")
 
 
 def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 10,
-             progress=None, client_mode: str = "sync") -> dict:
+             progress=None, client_mode: str = "sync", step_overhead: dict | None = None) -> dict:
     """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}."""
     usable, skipped = [], []
     for r, why in rows:
@@ -287,7 +289,7 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
     out_rows = []
     for i, (r, _) in enumerate(usable):
         try:
-            sim = simulate_row(r, engine_presets, requests_per_client, client_mode)
+            sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead)
         except ConfigError as exc:          # e.g. weights do not fit the GPU at this TP
             skipped.append((r, "does_not_fit: " + str(exc)[:160]))
             continue
@@ -322,6 +324,31 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
     return {"rows": out_rows, "skipped": [(r, why) for r, why in skipped], "groups": table,
             "counts": {"rows_in": len(rows), "simulated": len(out_rows), "skipped": len(skipped),
                        "skipped_by_reason": reasons}}
+
+
+def fit_step_overhead(rows: list[dict]) -> dict:
+    """Per engine, the step overhead that best explains the TPOT residuals of simulated rows.
+
+    A decode step's overhead adds to every inter-token gap, so (measured - simulated) TPOT is
+    fitted by least squares as d_base + d_per_seq x concurrency and added to the preset's
+    values, each clamped at 0 (an overhead cannot be negative).  Returns ``{engine:
+    {base_us, per_seq_us}}`` for Scenario ``step_overhead`` keys.
+    """
+    from .engines import PRESETS
+    out = {}
+    for eng in sorted({r["engine"] for r in rows}):
+        rs = [r for r in rows if r["engine"] == eng and r["sim_tpot_ms"] == r["sim_tpot_ms"]]
+        if len(rs) < 3:
+            continue
+        c = np.array([r["concurrency"] for r in rs], float)
+        resid_us = np.array([(r["tpot_ms"] - r["sim_tpot_ms"]) * 1e3 for r in rs])
+        w = 1.0 / np.array([r["tpot_ms"] for r in rs])            # relative errors count equally
+        A = np.c_[np.ones_like(c), c] * w[:, None]
+        (d_base, d_seq), *_ = np.linalg.lstsq(A, resid_us * w, rcond=None)
+        p = PRESETS[eng]
+        out[eng] = {"base_us": round(max(0.0, p.overhead_base_us + d_base), 1),
+                    "per_seq_us": round(max(0.0, p.overhead_per_seq_us + d_seq), 2)}
+    return out
 
 
 def write_outputs(result: dict, out: Path) -> None:

@@ -139,3 +139,17 @@ def test_cli_writes_table_and_exit_codes(tmp_path, capsys):
     assert main(["validate", str(junk), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "junk.txt" in err and "unknown format" in err and "\n" not in err
+
+
+def test_fit_step_overhead_recovers_a_known_residual():
+    from pdsim.validate import fit_step_overhead
+    p = PRESETS["vllm-v1"]
+    # measured TPOT exceeds simulated by exactly 100 us + 5 us per concurrent request
+    rows = [{"engine": "vllm-v1", "concurrency": c, "sim_tpot_ms": 10.0 + c / 10,
+             "tpot_ms": 10.0 + c / 10 + (100 + 5 * c) / 1e3} for c in (1, 4, 16, 64)]
+    got = fit_step_overhead(rows)["vllm-v1"]
+    assert got["base_us"] == pytest.approx(p.overhead_base_us + 100, abs=0.1)
+    assert got["per_seq_us"] == pytest.approx(p.overhead_per_seq_us + 5, abs=0.01)
+    # a simulation already slower than measured cannot get a negative overhead
+    rows = [{**r, "tpot_ms": r["sim_tpot_ms"] / 2} for r in rows]
+    assert fit_step_overhead(rows)["vllm-v1"] == {"base_us": 0.0, "per_seq_us": 0.0}
