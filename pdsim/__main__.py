@@ -32,6 +32,15 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
         print("  ".join(v.ljust(w[i]) for i, v in enumerate(r)), file=out)
 
 
+def print_error_bands(summary: dict, out=sys.stdout) -> None:
+    """The TTFT/TPOT error measured against real runs for each pool's engine and GPU (pdsim validate)."""
+    for name, s in summary.items():
+        for pool, band in (s.get("expected_error") or {}).items():
+            text = band if isinstance(band, str) else (f"TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}% "
+                                                       f"(MAPE over {band['rows']} measured runs)")
+            print(f"expected error {name}/{pool}: {text}", file=out)
+
+
 def cmd_run(args) -> int:
     from . import config
     from .output import write_outputs
@@ -47,6 +56,7 @@ def cmd_run(args) -> int:
     out = Path(args.out or f"reports/{Path(args.scenario).stem}")
     summary = write_outputs(results, sc, out, wall_s=wall, progress=not args.quiet)
     print_summary(summary["topologies"])
+    print_error_bands(summary["topologies"])
     print(f"\nwrote {out}/ (requests.csv, summary.json, timeseries.csv"
           f"{', report.html' if (out / 'report.html').exists() else ''}) in {wall:.2f} s wall", file=sys.stderr)
     return 0
