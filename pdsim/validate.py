@@ -346,8 +346,8 @@ def fit_step_overhead(rows: list[dict]) -> dict:
         A = np.c_[np.ones_like(c), c] * w[:, None]
         (d_base, d_seq), *_ = np.linalg.lstsq(A, resid_us * w, rcond=None)
         p = PRESETS[eng]
-        out[eng] = {"base_us": round(max(0.0, p.overhead_base_us + d_base), 1),
-                    "per_seq_us": round(max(0.0, p.overhead_per_seq_us + d_seq), 2)}
+        out[eng] = {"base_us": round(max(0.0, p.overhead_base_us + float(d_base)), 1),
+                    "per_seq_us": round(max(0.0, p.overhead_per_seq_us + float(d_seq)), 2)}
     return out
 
 
