@@ -78,13 +78,22 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
         rows.append([name, str(s["gpus"]), f"{r['finished']}/{r['total']}",
                      "/".join(_fmt(t[k], 1e3) for k in ("p50", "p90", "p99")),
                      "/".join(_fmt(p[k], 1e3) for k in ("p50", "p90", "p99")),
-                     _fmt(e["p90"]), f"{s['slo_attainment']:.1%}",
+                     _fmt(e["p90"]), "-" if s["slo_attainment"] is None else f"{s['slo_attainment']:.1%}",
                      _fmt(s["throughput"]["output_tokens_per_s_per_gpu"], 1, 4),
                      _fmt(s["cost_per_million_output_tokens_usd"])])
     w = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print("  ".join(c.ljust(w[i]) for i, c in enumerate(cols)), file=out)
     for r in rows:
         print("  ".join(v.ljust(w[i]) for i, v in enumerate(r)), file=out)
+
+
+def print_error_bands(summary: dict, out=sys.stdout) -> None:
+    """The TTFT/TPOT error measured against real runs for each pool's engine and GPU (pdsim validate)."""
+    for name, s in summary.items():
+        for pool, band in (s.get("expected_error") or {}).items():
+            text = band if isinstance(band, str) else (f"TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}% "
+                                                       f"(MAPE over {band['rows']} measured runs)")
+            print(f"expected error {name}/{pool}: {text}", file=out)
 
 
 def cmd_run(args) -> int:
@@ -107,6 +116,7 @@ def cmd_run(args) -> int:
         print(json.dumps(summary["topologies"], indent=2))
     else:
         print_summary(summary["topologies"])
+        print_error_bands(summary["topologies"])
     print(f"\nwrote {out}/ (requests.csv, summary.json, timeseries.csv"
           f"{', report.html' if (out / 'report.html').exists() else ''}) in {wall:.2f} s wall", file=sys.stderr)
     return 0
@@ -119,6 +129,10 @@ def cmd_estimate(args) -> int:
     model, dev = get_model(args.model, "--model"), get_device(args.device, "--device")
     model.validate_tp(args.tp, "--tp")
     cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype)
+    pool = _estimate_pool(args)
+    if pool.engine is not None:
+        from .engines import wrap_cost
+        cm = wrap_cost(cm, pool)       # the engine's per-step overhead instead of the device's flat one
     if args.prefill is not None:
         if not 1 <= args.prefill <= model.max_context:
             raise ConfigError(f"must be between 1 and {model.name}'s context of {model.max_context} tokens",
@@ -143,12 +157,16 @@ def cmd_estimate(args) -> int:
     ops = cm.breakdown(*agg)
     peak, bw = dev.peak_flops(cm.compute_dtype) * args.tp, dev.mem_bw_Bps * args.tp
     bound = "compute" if st.flops / peak > st.bytes / bw else "memory"
+    if pool.engine is not None:
+        ops["step_overhead"] = {"time_s": st.time_s - sum(v["time_s"] for k, v in ops.items() if k != "step_overhead"),
+                                "flops": 0.0, "bytes": 0.0}
     res = {**what, "model": model.name, "device": dev.name, "device_source": dev.source, "tp": args.tp,
-           "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
+           "engine": pool.engine, "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
            "achieved_tflops": st.flops / st.time_s / 1e12, "achieved_GBps": st.bytes / st.time_s / 1e9,
            "ops": ops,   # each op's "source": exact | interpolated (measured tables), extrapolated, roofline
            "sources": {src: [k for k, v in ops.items() if v.get("source") == src]
-                       for src in ("exact", "interpolated", "extrapolated", "roofline")}}
+                       for src in ("exact", "interpolated", "extrapolated", "roofline")},
+           "kv_capacity": _kv_capacity(pool, model, args, what.get("prompt_tokens") or what.get("context", 0) + 1)}
     if args.json or args.format == "json":
         print(json.dumps(res, indent=2))
     else:
@@ -157,7 +175,34 @@ def cmd_estimate(args) -> int:
         for k, v in ops.items():
             print(f"  {k:14s} {v['time_s'] * 1e3:9.3f} ms  {v['flops'] / 1e9:10.2f} GFLOP  {v['bytes'] / 1e6:10.2f} MB"
                   f"  {v.get('source', '')}")
+        kv = res["kv_capacity"]
+        print(f"KV cache ({pool.engine or 'no engine preset'}): {kv['blocks']} blocks of {kv['block_size']} tokens = "
+              f"{kv['tokens']:,} tokens per instance = {kv['requests']:,} requests of {kv['request_tokens']} tokens")
     return 0
+
+
+def _estimate_pool(args):
+    from .config import PoolSpec
+    from .errors import ConfigError as _CE
+    from pydantic import ValidationError
+    kw = {"device": args.device, "tp": args.tp}
+    if args.engine:
+        kw["engine"] = args.engine
+    try:
+        return PoolSpec(**kw)
+    except ValidationError:
+        raise _CE("unknown engine; valid: vllm-v1, vllm-v0, sglang, trtllm", key="--engine",
+                  value=args.engine) from None
+
+
+def _kv_capacity(pool, model, args, request_tokens: int) -> dict:
+    """KV capacity of one instance in tokens and in requests of ``request_tokens`` tokens each."""
+    from .topology import kv_blocks
+    blocks, _ = kv_blocks(pool, model, args.weight_dtype, args.kv_dtype, None, "--device")
+    usable = blocks - int(pool.watermark * blocks)
+    per_req = -(-request_tokens // pool.block_size)
+    return {"blocks": blocks, "block_size": pool.block_size, "tokens": usable * pool.block_size,
+            "requests": usable // per_req, "request_tokens": request_tokens}
 
 
 def cmd_report(args) -> int:
@@ -233,6 +278,35 @@ def _plan(args, plan, out: Path, jobs: int | None) -> int:
     return 0 if result["winner"] else 1
 
 
+def cmd_validate(args) -> int:
+    from .validate import read_measured, silicon_sample_path, validate, write_outputs
+    files = list(args.measured)
+    if args.silicon:
+        files.append(silicon_sample_path())
+    if not files:
+        raise ConfigError("give a measured file (silicon CSV, vllm bench serve JSON, GenAI-Perf JSON) or --silicon",
+                          key="validate")
+    defaults = {k: v for k, v in (("device", args.device), ("tp", args.tp), ("engine", args.engine)) if v}
+    rows = [r for f in files for r in read_measured(f, defaults)]
+    if args.sample and args.sample < len(rows):
+        import numpy as np
+        keep = sorted(np.random.default_rng(args.seed).choice(len(rows), args.sample, replace=False).tolist())
+        rows = [rows[i] for i in keep]
+    res = validate(rows, engine_presets=not args.no_engine, requests_per_client=args.requests_per_client,
+                   progress=None if args.quiet else
+                   lambda i, n, r: print(f"pdsim validate: {i}/{n} {r['id']}", file=sys.stderr, flush=True))
+    out = Path(args.out or "reports/validate")
+    write_outputs(res, out)
+    c = res["counts"]
+    print(f"{c['rows_in']} rows, {c['simulated']} simulated, {c['skipped']} skipped "
+          f"{c['skipped_by_reason']}")
+    for g in res["groups"]:
+        print(f"  {g['model']:14s} {g['device']:9s} {g['engine']:8s} {g['mode']:4s} n={g['rows']:<4d} "
+              f"TTFT MAPE {_fmt(g['ttft_mape'])}%  TPOT MAPE {_fmt(g['tpot_mape'])}%")
+    print(f"wrote {out}/ (validate.csv, skipped.csv, validate.json, validate.html)", file=sys.stderr)
+    return 0 if c["simulated"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="pdsim", description="Simulate colocated and prefill/decode-"
                                  "disaggregated LLM serving.")
@@ -267,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .models import DTYPE_BYTES
     e.add_argument("--weight-dtype", default="bf16", choices=list(DTYPE_BYTES), help="weight data type (default bf16)")
     e.add_argument("--kv-dtype", default="bf16", choices=list(DTYPE_BYTES), help="KV-cache data type (default bf16)")
+    e.add_argument("--engine", help="serving engine preset (vllm-v1, vllm-v0, sglang, trtllm): its step "
+                   "overhead and KV sizing")
     e.add_argument("--json", action="store_true", help="same as --format json")
     e.add_argument("--format", choices=["table", "json"], default="table", help="stdout format (json: seconds, "
                    "FLOPs, bytes)")
@@ -307,6 +383,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "profile .yaml files to list beside the presets (default ./calibration/profiles)")
     ls.add_argument("--format", choices=["table", "json"], default="table")
     ls.set_defaults(fn=cmd_list)
+    va = sub.add_parser("validate", help="simulate measured benchmark runs and report pdsim's error")
+    va.add_argument("measured", nargs="*", help="silicon CSV, `vllm bench serve` JSON or GenAI-Perf JSON")
+    va.add_argument("--silicon", action="store_true", help="add the silicon sample of an installed aiconfigurator-core")
+    va.add_argument("--out", help="output folder (default reports/validate)")
+    va.add_argument("--device", help="GPU of JSON results that do not name one (e.g. h100-sxm)")
+    va.add_argument("--tp", type=int, help="tensor parallelism of JSON results that do not give it")
+    va.add_argument("--engine", help="engine of JSON results that do not give it (vllm-v1, vllm-v0, sglang, trtllm)")
+    va.add_argument("--no-engine", action="store_true", help="simulate with the idealised engine (no presets)")
+    va.add_argument("--sample", type=int, help="simulate a seeded random sample of this many rows")
+    va.add_argument("--seed", type=int, default=0)
+    va.add_argument("--requests-per-client", type=int, default=10)
+    va.add_argument("--quiet", action="store_true")
+    va.set_defaults(fn=cmd_validate)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")
     rp.add_argument("dir", help="a pdsim run output folder (summary.json, requests.csv, timeseries.csv); "
                                 "checked before anything is drawn")

@@ -70,6 +70,15 @@ class ChunkedPrefillSpec(_Strict):
     token_budget: PosInt = 512
 
 
+class StepOverheadSpec(_Strict):
+    """Per-step engine CPU/scheduling overhead: base + per_seq x batch + per_token x tokens (+ tp_extra if tp > 1).
+    Each key left out comes from the pool's ``engine`` preset (0 without one)."""
+    base_us: NonNegFloat | None = None
+    per_seq_us: NonNegFloat | None = None
+    per_token_us: NonNegFloat | None = None
+    tp_extra_us: NonNegFloat | None = None
+
+
 class PoolSpec(_Strict):
     """One kind of serving instance: device, tensor parallelism, batching limits, memory."""
     instances: Instances = 1
@@ -88,6 +97,18 @@ class PoolSpec(_Strict):
     cost_model: CostModelSpec = CostModelSpec()
     # admission control: a request routed to an instance with this many queued is rejected
     max_queue: PosInt | None = None
+    # serving engine (pdsim/engines.py): fills the keys above that are not given, sizes the KV
+    # cache as the engine does and adds its per-step overhead; absent: the idealised engine
+    engine: Literal["vllm-v1", "vllm-v0", "sglang", "trtllm"] | None = None
+    step_overhead: StepOverheadSpec | None = None
+    cuda_graph_GiB: NonNegFloat | None = None
+
+    @model_validator(mode="after")
+    def _engine_preset(self):
+        if self.engine is not None:
+            from .engines import apply_preset
+            apply_preset(self)
+        return self
 
     @property
     def scheduler_name(self) -> str:
@@ -218,6 +239,26 @@ class WorkloadSpec(_Strict):
         return self
 
 
+class ClientSpec(_Strict):
+    """How the benchmark client sends requests and measures them (defaults: ``vllm bench serve``).
+
+    ``ttft_at``: in disaggregated serving, the first token the client sees is the first one
+    streamed by the decode instance (a PD proxy discards the prefill's token), so TTFT ends
+    there by default; ``prefill_end`` gives the server-side TTFT.  ``network_rtt_s`` is added
+    to every TTFT and E2E.  Closed loop: clients start at t=0 (``start_jitter_s`` spreads their
+    first sends uniformly, ``ramp_up_s`` starts them one by one over that span) and
+    ``warmup_requests`` (the first requests to finish) are left out of the metrics.
+    ``itl``: record every token's time for inter-token latency (``auto``: when the run emits
+    at most 5 million tokens).
+    """
+    ttft_at: Literal["first_decode_token", "prefill_end"] = "first_decode_token"
+    network_rtt_s: NonNegFloat = 0.0
+    start_jitter_s: NonNegFloat = 0.0
+    ramp_up_s: NonNegFloat = 0.0
+    warmup_requests: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] = 0
+    itl: Literal["auto", "on", "off"] = "auto"
+
+
 class SLOSpec(_Strict):
     """Latency targets and how a run is judged against them (``metrics.slo_verdict``).
 
@@ -281,6 +322,7 @@ class Scenario(_Strict):
     kv_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8"] = "bf16"
     workload: WorkloadSpec
     slo: SLOSpec = SLOSpec()
+    client: ClientSpec = ClientSpec()
     horizon_s: PosFloat | None = None       # stop the clock here; requests still in flight are unfinished
     timeseries_bin_s: PosFloat | None = None  # default: about 200 bins over the run
     topologies: dict[str, Topology] = Field(min_length=1)
@@ -292,6 +334,14 @@ class Scenario(_Strict):
     def resolve(self, path: str) -> Path:
         p = Path(path)
         return p if p.is_absolute() else Path(self.base_dir) / p
+
+    @model_validator(mode="after")
+    def _check_warmup(self):
+        n = self.workload.num_requests
+        if n is not None and self.client.warmup_requests >= n:
+            raise ValueError(f"client.warmup_requests (={self.client.warmup_requests}) leaves none of the "
+                             f"{n} requests (workload.num_requests) to measure")
+        return self
 
     @model_validator(mode="after")
     def _resolve_device_paths(self):
@@ -338,7 +388,7 @@ def _is_profile_path(device: str) -> bool:
 # --- loading -----------------------------------------------------------------------
 def _vocabulary() -> set[str]:
     names: set[str] = set()
-    for cls in (InlineModel, CostModelSpec, ChunkedPrefillSpec, PoolSpec, ColocatedSpec, KVLinkSpec,
+    for cls in (InlineModel, CostModelSpec, ChunkedPrefillSpec, StepOverheadSpec, ClientSpec, PoolSpec, ColocatedSpec, KVLinkSpec,
                 DisaggregatedSpec, TraceSpec, LengthSpec, WorkloadSpec, SLOSpec, Scenario, InstanceFaultSpec,
                 RandomFaultsSpec, LinkFaultSpec, FaultsSpec):
         names.update(cls.model_fields)

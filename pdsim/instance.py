@@ -323,6 +323,10 @@ class Instance:
                 continue
             req.generated += 1
             self.decode_work -= 1
+            if req.token_s is not None:
+                req.token_s.append(now)
+            if self.role == "decode" and req.decode_first_s != req.decode_first_s:
+                req.decode_first_s = now
             if req.generated == 1:
                 req.first_token_s = req.prefill_end_s = now
                 self.sink.first_token(req)
@@ -427,9 +431,16 @@ class Instance:
         bs = self.kv.block_size
         if d > 0:
             a = w.applied
+            times = None
             for r in w.reqs:
                 r.computed += d
                 r.generated += d
+                if r.token_s is not None:       # client.itl: the ends of the steps applied here
+                    if times is None:
+                        times = w.ends[a + 1:j + 1].tolist()
+                    r.token_s.extend(times)
+                if self.role == "decode" and r.decode_first_s != r.decode_first_s:
+                    r.decode_first_s = float(w.ends[a + 1])
             B = len(w.reqs)
             self.outstanding_tokens -= B * d
             self.decode_work -= B * d

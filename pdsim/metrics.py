@@ -12,12 +12,66 @@ from .workload import ABANDONED, FINISHED, REJECTED, UNFINISHED
 REQUEST_COLUMNS = ["topology", "request_id", "arrival_s", "prompt_tokens", "output_tokens", "status",
                    "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s",
                    "kv_wait_s", "kv_transfer_s", "decode_queue_s", "preemptions", "recomputed_tokens",
-                   "instance", "decode_instance", "reject_reason", "fault_hits"]
+                   "instance", "decode_instance", "reject_reason", "fault_hits",
+                   # client view (Scenario.client): server-side TTFT, inter-token latency, warm-up flag
+                   "ttft_prefill_end_s", "itl_mean_s", "itl_p99_s", "itl_max_s", "warmup"]
 
 
-def requests_frame(results) -> pd.DataFrame:
+def client_first_token(rs, first: np.ndarray, kind: str, client) -> tuple[np.ndarray, np.ndarray]:
+    """(time of the first token the client sees, index of that token among the request's tokens).
+
+    Colocated: the first token.  Disaggregated with ``ttft_at: first_decode_token`` (the default,
+    what ``vllm bench serve`` measures behind a PD proxy): the first token the decode instance
+    streams; a one-token reply (nothing decoded) keeps the prefill's token.
+    """
+    k0 = np.zeros(len(rs), np.int64)
+    if kind != "disaggregated" or client.ttft_at == "prefill_end":
+        return first, k0
+    dfirst = np.fromiter((r.decode_first_s for r in rs), np.float64, len(rs))
+    use = ~np.isnan(dfirst)
+    k0[use] = 1
+    return np.where(use, dfirst, first), k0
+
+
+def itl_columns(rs, k0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request: mean, p99 and max gap between consecutive streamed tokens after the client's first
+    (``vllm bench serve``'s ITL); NaN where token times were not recorded or there is no gap."""
+    n = len(rs)
+    mean, p99, mx = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    for i, r in enumerate(rs):
+        t = r.token_s
+        if t is not None and len(t) - k0[i] >= 2:
+            g = np.diff(np.asarray(t[k0[i]:]))
+            mean[i], p99[i], mx[i] = g.mean(), np.percentile(g, 99), g.max()
+    return mean, p99, mx
+
+
+def itl_gaps(rs, k0: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Every inter-token gap of the kept requests, concatenated (the distribution a benchmark reports)."""
+    parts = [np.diff(np.asarray(r.token_s[k0[i]:])) for i, r in enumerate(rs)
+             if keep[i] and r.token_s is not None and len(r.token_s) - k0[i] >= 2]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def warmup_mask(finish: np.ndarray, status: np.ndarray, n_warm: int) -> np.ndarray:
+    """The first ``n_warm`` requests to finish (ties by order) are warm-up, left out of the metrics."""
+    out = np.zeros(len(finish), bool)
+    if n_warm:
+        fin = np.nonzero(status == FINISHED)[0]
+        out[fin[np.argsort(finish[fin], kind="stable")[:n_warm]]] = True
+    return out
+
+
+def requests_frame(results, client=None) -> pd.DataFrame:
     """One row per request per topology (REQUEST_COLUMNS), built column by column with numpy:
-    no per-row Python tuples, so a million requests cost arrays, not objects."""
+    no per-row Python tuples, so a million requests cost arrays, not objects.
+
+    ``client`` (Scenario.client; default ClientSpec()) sets the client view: ``ttft_s``,
+    ``tpot_s`` and ``e2e_s`` are what the benchmark client measures (first token it sees,
+    network RTT added); ``ttft_prefill_end_s`` keeps the server-side TTFT."""
+    if client is None:
+        from .config import ClientSpec
+        client = ClientSpec()
     parts = []
     for res in results:
         rs = res.requests
@@ -35,18 +89,25 @@ def requests_frame(results) -> pd.DataFrame:
         prompt, output = col("prompt_tokens", np.int64), col("output_tokens", np.int64)
         status = obj("status")
         fin = status == FINISHED
+        server_first = first
+        first, k0 = client_first_token(rs, first, res.topology.kind, client)
+        streamed = output - k0          # tokens the client receives
+        rtt = client.network_rtt_s
         with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(fin & (output > 1), (finish - first) / np.maximum(output - 1, 1), np.nan)
+            tpot = np.where(fin & (streamed > 1), (finish - first) / np.maximum(streamed - 1, 1), np.nan)
             dq = np.where(np.isnan(dstart), np.nan, dstart - pend - kv_wait - kv_xfer)
+        itl_mean, itl_p99, itl_max = itl_columns(rs, k0)
         parts.append(pd.DataFrame({
             "topology": np.full(n, res.name, dtype=object), "request_id": col("id", np.int64),
             "arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "status": status,
-            "first_token_s": first, "finish_s": finish, "ttft_s": first - arrival, "tpot_s": tpot,
-            "e2e_s": np.where(fin, finish - arrival, np.nan), "queue_s": pstart - arrival,
+            "first_token_s": first, "finish_s": finish, "ttft_s": first - arrival + rtt, "tpot_s": tpot,
+            "e2e_s": np.where(fin, finish - arrival + rtt, np.nan), "queue_s": pstart - arrival,
             "prefill_s": pend - pstart, "kv_wait_s": kv_wait, "kv_transfer_s": kv_xfer, "decode_queue_s": dq,
             "preemptions": col("preemptions", np.int64), "recomputed_tokens": col("recomputed_tokens", np.int64),
             "instance": obj("instance"), "decode_instance": obj("decode_instance"),
-            "reject_reason": obj("reject_reason"), "fault_hits": col("fault_hits", np.int64)},
+            "reject_reason": obj("reject_reason"), "fault_hits": col("fault_hits", np.int64),
+            "ttft_prefill_end_s": server_first - arrival, "itl_mean_s": itl_mean, "itl_p99_s": itl_p99,
+            "itl_max_s": itl_max, "warmup": warmup_mask(finish, status, client.warmup_requests)},
             columns=REQUEST_COLUMNS))
     if not parts:
         return pd.DataFrame(columns=REQUEST_COLUMNS)
@@ -186,16 +247,19 @@ def timeseries_frame(results) -> pd.DataFrame:
 def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
     out = {}
     for res in results:
-        d = df[df.topology == res.name]
+        d_all = d = df[df.topology == res.name]
+        if "warmup" in d:
+            # client.warmup_requests: counted in `requests`, left out of latency, SLO and throughput figures
+            d = d[~d.warmup.astype(bool)]
         topo = res.topology
         fin = d[d.status == FINISHED]
         span = res.sim_end_s or 1.0
-        counts = {"total": len(d), "finished": int((d.status == FINISHED).sum()),
-                  "rejected": int((d.status == REJECTED).sum()),
-                  "abandoned": int((d.status == ABANDONED).sum()),
-                  "unfinished": int((d.status == UNFINISHED).sum())}
+        counts = {"total": len(d_all), "finished": int((d_all.status == FINISHED).sum()),
+                  "rejected": int((d_all.status == REJECTED).sum()),
+                  "abandoned": int((d_all.status == ABANDONED).sum()),
+                  "unfinished": int((d_all.status == UNFINISHED).sum())}
         assert counts["total"] == counts["finished"] + counts["rejected"] + counts["abandoned"] + counts["unfinished"]
-        rej = d[d.status == REJECTED].reject_reason.str.split(":").str[0]
+        rej = d_all[d_all.status == REJECTED].reject_reason.str.split(":").str[0]
         gpus = sum(p.gpus for p in topo.pools)
         cost_per_hour = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
         out_tokens = float(fin.output_tokens.sum())
@@ -216,6 +280,7 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
                 "kv_capacity_bytes": p.instances[0].kv.total_blocks * p.block_bytes,
                 "weights_bytes_per_gpu": p.cost.weight_bytes_per_gpu() if dev else None,
                 "price_per_gpu_hour_usd": p.price_per_gpu_hour_usd,
+                **kv_capacity(p, d),
             }
         links = [{"name": l.name, "transfers": l.transfers, "bytes": l.bytes,
                   "busy_fraction": l.busy_s / span} for l in topo.links]
@@ -244,8 +309,58 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "rejected_by_reason": {k: int(v) for k, v in rej.value_counts().items()},
             "sim_end_s": res.sim_end_s,
             "faults": fault_summary(topo, d, sc.slo, res.sim_end_s) if getattr(topo, "fault_log", None) else None,
+            "itl_s": itl_summary(res, d, sc.client),
+            "warmup_excluded": len(d_all) - len(d),
+            "expected_error": expected_error(topo),
         }
     return out
+
+
+def itl_summary(res, d: pd.DataFrame, client) -> dict | None:
+    """Inter-token latency over every streamed gap of the measured finished requests (mean, p50/p90/p99),
+    as ``vllm bench serve`` reports it; None when token times were not recorded (client.itl)."""
+    rs = res.requests
+    if not rs or rs[0].token_s is None:
+        return None
+    first = np.fromiter((r.first_token_s for r in rs), np.float64, len(rs))
+    _, k0 = client_first_token(rs, first, res.topology.kind, client)
+    ids = set(d.request_id[d.status == FINISHED].tolist())
+    keep = np.fromiter((r.id in ids for r in rs), bool, len(rs))
+    g = itl_gaps(rs, k0, keep)
+    if len(g) == 0:
+        return None
+    q = np.percentile(g, [50, 90, 99])
+    return {"mean": float(g.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
+            "gaps": int(len(g))}
+
+
+def kv_capacity(pool, d: pd.DataFrame) -> dict:
+    """KV capacity of one instance in tokens, and in requests of this run's mean size (prompt + output);
+    with an engine, the memory terms it was sized from."""
+    inst = pool.instances[0]
+    kv = inst.kv
+    tokens = (kv.total_blocks - kv.watermark_blocks) * kv.block_size
+    size = float((d.prompt_tokens + d.output_tokens).mean()) if len(d) else float("nan")
+    per_req = kv.blocks_for(int(math.ceil(size))) if size == size else 0
+    out = {"engine": pool.spec.engine, "kv_blocks": kv.total_blocks, "kv_block_size": kv.block_size,
+           "kv_capacity_tokens": tokens,
+           "kv_capacity_requests": (kv.total_blocks - kv.watermark_blocks) // per_req if per_req else None,
+           "kv_request_tokens_mean": size if size == size else None}
+    dev = getattr(pool.cost, "device", None)
+    if pool.spec.engine is not None and dev is not None and pool.spec.kv_blocks is None:
+        from .engines import kv_cache_bytes
+        model = getattr(pool.cost, "model", None)
+        if model is not None:
+            wd = getattr(pool.cost, "weight_dtype", "bf16")
+            out["kv_sizing_bytes"] = kv_cache_bytes(pool.spec, model, wd, dev.memory_bytes)
+    return out
+
+
+def expected_error(topo) -> dict:
+    """The error band measured for this engine and GPU against real benchmark runs (pdsim validate),
+    or ``unvalidated``."""
+    from .validate import error_band
+    return {p.name: error_band(p.spec.engine, p.spec.device, p.spec.tp) for p in topo.pools}
 
 
 def fault_summary(topo, d: pd.DataFrame, slo, end_s: float, window_s: float = 30.0) -> dict:

@@ -160,7 +160,7 @@ def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = 
 
 
 def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: bool) -> dict:
-    df = metrics.requests_frame(results)
+    df = metrics.requests_frame(results, sc.client)
     df.to_csv(out / "requests.csv", index=False, float_format="%.9g")
     ts = metrics.timeseries_frame(results)
     ts.to_csv(out / "timeseries.csv", index=False, float_format="%.6g")

@@ -489,6 +489,26 @@ def _faults_section(topos) -> dict:
          "SLO att. in fault windows", "SLO att. outside", "time to recover", "abandoned", "rejected"], rows, "faults")}
 
 
+def _engine_items(t: dict) -> list:
+    """Card lines: each pool's engine and KV capacity per instance (tokens, requests of the run's mean
+    size), the recorded ITL, and the error band measured against real benchmark runs for each pool's
+    engine and GPU (or 'unvalidated')."""
+    out = []
+    for name, p in (t.get("pools") or {}).items():
+        if p.get("kv_capacity_tokens") is not None:
+            out.append((f"{name}: engine / KV capacity per instance",
+                        f"{p.get('engine') or 'none (idealised)'} / {num(p.get('kv_capacity_tokens'))} tokens / "
+                        f"{num(p.get('kv_capacity_requests'))} requests"))
+    itl = t.get("itl_s")
+    if isinstance(itl, dict):
+        out.append(("ITL p50 / p90 / p99", " / ".join(seconds(itl.get(f"p{q}")) for q in (50, 90, 99))))
+    for name, band in (t.get("expected_error") or {}).items():
+        out.append((f"{name}: expected error TTFT / TPOT", band if isinstance(band, str) else (
+            f"±{num(band.get('ttft_mape_pct'))}% / ±{num(band.get('tpot_mape_pct'))}% (MAPE over "
+            f"{num(band.get('rows'))} measured runs)")))
+    return out
+
+
 # --- the page -----------------------------------------------------------------------------------
 def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | None = None, ts=None) -> Path:
     """Write ``out_dir/report.html`` from the run outputs in ``out_dir`` (or the frames given); return its path."""
@@ -591,6 +611,7 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
                   ("finished / rejected / abandoned / unfinished",
                    " / ".join(num(_get(t, f"requests.{k}")) for k in ("finished", "rejected", "abandoned",
                                                                       "unfinished")))]
+        items += _engine_items(t)
         cards.append({"name": n, "best": n == best, "passes": a["passes"], "items": items,
                       "why": "; ".join(a["reasons"]) if a["reasons"] and not a["passes"] else ""})
 

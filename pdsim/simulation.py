@@ -5,6 +5,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import simpy
 
 from .config import Scenario
@@ -83,7 +84,9 @@ def _open_loop(env, topo, reqs, model, timeout_s=None):
         _send(env, topo, r, model, timeout_s)
 
 
-def _client(env, topo, sink, queue, think_s, model=None, timeout_s=None):
+def _client(env, topo, sink, queue, think_s, model=None, timeout_s=None, start_s=0.0):
+    if start_s > 0:                 # client.ramp_up_s / start_jitter_s: this client starts later
+        yield env.timeout(start_s)
     while queue:
         r = queue.pop()
         r.arrival_s = env.now
@@ -119,11 +122,14 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     topo = build(name, spec, env, ctx, sink)
     topo.sink = sink
     reqs = stream if reuse else [r.clone() for r in stream]
+    if record_itl(sc, reqs):
+        for r in reqs:
+            r.token_s = []
     timeout_s = sc.workload.timeout_s
     if sc.workload.arrival == "closed":
         queue = list(reversed(reqs))
-        for _ in range(sc.workload.clients):
-            env.process(_client(env, topo, sink, queue, sc.workload.think_s, model, timeout_s))
+        for start_s in client_starts(sc):
+            env.process(_client(env, topo, sink, queue, sc.workload.think_s, model, timeout_s, start_s))
     else:
         env.process(_open_loop(env, topo, reqs, model, timeout_s))
     if sc.faults is not None:
@@ -145,6 +151,24 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     eid = getattr(env, "_eid", None)
     events = next(eid) if eid is not None and hasattr(eid, "__next__") else sum(i.steps for i in topo.instances)
     return TopologyResult(name, topo, reqs, end, events)
+
+
+def record_itl(sc: Scenario, reqs: list[Request]) -> bool:
+    """Whether to record every token's time (client.itl; ``auto``: at most 5 million output tokens)."""
+    mode = sc.client.itl
+    return mode == "on" or (mode == "auto" and sum(r.output_tokens for r in reqs) <= 5_000_000)
+
+
+def client_starts(sc: Scenario) -> list[float]:
+    """When each closed-loop client sends its first request: client i of n at ramp_up_s * i / n, plus
+    a uniform start jitter in [0, start_jitter_s) drawn from its own seeded stream (the requests'
+    lengths do not change with it).  Defaults (0, 0): every client at t=0, as ``vllm bench serve
+    --max-concurrency`` launches them."""
+    n, c = sc.workload.clients, sc.client
+    starts = np.arange(n) * (c.ramp_up_s / n)
+    if c.start_jitter_s > 0:
+        starts = starts + np.random.default_rng([sc.seed, 7]).uniform(0, c.start_jitter_s, n)
+    return starts.tolist()
 
 
 def check_conservation(name, topo, reqs, has_horizon: bool) -> None:

@@ -72,6 +72,9 @@ def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
     device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
     weights = model.weight_bytes(weight_dtype) / pool.tp
     free = device.memory_bytes * pool.gpu_memory_utilization - weights - pool.activation_reserve_GiB * GiB
+    if pool.engine is not None:       # sized as the engine sizes it (pdsim/engines.py)
+        from .engines import kv_cache_bytes
+        free = kv_cache_bytes(pool, model, weight_dtype, device.memory_bytes)["kv_bytes"]
     if free < block_bytes:
         raise ConfigError(
             f"{model.name} weights ({weights / GiB:.1f} GiB per GPU at tp={pool.tp}) plus "
@@ -88,6 +91,8 @@ class Pool:
         self.name, self.spec, self.role = name, spec, role
         model = ctx.model
         self.cost = make_cost(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
+        from .engines import wrap_cost
+        self.cost = wrap_cost(self.cost, spec)      # the engine's per-step overhead, if any
         blocks, self.block_bytes = kv_blocks(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
         self.device = get_device(spec.device, key=f"{key}.device", base_dir=ctx.base_dir) \
             if spec.cost_model.kind == "roofline" or spec.kv_blocks is None else None

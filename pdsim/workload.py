@@ -42,6 +42,8 @@ class Request:
     fault_hits: int = 0                     # times a failure took its KV cache or its place in a queue
     instance: str = ""                      # where it prefilled / ran
     decode_instance: str = ""
+    decode_first_s: float = float("nan")    # first token streamed by a decode instance (disaggregated)
+    token_s: list | None = None             # time of every output token (client.itl), None: not recorded
 
     @property
     def known(self) -> int:

@@ -1,0 +1,222 @@
+"""Serving-engine presets: what vLLM, SGLang and TensorRT-LLM do that an idealised engine does not.
+
+A pool may name an ``engine`` (``vllm-v1 | vllm-v0 | sglang | trtllm``).  The preset fills,
+key by key, what the pool did not set itself:
+
+- the scheduler (``fcfs`` prefill-first, or ``chunked`` unified token budget), its token
+  budget (``max_batched_tokens``) and batch cap (``max_running``);
+- the KV block size and the memory share the engine gives its KV cache, and *how* it sizes
+  that cache (:func:`kv_cache_bytes`: vLLM subtracts weights, the activation peak of a
+  profiling run of ``max_batched_tokens`` tokens, non-torch memory and the CUDA-graph pool
+  from ``gpu_memory_utilization x memory``; SGLang's ``mem_fraction_static`` covers weights
+  and KV; TensorRT-LLM gives ``free_gpu_memory_fraction`` of what is free after loading);
+- a per-step CPU/scheduling overhead ``base + per_seq x batch + per_token x tokens``
+  (+ ``tp_extra`` when tp > 1), added to the cost model's step time by :class:`EngineCost`
+  in place of the device profile's flat ``step_overhead_us``.
+
+Without ``engine`` nothing changes: pools behave exactly as before (flat device step
+overhead, KV = memory x utilisation - weights - ``activation_reserve_GiB``).
+
+Where the numbers come from (``source`` of each preset says the same):
+
+- vllm-v0 overhead: least-squares fit to Vidur's measured vLLM CPU overheads on A100
+  (``data/profiling/a100/cpu_overheads.csv``, Vidur commit 6d98aa8, MIT; the sum of the
+  median ``schedule``, ``sampler_e2e``, ``prepare_inputs_e2e`` and ``process_model_outputs``
+  per step): tp=1 rows (Llama-2-7B, phi-2, batch 8..128) give 0.813 ms + 0.0423 ms per
+  running sequence (MAPE 1.1% over 26 rows); tp>1 rows 1.736 ms + 0.0414 ms/seq.  Checked
+  against the CSV by tests/test_engines.py when ../shared is present.
+- vllm-v1, sglang, trtllm overheads: NOT measured here; engineering estimates (these engines
+  overlap scheduling with the GPU step, so the visible overhead is smaller).  Fit them to
+  measurements with ``pdsim validate``'s residuals.
+- scheduler defaults: vLLM v1 on >= 70 GiB GPUs serving online (max_num_batched_tokens 8192,
+  max_num_seqs 1024, block 16, gpu_memory_utilization 0.9); vLLM v0 (max_num_seqs 256,
+  prefill-first; its max_num_batched_tokens default is max(max_model_len, 2048): 8192 here,
+  set max_batched_tokens to your max_model_len); SGLang (chunked_prefill_size 8192, page
+  size 1, mem_fraction_static ~0.88 on 80 GB GPUs at tp 1, prefill and decode batches run
+  separately); TensorRT-LLM (max_num_tokens 8192, max_batch_size 2048, tokens_per_block 32,
+  free_gpu_memory_fraction 0.9, in-flight batching of context and generation requests).
+- activation peak and non-torch memory are estimates from the model shape (see
+  :func:`activation_peak_bytes`), not measured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .costmodel import StepCost
+
+GiB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class EnginePreset:
+    name: str
+    scheduler: str                    # "fcfs" (prefill-first) or "chunked" (unified token budget)
+    max_batched_tokens: int
+    max_running: int
+    block_size: int
+    memory_fraction: float            # gpu_memory_utilization / mem_fraction_static / free_gpu_memory_fraction
+    memory_basis: str                 # "vllm" | "static" | "free" (see kv_cache_bytes)
+    overhead_base_us: float
+    overhead_per_seq_us: float
+    overhead_per_token_us: float
+    overhead_tp_extra_us: float       # added when tp > 1 (worker communication)
+    cuda_graph_GiB: float
+    non_torch_GiB: float              # NCCL buffers, cuBLAS workspace, CUDA context share
+    watermark: float                  # admission headroom (vLLM v0's 1%; v1, SGLang, TRT-LLM keep none)
+    source: str
+
+
+PRESETS: dict[str, EnginePreset] = {p.name: p for p in [
+    EnginePreset("vllm-v1", "chunked", 8192, 1024, 16, 0.9, "vllm", 350.0, 6.0, 0.0, 150.0, 0.5, 0.5, 0.0,
+                 "vLLM v1 defaults (>=70 GiB GPU, online serving); step overhead is an ESTIMATE, not measured"),
+    EnginePreset("vllm-v0", "fcfs", 8192, 256, 16, 0.9, "vllm", 813.0, 42.3, 0.0, 923.0, 0.0, 0.5, 0.01,
+                 "vLLM v0 defaults; step overhead fitted to Vidur's measured A100 CPU overheads "
+                 "(cpu_overheads.csv, tp1: 0.813 ms + 0.0423 ms/seq, MAPE 1.1%)"),
+    EnginePreset("sglang", "fcfs", 8192, 2048, 1, 0.88, "static", 300.0, 4.0, 0.0, 150.0, 0.0, 0.0, 0.0,
+                 "SGLang defaults (page 1, mem_fraction_static 0.88); step overhead is an ESTIMATE, not measured"),
+    EnginePreset("trtllm", "chunked", 8192, 2048, 32, 0.9, "free", 250.0, 3.0, 0.0, 100.0, 0.0, 0.5, 0.0,
+                 "TensorRT-LLM defaults (tokens_per_block 32, free_gpu_memory_fraction 0.9); step overhead "
+                 "is an ESTIMATE, not measured"),
+]}
+
+
+def apply_preset(pool) -> None:
+    """Fill the pool's engine-related keys that the user did not set from its engine's preset.
+
+    Called once by config validation on a PoolSpec with ``engine`` set; keys given in the
+    file (``pool.model_fields_set``) always win, one by one.
+    """
+    p = PRESETS[pool.engine]
+    given = pool.model_fields_set
+    if "max_batched_tokens" not in given:
+        pool.max_batched_tokens = p.max_batched_tokens
+    if "max_running" not in given:
+        pool.max_running = p.max_running
+    if "block_size" not in given:
+        pool.block_size = p.block_size
+    if "watermark" not in given:
+        pool.watermark = p.watermark
+    if "gpu_memory_utilization" not in given:
+        pool.gpu_memory_utilization = p.memory_fraction
+    if "scheduler" not in given and "chunked_prefill" not in given:
+        pool.scheduler = p.scheduler
+        if p.scheduler == "chunked":
+            from .config import ChunkedPrefillSpec
+            pool.chunked_prefill = ChunkedPrefillSpec(token_budget=pool.max_batched_tokens)
+
+
+# --- memory ------------------------------------------------------------------------
+def activation_peak_bytes(model, tokens: int, seqs: int, tp: int) -> float:
+    """Peak activation memory of a profiling forward of ``tokens`` tokens and ``seqs`` sampled rows.
+
+    ESTIMATE from the shape (what is live at the MLP, the widest point, in bf16): the residual
+    stream and its normed copy (2h), the sharded QKV output, the gate/up output (2f/tp) and the
+    activated product (f/tp); plus fp32 logits over the full vocabulary for every sampled row.
+    """
+    m = model
+    qkv = (m.heads + 2 * m.kv_heads) * m.head_dim // tp
+    mlp = (3 if m.gated_mlp else 2) * m.mlp_width // tp
+    per_token = 2 * m.hidden + qkv + mlp
+    return tokens * per_token * 2.0 + seqs * m.vocab * 4.0
+
+
+def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float) -> dict:
+    """Bytes per GPU the engine gives its KV cache, with the terms it subtracts (all per GPU).
+
+    - ``vllm``: memory x gpu_memory_utilization - weights - activation peak(max_batched_tokens,
+      max_running) - non-torch - CUDA-graph pool;
+    - ``static`` (SGLang): memory x mem_fraction_static - weights (activations live outside it);
+    - ``free`` (TensorRT-LLM): (memory - weights - activation peak - non-torch) x
+      free_gpu_memory_fraction.
+    """
+    p = PRESETS[pool.engine]
+    mem = float(device_memory_bytes)
+    weights = model.weight_bytes(weight_dtype) / pool.tp
+    act = activation_peak_bytes(model, pool.max_batched_tokens, pool.max_running, pool.tp)
+    graph = (pool.cuda_graph_GiB if pool.cuda_graph_GiB is not None else p.cuda_graph_GiB) * GiB
+    non_torch = p.non_torch_GiB * GiB
+    frac = pool.gpu_memory_utilization
+    if p.memory_basis == "vllm":
+        kv = mem * frac - weights - act - non_torch - graph
+    elif p.memory_basis == "static":
+        kv = mem * frac - weights - graph
+        act = non_torch = 0.0
+    else:
+        kv = (mem - weights - act - non_torch - graph) * frac
+    return {"kv_bytes": kv, "memory_bytes": mem, "fraction": frac, "weights_bytes": weights,
+            "activation_bytes": act, "non_torch_bytes": non_torch, "cuda_graph_bytes": graph,
+            "basis": p.memory_basis}
+
+
+# --- per-step overhead -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepOverhead:
+    base_s: float
+    per_seq_s: float
+    per_token_s: float
+
+    def __call__(self, batch, tokens):
+        return self.base_s + self.per_seq_s * batch + self.per_token_s * tokens
+
+
+def step_overhead(pool) -> StepOverhead | None:
+    """The pool's per-step engine overhead: its ``step_overhead`` keys over its engine's preset."""
+    if pool.engine is None and pool.step_overhead is None:
+        return None
+    p = PRESETS[pool.engine] if pool.engine is not None else None
+    o = pool.step_overhead
+
+    def pick(key, default):
+        v = getattr(o, key) if o is not None else None
+        return v if v is not None else default
+
+    base = pick("base_us", p.overhead_base_us if p else 0.0)
+    tp_extra = pick("tp_extra_us", p.overhead_tp_extra_us if p else 0.0)
+    return StepOverhead((base + (tp_extra if pool.tp > 1 else 0.0)) * 1e-6,
+                        pick("per_seq_us", p.overhead_per_seq_us if p else 0.0) * 1e-6,
+                        pick("per_token_us", p.overhead_per_token_us if p else 0.0) * 1e-6)
+
+
+class EngineCost:
+    """A cost model plus an engine's per-step overhead, replacing the device's flat one.
+
+    The hook between engines and :mod:`pdsim.costmodel`: the inner model's ``step`` and
+    ``decode_steps`` results get ``overhead(batch, tokens) - replaced_s`` added to their time
+    (``replaced_s``: the flat ``step_overhead_s`` of the device profile that the inner roofline
+    already counts; 0 for constant and linear models).  Everything else is the inner model's.
+    """
+
+    def __init__(self, inner, overhead: StepOverhead):
+        self.inner = inner
+        self.overhead = overhead
+        dev = getattr(inner, "device", None)
+        self.replaced_s = float(getattr(dev, "step_overhead_s", 0.0)) if dev is not None else 0.0
+
+    def __getattr__(self, name):          # device, tp, compute_dtype, weight_bytes_per_gpu, ...
+        return getattr(self.inner, name)
+
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+        c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch)
+        return StepCost(c.time_s + self.overhead(batch, tokens) - self.replaced_s, c.flops, c.bytes)
+
+    def decode_steps(self, batch, attn0, kv0, k):
+        t, f, b = self.inner.decode_steps(batch, attn0, kv0, k)
+        return t + (self.overhead(batch, batch) - self.replaced_s), f, b
+
+    def prefill_time(self, prompt_tokens: int) -> float:
+        p = prompt_tokens
+        return self.step(p, p * p / 2.0, p, 1, 1).time_s
+
+    def decode_time(self, batch: int, context: int) -> float:
+        return self.step(batch, float(batch * context), batch * (context + 1), batch, batch).time_s
+
+
+def wrap_cost(cost, pool):
+    """``cost`` with the pool's engine overhead, or ``cost`` unchanged when it has none."""
+    ovh = step_overhead(pool)
+    if ovh is None:
+        return cost
+    if pool.step_overhead is None and getattr(cost, "device", None) is None:
+        return cost      # constant / linear what-if models stay as given unless overhead is explicit
+    return EngineCost(cost, ovh)
+

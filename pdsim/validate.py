@@ -1,0 +1,419 @@
+"""``pdsim validate MEASURED``: simulate real benchmark runs and say how far pdsim is from them.
+
+Input formats (detected from the content):
+
+- ``silicon``: the silicon sample CSV shipped in NVIDIA's aiconfigurator-core
+  (``aiconfigurator_core/systems/silicon_sample.csv``; columns backend, model_path, system,
+  precision, mode, isl, osl, tp_size, ..., silicon_ttft_ms, silicon_tpot_ms; the closed-loop
+  concurrency is ``silicon_concurrency=`` in silicon_data_source, else batch_size).  Read from
+  the installed package (``--silicon``) or a path; never shipped with pdsim.
+- ``vllm``: a ``vllm bench serve --save-result`` JSON (mean_ttft_ms, mean_tpot_ms,
+  max_concurrency, total_input_tokens / completed, ...).  GPU, TP and engine are not in that
+  file: give them with ``--metadata gpu=h100-sxm tp=1`` at benchmark time, or --device/--tp here.
+- ``genai-perf``: a GenAI-Perf ``profile_export_genai_perf.json`` (time_to_first_token,
+  inter_token_latency in ms, input_config with the model and concurrency).
+
+Each usable row becomes a closed-loop scenario at the measured concurrency with the measured
+ISL/OSL, model, GPU, TP, precision and engine; rows pdsim cannot express (MoE models, fp4/int4,
+attention data parallelism, an unknown GPU or model, ...) are counted and listed by reason.
+Outputs: ``validate.csv`` (measured vs simulated per row, with APE), ``skipped.csv``,
+``validate.json`` (MAPE per model/GPU/backend/mode, counts by reason, worst rows) and
+``validate.html``.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+#: GPU names used by benchmark tools -> pdsim device presets
+GPUS = {"h100_sxm": "h100-sxm", "h100": "h100-sxm", "h100-sxm": "h100-sxm", "h200_sxm": "h200", "h200": "h200",
+        "a100_sxm": "a100-80gb-sxm", "a100": "a100-80gb-sxm", "a100-80gb-sxm": "a100-80gb-sxm", "l40s": "l40s"}
+#: model names of benchmark files -> pdsim presets (dense decoders only)
+MODELS = {"llama-3.1-8b": "llama-3.1-8b", "llama-3.1-8b-instruct": "llama-3.1-8b",
+          "llama-3.1-8b-instruct-fp8": "llama-3.1-8b", "llama-3.1-70b": "llama-3.1-70b",
+          "llama-3.1-70b-instruct": "llama-3.1-70b", "qwen3-32b": "qwen3-32b", "qwen3-8b": "qwen3-8b",
+          "llama-2-7b-hf": "llama-2-7b", "llama-2-70b-hf": "llama-2-70b", "mistral-7b-instruct-v0.3": "mistral-7b"}
+#: mixture-of-experts families (pdsim's cost model is dense)
+MOE = re.compile(r"deepseek|mixtral|minimax|kimi|glm-5|gpt-oss|qwen3-235b|qwen3-30b|qwen3\.5|a\d+b", re.I)
+ENGINES = ("vllm-v1", "vllm-v0", "sglang", "trtllm")
+
+
+def _model(name: str) -> tuple[str | None, str | None]:
+    base = name.strip().split("/")[-1].lower()
+    if MOE.search(base):
+        return None, f"moe_model: {name}"
+    m = MODELS.get(base)
+    return (m, None) if m else (None, f"unknown_model: {name}")
+
+
+def _engine(backend: str, version: str) -> str | None:
+    b = backend.lower()
+    if b in ENGINES:
+        return b
+    if b == "vllm":
+        try:
+            major, minor = (int(x) for x in re.findall(r"\d+", version)[:2])
+        except ValueError:
+            return "vllm-v1"
+        return "vllm-v0" if (major, minor) < (0, 8) else "vllm-v1"   # v1 is the default engine from 0.8
+    return b if b in ("sglang", "trtllm") else None
+
+
+def _int(x) -> int | None:
+    try:
+        return int(float(x))
+    except (TypeError, ValueError):
+        return None
+
+
+# --- readers: each yields (row dict | None, skip reason | None) ------------------------------------
+def _row(source, rid, model, gpu, backend, version, mode, tp, isl, osl, conc, precision, ttft_ms, tpot_ms,
+         throughput=None, extra=None):
+    r = {"source": source, "id": rid, "model_name": model, "gpu_name": gpu, "backend": backend, "mode": mode,
+         "tp": tp, "isl": isl, "osl": osl, "concurrency": conc, "precision": precision or "bf16",
+         "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "throughput_tok_s": throughput, **(extra or {})}
+    m, why = _model(model)
+    if why:
+        return r, why
+    r["model"] = m
+    r["device"] = GPUS.get(str(gpu).lower())
+    if r["device"] is None:
+        return r, "unknown_gpu"
+    r["engine"] = _engine(backend, version or "")
+    if r["engine"] is None:
+        return r, "unknown_backend"
+    p = (precision or "bf16").lower()
+    if p in ("fp4", "nvfp4", "int4", "int4_wo", "mxfp4"):
+        return r, "unsupported_precision"
+    if p not in ("bf16", "fp16", "fp8", "fp8_block", ""):
+        return r, "unsupported_precision"
+    r["weight_dtype"] = "fp8" if p.startswith("fp8") else "bf16"
+    # an fp8 checkpoint served with an fp8 KV cache (the engines' usual pairing); an assumption
+    r["kv_dtype"] = r["weight_dtype"]
+    if mode not in ("agg", "colocated"):
+        return r, "disaggregated_row"
+    bad = [k for k in ("tp", "isl", "osl", "concurrency") if not (isinstance(r[k], int) and r[k] > 0)]
+    if bad:
+        return r, f"missing_{bad[0]}"
+    if not (ttft_ms and ttft_ms > 0 and tpot_ms and tpot_ms > 0):
+        return r, "missing_measurement"
+    return r, None
+
+
+def read_silicon(path: Path) -> list[tuple[dict, str | None]]:
+    out = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for line in csv.DictReader(f):
+            src = line.get("silicon_data_source", "")
+            m = re.search(r"silicon_concurrency=(\d+)", src)
+            conc = int(m.group(1)) if m else _int(line.get("batch_size"))
+            r, why = _row("silicon", line.get("id", ""), line.get("model_path", ""), line.get("system", ""),
+                          line.get("backend", ""), line.get("backend_version", ""), line.get("mode", ""),
+                          _int(line.get("tp_size")), _int(line.get("isl")), _int(line.get("osl")), conc,
+                          line.get("gemm_quant_mode") or line.get("precision"),
+                          _float(line.get("silicon_ttft_ms")), _float(line.get("silicon_tpot_ms")))
+            if why is None:
+                if (_int(line.get("pp_size")) or 1) > 1:
+                    why = "pipeline_parallel"
+                elif (_int(line.get("attention_dp_size")) or 1) > 1:
+                    why = "attention_data_parallel"
+            out.append((r, why))
+    return out
+
+
+def _float(x) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def read_vllm(path: Path, data: dict, defaults: dict) -> list[tuple[dict, str | None]]:
+    done = _int(data.get("completed")) or 0
+    isl = osl = None
+    if data.get("input_lens"):
+        isl = int(round(float(np.mean(data["input_lens"]))))
+    elif done and data.get("total_input_tokens") is not None:
+        isl = int(round(data["total_input_tokens"] / done))
+    if data.get("output_lens"):
+        osl = int(round(float(np.mean(data["output_lens"]))))
+    elif done and data.get("total_output_tokens") is not None:
+        osl = int(round(data["total_output_tokens"] / done))
+    gpu = data.get("gpu") or data.get("device") or defaults.get("device") or ""
+    tp = _int(data.get("tp") or data.get("tensor_parallel_size") or defaults.get("tp"))
+    backend = data.get("engine") or defaults.get("engine") or "vllm"
+    r = _row("vllm", path.name, str(data.get("model_id") or data.get("model") or ""), gpu, backend,
+             str(data.get("vllm_version") or defaults.get("version") or ""), "agg", tp, isl, osl,
+             _int(data.get("max_concurrency")), data.get("precision") or defaults.get("precision"),
+             _float(data.get("mean_ttft_ms")), _float(data.get("mean_tpot_ms")),
+             _float(data.get("output_throughput")))
+    return [r]
+
+
+def read_genai_perf(path: Path, data: dict, defaults: dict) -> list[tuple[dict, str | None]]:
+    cfg = data.get("input_config") or {}
+    models = cfg.get("model") or cfg.get("model_names") or [""]
+    model = models[0] if isinstance(models, list) else str(models)
+    stim = ((cfg.get("perf_analyzer") or {}).get("stimulus") or {})
+    conc = _int(stim.get("concurrency") or cfg.get("concurrency") or defaults.get("concurrency"))
+
+    def avg(key):
+        v = data.get(key)
+        return _float(v.get("avg")) if isinstance(v, dict) else None
+
+    isl, osl = avg("input_sequence_length"), avg("output_sequence_length")
+    r = _row("genai-perf", path.name, model, data.get("gpu") or defaults.get("device") or "",
+             data.get("engine") or defaults.get("engine") or "vllm", str(defaults.get("version") or ""), "agg",
+             _int(data.get("tp") or defaults.get("tp")), _int(round(isl)) if isl else None,
+             _int(round(osl)) if osl else None, conc, defaults.get("precision"),
+             avg("time_to_first_token"), avg("inter_token_latency"), avg("output_token_throughput"))
+    return [r]
+
+
+def read_measured(path: str | Path, defaults: dict | None = None) -> list[tuple[dict, str | None]]:
+    """Rows of one measured file, each with the reason it cannot be simulated (None: usable)."""
+    path, defaults = Path(path), defaults or {}
+    if not path.is_file():
+        raise ConfigError("measured file not found", file=str(path))
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    text_head = head.decode("utf-8", "replace").lstrip()
+    if text_head.startswith(("{", "[")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"not valid JSON: {exc}", file=str(path)) from None
+        if isinstance(data, dict) and "mean_ttft_ms" in data:
+            return read_vllm(path, data, defaults)
+        if isinstance(data, dict) and "time_to_first_token" in data:
+            return read_genai_perf(path, data, defaults)
+        raise ConfigError("JSON is neither a `vllm bench serve` result (mean_ttft_ms) nor a GenAI-Perf "
+                          "export (time_to_first_token)", file=str(path))
+    first_line = text_head.splitlines()[0] if text_head else ""
+    if "silicon_ttft_ms" in first_line:
+        return read_silicon(path)
+    raise ConfigError("unknown format: expected the aiconfigurator silicon CSV (silicon_ttft_ms column), a "
+                      "`vllm bench serve` JSON or a GenAI-Perf JSON export", file=str(path))
+
+
+def silicon_sample_path() -> Path:
+    """The silicon sample CSV inside an installed aiconfigurator-core (an optional extra)."""
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("aiconfigurator_core")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("aiconfigurator-core is not installed (pip install it, or give the CSV's path)",
+                          key="--silicon")
+    p = Path(list(spec.submodule_search_locations)[0]) / "systems" / "silicon_sample.csv"
+    if not p.is_file():
+        raise ConfigError("no systems/silicon_sample.csv in the installed aiconfigurator-core", key="--silicon",
+                          value=str(p))
+    return p
+
+
+# --- simulate a row ------------------------------------------------------------------------------
+def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 10, min_requests: int = 16,
+                 client: dict | None = None, step_overhead: dict | None = None):
+    """The closed-loop scenario of one measured row (``engine_presets=False``: the idealised engine);
+    ``client``: Scenario.client keys (ramp-up, jitter, warm-up)."""
+    from . import config
+    c = r["concurrency"]
+    pool = {"kind": "colocated", "replicas": 1, "tp": r["tp"], "device": r["device"]}
+    if engine_presets:
+        pool["engine"] = r["engine"]
+        if step_overhead and r["engine"] in step_overhead:     # fitted overhead (calibration) over the preset's
+            pool["step_overhead"] = step_overhead[r["engine"]]
+    raw = {"name": str(r["id"])[:80], "model": r["model"], "weight_dtype": r["weight_dtype"],
+           "kv_dtype": r["kv_dtype"],
+           "workload": {"arrival": "closed", "clients": c, "num_requests": max(min_requests, requests_per_client * c),
+                        "prompt_tokens": r["isl"], "output_tokens": r["osl"]},
+           "topologies": {"t": pool}}
+    if client:
+        raw["client"] = client
+    return config.parse(raw, f"row {r['id']}")
+
+
+#: how the clients of a measured run are assumed to send (the silicon sample does not say):
+#: ``sync``: all start at t=0 and every request is measured (vllm bench serve --max-concurrency);
+#: ``stagger``: first sends spread uniformly over one lone request's E2E time (as clients that
+#: have drifted apart in a long run), the first ``concurrency`` requests left out as warm-up.
+CLIENT_MODES = ("sync", "stagger")
+
+
+def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 10,
+                 client_mode: str = "sync", step_overhead: dict | None = None) -> dict:
+    """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them."""
+    from .metrics import requests_frame
+    from .simulation import simulate
+    client = None
+    if client_mode == "stagger":
+        lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1))[0].requests[0]
+        client = {"start_jitter_s": float(lone.finish_s - lone.arrival_s), "warmup_requests": r["concurrency"]}
+    sc = row_scenario(r, engine_presets, requests_per_client, client=client, step_overhead=step_overhead)
+    res = simulate(sc)
+    df = requests_frame(res, sc.client)
+    fin = df[(df.status == "finished") & ~df.warmup.astype(bool)]
+    span = res[0].sim_end_s or float("nan")
+    return {"sim_ttft_ms": float(fin.ttft_s.mean() * 1e3) if len(fin) else float("nan"),
+            "sim_tpot_ms": float(fin.tpot_s.mean() * 1e3) if len(fin) else float("nan"),
+            "sim_throughput_tok_s": float(fin.output_tokens.sum() / span) if len(fin) else float("nan"),
+            "sim_finished": int(len(fin)), "sim_requests": int(len(df))}
+
+
+def _ape(sim, meas):
+    if sim is None or meas is None or not (meas > 0) or sim != sim:
+        return None
+    return abs(sim - meas) / meas * 100.0
+
+
+GROUP = ("model", "device", "engine", "mode")
+
+
+def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 10,
+             progress=None, client_mode: str = "sync", step_overhead: dict | None = None) -> dict:
+    """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}."""
+    usable, skipped = [], []
+    for r, why in rows:
+        (skipped if why else usable).append((r, why))
+    out_rows = []
+    for i, (r, _) in enumerate(usable):
+        try:
+            sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead)
+        except ConfigError as exc:          # e.g. weights do not fit the GPU at this TP
+            skipped.append((r, "does_not_fit: " + str(exc)[:160]))
+            continue
+        row = {**{k: r.get(k) for k in ("source", "id", "model", "device", "engine", "mode", "tp", "isl", "osl",
+                                      "concurrency", "weight_dtype")}, "ttft_ms": r["ttft_ms"],
+               "tpot_ms": r["tpot_ms"], "throughput_tok_s": r.get("throughput_tok_s"), **sim}
+        row["ttft_ape"] = _ape(sim["sim_ttft_ms"], r["ttft_ms"])
+        row["tpot_ape"] = _ape(sim["sim_tpot_ms"], r["tpot_ms"])
+        row["throughput_ape"] = _ape(sim["sim_throughput_tok_s"], r.get("throughput_tok_s"))
+        row["mode"] = "agg"
+        out_rows.append(row)
+        if progress:
+            progress(i + 1, len(usable), row)
+    groups = {}
+    for row in out_rows:
+        groups.setdefault(tuple(str(row[k]) for k in GROUP), []).append(row)
+    table = []
+    for key, rs in sorted(groups.items()):
+        g = dict(zip(GROUP, key))
+        for m in ("ttft", "tpot", "throughput"):
+            v = [x[f"{m}_ape"] for x in rs if x[f"{m}_ape"] is not None]
+            g[f"{m}_mape"] = float(np.mean(v)) if v else None
+            g[f"{m}_bias"] = (float(np.mean([(x[f"sim_{m}_ms" if m != "throughput" else "sim_throughput_tok_s"]
+                                             / x[f"{m}_ms" if m != "throughput" else "throughput_tok_s"] - 1) * 100
+                                            for x in rs if x[f"{m}_ape"] is not None])) if v else None)
+        g["rows"] = len(rs)
+        table.append(g)
+    reasons: dict[str, int] = {}
+    for _, why in skipped:
+        k = why.split(":")[0]
+        reasons[k] = reasons.get(k, 0) + 1
+    return {"rows": out_rows, "skipped": [(r, why) for r, why in skipped], "groups": table,
+            "counts": {"rows_in": len(rows), "simulated": len(out_rows), "skipped": len(skipped),
+                       "skipped_by_reason": reasons}}
+
+
+def fit_step_overhead(rows: list[dict]) -> dict:
+    """Per engine, the step overhead that best explains the TPOT residuals of simulated rows.
+
+    A decode step's overhead adds to every inter-token gap, so (measured - simulated) TPOT is
+    fitted by least squares as d_base + d_per_seq x concurrency and added to the preset's
+    values, each clamped at 0 (an overhead cannot be negative).  Returns ``{engine:
+    {base_us, per_seq_us}}`` for Scenario ``step_overhead`` keys.
+    """
+    from .engines import PRESETS
+    out = {}
+    for eng in sorted({r["engine"] for r in rows}):
+        rs = [r for r in rows if r["engine"] == eng and r["sim_tpot_ms"] == r["sim_tpot_ms"]]
+        if len(rs) < 3:
+            continue
+        c = np.array([r["concurrency"] for r in rs], float)
+        resid_us = np.array([(r["tpot_ms"] - r["sim_tpot_ms"]) * 1e3 for r in rs])
+        w = 1.0 / np.array([r["tpot_ms"] for r in rs])            # relative errors count equally
+        A = np.c_[np.ones_like(c), c] * w[:, None]
+        (d_base, d_seq), *_ = np.linalg.lstsq(A, resid_us * w, rcond=None)
+        p = PRESETS[eng]
+        out[eng] = {"base_us": round(max(0.0, p.overhead_base_us + float(d_base)), 1),
+                    "per_seq_us": round(max(0.0, p.overhead_per_seq_us + float(d_seq)), 2)}
+    return out
+
+
+def write_outputs(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = result["rows"]
+    cols = ["source", "id", "model", "device", "engine", "mode", "tp", "isl", "osl", "concurrency", "weight_dtype",
+            "ttft_ms", "sim_ttft_ms", "ttft_ape", "tpot_ms", "sim_tpot_ms", "tpot_ape", "throughput_tok_s",
+            "sim_throughput_tok_s", "throughput_ape", "sim_finished", "sim_requests"]
+    with open(out / "validate.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    with open(out / "skipped.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["source", "id", "model", "gpu", "backend", "mode", "reason"])
+        for r, why in result["skipped"]:
+            w.writerow([r.get("source"), r.get("id"), r.get("model_name"), r.get("gpu_name"), r.get("backend"),
+                        r.get("mode"), why])
+    worst = sorted((r for r in rows if r["ttft_ape"] is not None), key=lambda r: -r["ttft_ape"])[:10]
+    summary = {"counts": result["counts"], "groups": result["groups"],
+               "worst_ttft_rows": [{k: r[k] for k in ("id", "ttft_ms", "sim_ttft_ms", "ttft_ape", "tpot_ms",
+                                                     "sim_tpot_ms", "tpot_ape")} for r in worst]}
+    (out / "validate.json").write_text(json.dumps(summary, indent=2, default=float))
+    (out / "validate.html").write_text(_html(summary))
+
+
+def _html(summary: dict) -> str:
+    def f(x, d=1):
+        return "-" if x is None else f"{x:.{d}f}"
+    g = "".join(f"<tr><td>{html.escape(r['model'])}</td><td>{html.escape(r['device'])}</td>"
+                f"<td>{html.escape(r['engine'])}</td><td>{r['mode']}</td><td>{r['rows']}</td>"
+                f"<td>{f(r['ttft_mape'])}</td><td>{f(r['ttft_bias'])}</td><td>{f(r['tpot_mape'])}</td>"
+                f"<td>{f(r['tpot_bias'])}</td><td>{f(r['throughput_mape'])}</td></tr>" for r in summary["groups"])
+    w = "".join(f"<tr><td>{html.escape(str(r['id']))}</td><td>{f(r['ttft_ms'])}</td><td>{f(r['sim_ttft_ms'])}</td>"
+                f"<td>{f(r['ttft_ape'])}</td><td>{f(r['tpot_ms'], 2)}</td><td>{f(r['sim_tpot_ms'], 2)}</td>"
+                f"<td>{f(r['tpot_ape'])}</td></tr>" for r in summary["worst_ttft_rows"])
+    c = summary["counts"]
+    sk = "".join(f"<li>{html.escape(k)}: {v}</li>" for k, v in sorted(c["skipped_by_reason"].items()))
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>pdsim validate</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
+padding:3px 8px;text-align:right}}</style></head><body>
+<h1>pdsim vs measured benchmark runs</h1>
+<p>{c['rows_in']} rows read, {c['simulated']} simulated, {c['skipped']} skipped. MAPE and bias (mean signed
+error, simulated/measured - 1) in percent; closed loop at the measured concurrency.</p>
+<h2>Per model, GPU, engine, mode</h2><table><tr><th>model</th><th>GPU</th><th>engine</th><th>mode</th><th>rows</th>
+<th>TTFT MAPE %</th><th>TTFT bias %</th><th>TPOT MAPE %</th><th>TPOT bias %</th><th>throughput MAPE %</th></tr>{g}</table>
+<h2>Worst rows by TTFT error</h2><table><tr><th>id</th><th>TTFT ms</th><th>sim</th><th>APE %</th><th>TPOT ms</th>
+<th>sim</th><th>APE %</th></tr>{w}</table>
+<h2>Skipped rows by reason</h2><ul>{sk}</ul></body></html>"""
+
+
+# --- the error band shown next to TTFT/TPOT ---------------------------------------------------------
+ERROR_TABLE = Path(__file__).parent / "data" / "validation_error.json"
+
+
+def error_band(engine: str | None, device: str, tp: int | None = None) -> dict | str:
+    """MAPE of TTFT and TPOT measured by ``benchmarks/validate_silicon.py`` for this engine and GPU
+    (pooled over models and TP), or ``"unvalidated"``."""
+    if engine is None:
+        engine = "none"
+    try:
+        table = json.loads(ERROR_TABLE.read_text())
+    except (OSError, ValueError):
+        return "unvalidated"
+    hit = table.get("bands", {}).get(f"{engine}|{device}")
+    if not hit:
+        return "unvalidated"
+    return {**hit, "source": table.get("source", "")}
