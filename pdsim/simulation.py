@@ -68,11 +68,13 @@ def generate(sc: Scenario, model: ModelShape) -> list[Request]:
         if t.jitter_s > 0:
             arrival = np.sort(arrival + rng.uniform(0, t.jitter_s, len(arrival)))
         prompt, output = tr.prompt_tokens, tr.output_tokens
+        hashes = tr.hash_ids      # Mooncake's prefix hash chains (None for the other formats)
         if w.num_requests is not None:
             arrival, prompt, output = arrival[:w.num_requests], prompt[:w.num_requests], output[:w.num_requests]
+            hashes = None if hashes is None else hashes[:w.num_requests]
         if len(arrival) == 0:
             raise ConfigError("no trace rows in the chosen window", key="workload.trace", value=t.path)
-        return wl.make_requests(arrival, prompt, output)
+        return wl.make_requests(arrival, prompt, output, hashes, t.hash_block_tokens)
     if w.arrival == "closed":
         n = w.num_requests
         arrival = np.full(n, np.nan)
@@ -91,6 +93,13 @@ def generate(sc: Scenario, model: ModelShape) -> list[Request]:
             n = len(arrival)
     prompt = _lengths(w.prompt_tokens, rng, n, "workload.prompt_tokens", sc, model)
     output = _lengths(w.output_tokens, rng, n, "workload.output_tokens", sc, model)
+    if w.conversation is not None:   # arrivals start sessions; prompt_tokens draws each user message
+        c = w.conversation
+        reqs = wl.conversations(rng, arrival, prompt, output, c.turns, c.think_s, c.system_prompts,
+                                c.system_tokens, c.block_tokens, model.max_context)
+        if w.duration_s is not None:
+            reqs = [r for r in reqs if r.arrival_s < w.duration_s]
+        return reqs
     for key, spec in (("workload.prompt_tokens", w.prompt_tokens), ("workload.output_tokens", w.output_tokens)):
         if spec.dist == "fixed" and spec.value >= model.max_context:
             raise ConfigError(f"longer than the {model.max_context}-token context of {model.name}",
