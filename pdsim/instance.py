@@ -469,6 +469,8 @@ class Instance:
                 r.blocks = b
             self.kv.free_blocks -= extra - w.extra
             w.extra = extra
+            if self.kv.prefix_on:
+                self.kv.trim()         # cached prefixes give way to the growth, as each step's would
             used = self.kv.total_blocks - self.kv.free_blocks
             if used > self.kv.peak_used:
                 self.kv.peak_used = used

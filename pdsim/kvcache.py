@@ -120,9 +120,9 @@ class PrefixKVCache(KVCache):
     free in ``free_blocks`` (an allocation may take it at any time), so every user of the plain
     pool (schedulers, the fast path, routers) sees the same free count as without caching.  The
     cache keeps at most ``min(free_blocks, capacity_blocks)`` evictable blocks: when allocations
-    eat into them, the least recently used go first (trimmed lazily before every read of the
-    cache, which gives the same result as trimming at each allocation because only LRU order and
-    the count matter).  A block referenced by several running requests is held once; a block a
+    eat into them, the least recently used go first (``trim`` after every allocation; the fast
+    path's bulk decode growth trims when it settles, which evicts the same blocks because nothing
+    is released or looked up inside a window).  A block referenced by several running requests is held once; a block a
     running request references is never evicted.
 
     Blocks are registered (become shareable) when a step completes a prompt block with a known
@@ -156,6 +156,12 @@ class PrefixKVCache(KVCache):
         self.load_s = 0.0                            # host-tier loads the next step must wait for
         self._peek = None
 
+    def grow(self, req: Request, tokens: int, admit: bool = False) -> bool:
+        ok = KVCache.grow(self, req, tokens, admit)
+        if len(self.lru) > self.free_blocks:
+            self.trim()
+        return ok
+
     # --- reading the cache -----------------------------------------------------------
     def keys(self, req: Request) -> list[int]:
         """The request's engine-block keys (memoised on the request for this block size)."""
@@ -167,7 +173,7 @@ class PrefixKVCache(KVCache):
         req.block_keys = (self.block_size, ks)
         return ks
 
-    def _trim(self) -> None:
+    def trim(self) -> None:
         limit = min(self.free_blocks, self.capacity_blocks)
         lru, rc = self.lru, self.rc
         while len(lru) > limit:
@@ -185,7 +191,7 @@ class PrefixKVCache(KVCache):
         Read-only apart from the lazy LRU trim."""
         if req.hash_ids is None:
             return 0, 0
-        self._trim()
+        self.trim()
         ks = self.keys(req)
         n = min(len(ks), max_tokens // self.block_size)
         rc, host = self.rc, self.host
@@ -230,6 +236,8 @@ class PrefixKVCache(KVCache):
             self.load_s += load / self.host_bandwidth_Bps
             self.stats.host_load_bytes += load
         req.blocks = g + h
+        if h:
+            self.trim()
         entry = [ks[:g + h], g + h]
         self.held[req.id] = entry
         return entry
@@ -300,6 +308,8 @@ class PrefixKVCache(KVCache):
             if k not in rc:          # a copy computed twice stays private (no de-duplication)
                 rc[k] = 1
                 refs.append(k)
+                if self.host_blocks:
+                    self.host.pop(k, None)   # computed again: the GPU copy supersedes the host one
         entry[1] = limit
 
     def release(self, req: Request) -> None:
@@ -318,6 +328,8 @@ class PrefixKVCache(KVCache):
                 if k not in rc:
                     rc[k] = 0
                     lru[k] = None
+                    if self.host_blocks:
+                        self.host.pop(k, None)
         for k in reversed(refs):             # tail first: a prefix's last blocks are evicted first
             c = rc[k] - 1
             rc[k] = c
@@ -326,7 +338,9 @@ class PrefixKVCache(KVCache):
                 freed += 1
         self.free_blocks += freed
         req.blocks = 0
-        if req.status != "unfinished":       # the request is done: drop its memoised keys
+        if len(lru) > self.capacity_blocks:
+            self.trim()
+        if req.status == "finished":         # the request is done: drop its memoised keys
             req.block_keys = None
         assert self.free_blocks <= self.total_blocks, (self.free_blocks, self.total_blocks)
 
@@ -342,7 +356,7 @@ class PrefixKVCache(KVCache):
     @property
     def cached_blocks(self) -> int:
         """Blocks on the GPU holding a registered prefix (referenced or evictable)."""
-        self._trim()
+        self.trim()
         return len(self.rc)
 
 
