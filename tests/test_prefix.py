@@ -107,8 +107,9 @@ def test_blocks_of_running_requests_are_never_evicted():
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4), st.integers(1, 80), st.integers(0, 2)),
                     min_size=1, max_size=40),
-       total=st.integers(4, 24), cap=st.sampled_from([None, 2, 5]), host=st.sampled_from([0, 3]))
-def test_block_conservation_with_sharing(ops, total, cap, host):
+       total=st.integers(4, 24), cap=st.sampled_from([None, 2, 5]), host=st.sampled_from([0, 3]),
+       unit=st.sampled_from([4, 8, 12, 6]))
+def test_block_conservation_with_sharing(ops, total, cap, host, unit):
     """Random admissions (prefixes from a small family, so they share), steps and departures:
     free + private blocks + distinct referenced blocks = the pool, every reference is counted,
     no referenced block is ever evicted, the cache never keeps more evictable blocks than allowed."""
@@ -127,7 +128,7 @@ def test_block_conservation_with_sharing(ops, total, cap, host):
                 kv.commit(r)
         else:                                          # a new request with a shared prefix
             ids = [fam * 100 + j for j in range(depth)] + [10_000 + n]
-            r = _req(n, 0, prompt, 3, ids, unit=4)
+            r = _req(n, 0, prompt, 3, ids, unit=unit)     # pages of unit/4 blocks (6: one block each)
             hit = kv.peek(r)
             if kv.attach(r, hit, r.known):
                 r.computed = r.known
@@ -136,16 +137,18 @@ def test_block_conservation_with_sharing(ops, total, cap, host):
         refs = {}
         private = 0
         for r in running:
-            held = kv.held.get(r.id, [[], 0])[0]
-            private += r.blocks - len(held)
+            held, mapped = kv.held.get(r.id, [[], 0])[:2]
+            assert mapped == sum(kv.size[k] for k in held)
+            private += r.blocks - mapped
             for k in held:
                 refs[k] = refs.get(k, 0) + 1
         assert all(kv.rc[k] == c for k, c in refs.items())
         assert all(c == 0 for k, c in kv.rc.items() if k not in refs)
-        assert kv.free_blocks + private + len(refs) == total
-        assert len(kv.lru) <= min(kv.free_blocks, kv.capacity_blocks)
+        # shared pages counted once: free (evictable included) + private + distinct referenced = pool
+        assert kv.free_blocks + private + sum(kv.size[k] for k in refs) == total
+        assert kv.lru_blocks == sum(kv.lru.values()) <= min(kv.free_blocks, kv.capacity_blocks)
         assert set(kv.lru) == {k for k, c in kv.rc.items() if c == 0}
-        assert len(kv.host) <= host and not (set(kv.host) & set(kv.rc))
+        assert kv.host_used == sum(kv.host.values()) <= host and not (set(kv.host) & set(kv.rc))
     for r in running:
         r.status = FINISHED
         kv.release(r)
@@ -280,3 +283,37 @@ def test_bad_input_is_one_line_naming_the_key(tmp_path):
     with pytest.raises(ConfigError) as e:
         scenario({"t": {"kind": "colocated", "prefix_cache": {"host": {"capacity_GiB": 8, "bandwidth_GBps": 0}}}})
     assert "topologies.t.prefix_cache.host.bandwidth_GBps = 0" in str(e.value) and "\n" not in str(e.value)
+
+
+# --- the fast path with caching on -------------------------------------------------------------
+from test_fastpath import _assert_same  # noqa: E402  (the request-by-request comparison)
+
+ROOF = {"device": "h100-sxm"}
+PREFIX_TOPOS = st.sampled_from([
+    {"kind": "colocated", "replicas": 2, **ROOF, "router": "prefix_aware", "kv_blocks": 60, "prefix_cache": {}},
+    {"kind": "colocated", "replicas": 2, **ROOF, "router": "kv_aware", "kv_blocks": 80, "max_running": 4,
+     "prefix_cache": {"capacity_blocks": 20, "host": {"capacity_GiB": 0.05, "bandwidth_GBps": 5}}},
+    {"kind": "colocated", "replicas": 1, **ROOF, "kv_blocks": 40, "chunked_prefill": {"token_budget": 64},
+     "prefix_cache": {}},
+    {"kind": "disaggregated", "prefill": {"instances": 2, "kv_blocks": 40, "prefix_cache": {}, **ROOF},
+     "decode": {"instances": 2, "kv_blocks": 50, "max_running": 6, "prefix_cache": {}, **ROOF},
+     "router": "prefix_aware", "kv_link": {"bandwidth_GBps": 1}},
+])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=PREFIX_TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 40), rate=st.floats(0.5, 50),
+       out=st.integers(1, 200), turns=st.floats(1, 5), horizon=st.sampled_from([None, None, 3.0]))
+def test_fast_path_equals_step_by_step_with_caching_on(topo, seed, n, rate, out, turns, horizon):
+    sc = scenario({"t": topo}, rate=rate, num_requests=n,
+                  prompt_tokens={"dist": "uniform", "low": 1, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 1, "high": out},
+                  conversation={"turns": turns, "think_s": 0.5, "system_prompts": 2, "system_tokens": 48})
+    sc = sc.model_copy(update={"seed": seed, "horizon_s": horizon})
+    fast, slow = simulate(sc), simulate(sc, fast=False)
+    _assert_same(fast, slow)
+    for fi, si in zip(fast[0].topology.instances, slow[0].topology.instances):
+        a, b = fi.kv.stats, si.kv.stats
+        assert [getattr(a, k) for k in a.__slots__] == [getattr(b, k) for k in b.__slots__], fi.name
+        assert list(fi.kv.lru) == list(si.kv.lru) and list(fi.kv.host) == list(si.kv.host)
+    assert [r.cached_tokens for r in fast[0].requests] == [r.cached_tokens for r in slow[0].requests]
