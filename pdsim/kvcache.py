@@ -165,7 +165,8 @@ class PrefixKVCache(KVCache):
         self.host: OrderedDict[int, int] = OrderedDict()   # host tier (key -> blocks), LRU first
         self.host_used = 0
         self.host_blocks, self.host_bandwidth_Bps, self.block_bytes = host_blocks, host_bandwidth_Bps, block_bytes
-        # request id -> [referenced keys, blocks those map for it, pages considered for registration]
+        # request id -> [referenced keys, blocks those map for it, pages considered for registration,
+        #                engine block where the next page to register ends]
         self.held: dict[int, list] = {}
         self.stats = PrefixStats()
         self.load_s = 0.0                            # host-tier loads the next step must wait for
@@ -178,7 +179,7 @@ class PrefixKVCache(KVCache):
         if memo is not None and memo[0] == self.block_size:
             return memo[1]
         lay = page_layout(req.hash_ids, req.hash_block_tokens, self.block_size,
-                          req.prompt_tokens + req.output_tokens)
+                          req.hash_tokens or req.prompt_tokens)
         req.block_keys = (self.block_size, lay)
         return lay
 
@@ -270,7 +271,7 @@ class PrefixKVCache(KVCache):
             self.load_s += load / self.host_bandwidth_Bps
             self.stats.host_load_bytes += load
         req.blocks = gb + hb
-        self.held[req.id] = [keys[:g + h], gb + hb, g + h]
+        self.held[req.id] = [keys[:g + h], gb + hb, g + h, ends[g + h] if g + h < len(keys) else 1 << 62]
         used = self.total_blocks - self.free_blocks
         if used > self.peak_used:
             self.peak_used = used
@@ -326,9 +327,12 @@ class PrefixKVCache(KVCache):
 
     def _register(self, req: Request, entry: list, upto_block: int, evictable: bool) -> None:
         """Pages of ``req`` between the last one considered and ``upto_block`` become cached."""
+        if upto_block < entry[3]:    # the next page is not complete yet
+            return
         keys, ends = self.layout(req)
         p = entry[2]
         if p >= len(keys) or ends[p] > upto_block:
+            entry[3] = ends[p] if p < len(keys) else 1 << 62
             return
         rc, size, refs = self.rc, self.size, entry[0]
         new = []
@@ -350,6 +354,7 @@ class PrefixKVCache(KVCache):
             start = ends[p]
             p += 1
         entry[2] = p
+        entry[3] = ends[p] if p < len(keys) else 1 << 62
         for k, n in reversed(new):   # tail first
             self.lru[k] = n
             self.lru_blocks += n
@@ -360,7 +365,7 @@ class PrefixKVCache(KVCache):
             return
         entry = self.held.get(req.id)
         if entry is None:
-            entry = self.held[req.id] = [[], 0, 0]
+            entry = self.held[req.id] = [[], 0, 0, 0]
         self._register(req, entry, min(req.computed, req.prompt_tokens) // self.block_size, False)
 
     def release(self, req: Request) -> None:

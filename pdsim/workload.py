@@ -44,6 +44,7 @@ class Request:
     # --- prefix (kvcache.PrefixKVCache) -------------------------------------
     hash_ids: list | None = None            # hash chain of the content, one id per hash_block_tokens
     hash_block_tokens: int = 0
+    hash_tokens: int = 0                    # tokens the ids describe (0: the prompt; a chat turn: prompt + reply)
     cached_tokens: int = 0                  # prompt tokens found cached at its (last) admission
     block_keys: tuple | None = None         # memo: (engine block size, keys)
 
@@ -61,7 +62,8 @@ class Request:
         if self.hash_ids is None:
             return Request(self.id, self.arrival_s, self.prompt_tokens, self.output_tokens)
         return Request(self.id, self.arrival_s, self.prompt_tokens, self.output_tokens,
-                       hash_ids=self.hash_ids, hash_block_tokens=self.hash_block_tokens)
+                       hash_ids=self.hash_ids, hash_block_tokens=self.hash_block_tokens,
+                       hash_tokens=self.hash_tokens)
 
 
 # --- arrival processes -------------------------------------------------------
@@ -174,4 +176,5 @@ def conversations(rng: np.random.Generator, session_start_s: np.ndarray, user_to
             if think_s > 0:
                 t += float(rng.exponential(think_s))
     rows.sort(key=lambda r: r[0])
-    return [Request(j, a, p, o, hash_ids=h, hash_block_tokens=unit_tokens) for j, (a, p, o, h) in enumerate(rows)]
+    return [Request(j, a, p, o, hash_ids=h, hash_block_tokens=unit_tokens, hash_tokens=p + o)
+            for j, (a, p, o, h) in enumerate(rows)]
