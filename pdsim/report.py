@@ -202,6 +202,22 @@ def _faults(topos: dict, figures: list) -> None:
                         "table": _table(pd.DataFrame(rows).set_index("topology"), "faults")})
 
 
+def _prefix(topos: dict, figures: list) -> None:
+    """One row per topology with a prefix cache: hit rates per tier, tokens, FLOPs and bytes saved."""
+    rows = []
+    for n, t in topos.items():
+        pc = t.get("prefix_cache")
+        if not pc:
+            continue
+        rows.append({"topology": n, "hit rate": pc.get("hit_rate"), "GPU tier": pc.get("gpu_hit_rate"),
+                     "host tier": pc.get("host_hit_rate"), "prompt tokens saved": pc.get("tokens_saved"),
+                     "prefill FLOPs saved": pc.get("prefill_flops_saved"),
+                     "KV transfer bytes saved": pc.get("transfer_bytes_saved")})
+    if rows:
+        figures.append({"title": "Prefix cache: prompt tokens found cached at admission", "png": "",
+                        "table": _table(pd.DataFrame(rows).set_index("topology"), "prefix")})
+
+
 def _timeseries(ts: pd.DataFrame, names: list, figures: list) -> None:
     _log("plotting time series...")
     ts = ts.copy()
@@ -304,6 +320,7 @@ def build_report(out_dir: Path, progress: bool = True) -> Path:
         _timeseries(ts, names, figures)
     _kv_transfers(df, topos, figures)
     _faults(topos, figures)
+    _prefix(topos, figures)
 
     _log("rendering HTML...")
     model = sc.get("model")
