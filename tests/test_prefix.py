@@ -173,16 +173,18 @@ def test_cache_aware_router_sends_a_repeat_to_the_instance_holding_its_prefix(ro
     assert [r.instance for r in base.requests[4:]] == ["replica-0"] * 4
 
 
-def test_prefix_aware_load_ceiling_passes_over_a_busy_instance():
+@pytest.mark.parametrize("slack, third", [(100, "replica-1"), (10**6, "replica-0")])
+def test_prefix_aware_load_ceiling_passes_over_a_busy_instance(slack, third):
     topo = {"kind": "colocated", "replicas": 2, "kv_blocks": 400, "block_size": 16, "cost_model": LIN,
-            "router": "prefix_aware", "prefix_routing": {"load_slack_tokens": 100}, "prefix_cache": {}}
-    # r0 fills replica-0's cache; r1 (long, no shared prefix) lands on replica-1; r2..r4 repeat r0's
-    # prefix while replica-0 is busy with r2, r3: past the ceiling they go to replica-1
+            "router": "prefix_aware", "prefix_routing": {"load_slack_tokens": slack}, "prefix_cache": {}}
+    # r0 fills replica-0's cache; r1 (no shared prefix) lands on idle replica-1; r2 and r3 repeat r0's
+    # prefix: r2 goes to replica-0; r3 arrives while replica-0 holds r2's ~2000 outstanding tokens: within
+    # a large slack the longer prefix wins over the lower load, past a small one it goes to replica-1
     reqs = [_req(0, 0.0, 320, 2, range(20)), _req(1, 0.0, 64, 2, range(500, 504)),
             _req(2, 1.0, 1600, 400, list(range(20)) + list(range(600, 680))),
             _req(3, 1.0, 1600, 400, list(range(20)) + list(range(700, 780)))]
     res = _run(topo, reqs)
-    assert [r.instance for r in res.requests] == ["replica-0", "replica-1", "replica-0", "replica-1"]
+    assert [r.instance for r in res.requests] == ["replica-0", "replica-1", "replica-0", third]
 
 
 # --- cache-aware KV transfer ---------------------------------------------------------------------
