@@ -319,3 +319,46 @@ def test_fast_path_equals_step_by_step_with_caching_on(topo, seed, n, rate, out,
         assert [getattr(a, k) for k in a.__slots__] == [getattr(b, k) for k in b.__slots__], fi.name
         assert list(fi.kv.lru) == list(si.kv.lru) and list(fi.kv.host) == list(si.kv.host)
     assert [r.cached_tokens for r in fast[0].requests] == [r.cached_tokens for r in slow[0].requests]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=PREFIX_TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 30), rate=st.floats(1, 40),
+       at=st.floats(0.05, 1.5), down=st.floats(0.01, 1), timeout=st.sampled_from([None, 0.3]))
+def test_fast_path_equals_step_by_step_with_caching_and_faults(topo, seed, n, rate, at, down, timeout):
+    """A failure loses the instance's cache with its KV (both tiers); everything else as without caching."""
+    from pdsim.config import FaultsSpec
+    sc = scenario({"t": topo}, rate=rate, num_requests=n, timeout_s=timeout,
+                  prompt_tokens={"dist": "uniform", "low": 1, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 1, "high": 150},
+                  conversation={"turns": 3, "think_s": 0.3, "system_prompts": 2, "system_tokens": 48})
+    victim = sc.instance_names("t")[-1]
+    sc = sc.model_copy(update={"seed": seed, "faults": FaultsSpec.model_validate(
+        {"instances": [{"at_s": at, "instance": victim, "down_s": down}]})})
+    _assert_same(simulate(sc), simulate(sc, fast=False))
+
+
+def test_prefill_flops_saved_match_the_design_formulas():
+    """Per DESIGN.md, per layer: linear FLOPs 2 T x params, attention 4 n_h d x attn_work.  A prompt of
+    P tokens with h cached saves 2 h params L (linear) + 4 n_h d L (P^2/2 - (P-h)(P+h)/2) = ... + 2 n_h d L h^2."""
+    hid, nh, kvh, d, f, L = 4096, 32, 8, 128, 14336, 32            # Llama-3.1-8B
+    params = hid * nh * d + 2 * hid * kvh * d + nh * d * hid + 3 * hid * f
+    topo = {"kind": "colocated", "replicas": 1, "device": "h100-sxm", "kv_blocks": 500, "prefix_cache": {}}
+    sc = scenario({"t": topo})
+    res = run_topology(sc, "t", sc.topologies["t"], [_req(0, 0.0, 1024, 2, range(64)), _req(1, 5.0, 1024, 2, range(64))],
+                       resolve_model(sc), 1.0)
+    h = res.requests[1].cached_tokens
+    assert h == 1008
+    want = 2 * h * params * L + 2 * nh * d * L * h * h
+    got = metrics.prefix_summary(res)["prefill_flops_saved"]
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_cli_reports_an_oversized_cache_in_one_line(tmp_path, capsys):
+    from pdsim.__main__ import main
+    p = tmp_path / "s.yaml"
+    p.write_text("model: llama-3.1-8b\nworkload: {arrival: poisson, rate: 2, num_requests: 5}\n"
+                 "topologies:\n  a: {kind: colocated, kv_blocks: 50, prefix_cache: {capacity_blocks: 60}}\n")
+    assert main(["run", str(p), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert str(p) in err and "topologies.a.prefix_cache.capacity_blocks = 60" in err
