@@ -206,29 +206,35 @@ class PrefixKVCache(KVCache):
                     self.host_used -= m
                     self.stats.host_evicted_blocks += m
 
-    def match(self, req: Request, max_tokens: int) -> tuple[int, int, int, int]:
-        """(GPU pages, host pages, GPU blocks, host blocks) of the longest cached prefix whose
-        pages start before block ``max_tokens // block_size``.  Read-only apart from ``trim``."""
+    def match(self, req: Request, max_tokens: int) -> tuple[int, int, int, int, int]:
+        """(GPU pages, host pages, GPU blocks, host blocks, GPU blocks now evictable) of the
+        longest cached prefix whose pages start before block ``max_tokens // block_size``.
+        Read-only apart from ``trim``."""
         if req.hash_ids is None:
-            return 0, 0, 0, 0
+            return 0, 0, 0, 0, 0
         self.trim()
         keys, ends = self.layout(req)
         limit = max_tokens // self.block_size
         rc, host = self.rc, self.host
         n = len(keys)
-        p = start = 0
-        while p < n and start < limit and keys[p] in rc:
+        p = start = revive = 0
+        while p < n and start < limit:
+            c = rc.get(keys[p])
+            if c is None:
+                break
+            if c == 0:
+                revive += ends[p] - start
             start = ends[p]
             p += 1
         g, gb = p, start
         while p < n and start < limit and keys[p] in host:
             start = ends[p]
             p += 1
-        return g, p - g, gb, start - gb
+        return g, p - g, gb, start - gb, revive
 
     def cached_tokens(self, req: Request) -> int:
         """Tokens of ``req``'s prompt a new admission here would not compute (routers' signal)."""
-        g, h, gb, hb = self.match(req, req.prompt_tokens - 1)
+        g, h, gb, hb, _ = self.match(req, req.prompt_tokens - 1)
         return min(gb + hb, (req.prompt_tokens - 1) // self.block_size) * self.block_size
 
     def peek(self, req: Request) -> int:
@@ -243,14 +249,11 @@ class PrefixKVCache(KVCache):
     # --- taking and giving back ---------------------------------------------------------
     def _need(self, req: Request, m, tokens: int) -> int:
         """Free blocks an admission with match ``m`` and ``tokens`` in all takes."""
-        g, h, gb, hb = m
-        keys = self.layout(req)[0]
-        rc, size = self.rc, self.size
-        revive = sum(size[k] for k in keys[:g] if rc[k] == 0)
+        g, h, gb, hb, revive = m
         return revive + hb + max(0, self.blocks_for(tokens) - gb - hb)
 
     def _take(self, req: Request, m) -> None:
-        g, h, gb, hb = m
+        g, h, gb, hb, _ = m
         keys, ends = self.layout(req)
         rc, lru = self.rc, self.lru
         for k in keys[:g]:
