@@ -78,6 +78,18 @@ class StepOverheadSpec(_Strict):
     per_token_us: NonNegFloat | None = None
     tp_extra_us: NonNegFloat | None = None
 
+class HostTierSpec(_Strict):
+    """A host-memory KV tier per instance: blocks evicted from GPU wait here, hits load back over PCIe."""
+    capacity_GiB: PosFloat
+    bandwidth_GBps: PosFloat            # per GPU of the instance, host -> GPU
+
+
+class PrefixCacheSpec(_Strict):
+    """Automatic prefix caching on KV blocks (kvcache.PrefixKVCache)."""
+    enabled: bool = True
+    capacity_blocks: PosInt | None = None    # GPU blocks that may hold unreferenced cached prefixes (default: all free)
+    host: HostTierSpec | None = None
+
 
 class PoolSpec(_Strict):
     """One kind of serving instance: device, tensor parallelism, batching limits, memory."""
@@ -102,6 +114,7 @@ class PoolSpec(_Strict):
     engine: Literal["vllm-v1", "vllm-v0", "sglang", "trtllm"] | None = None
     step_overhead: StepOverheadSpec | None = None
     cuda_graph_GiB: NonNegFloat | None = None
+    prefix_cache: PrefixCacheSpec | None = None
 
     @model_validator(mode="after")
     def _engine_preset(self):
@@ -109,6 +122,10 @@ class PoolSpec(_Strict):
             from .engines import apply_preset
             apply_preset(self)
         return self
+
+    @property
+    def prefix_on(self) -> bool:
+        return self.prefix_cache is not None and self.prefix_cache.enabled
 
     @property
     def scheduler_name(self) -> str:
@@ -119,10 +136,22 @@ class PoolSpec(_Strict):
         return self.chunked_prefill.token_budget if self.chunked_prefill else self.max_batched_tokens
 
 
+ROUTER_NAMES = Literal["round_robin", "least_outstanding", "prefix_aware", "kv_aware"]
+
+
+class PrefixRoutingSpec(_Strict):
+    """Parameters of the cache-aware routers (``prefix_aware``, ``kv_aware``)."""
+    # prefix_aware: instances with more outstanding tokens than the least loaded plus this are skipped
+    load_slack_tokens: Annotated[int, Field(ge=0, le=10**12)] = 32768
+    # kv_aware: cost = overlap_weight x prompt tokens to compute + outstanding tokens
+    overlap_weight: NonNegFloat = 1.0
+
+
 class ColocatedSpec(PoolSpec):
     kind: Literal["colocated"]
     replicas: Instances = 1
-    router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    router: ROUTER_NAMES = "least_outstanding"
+    prefix_routing: PrefixRoutingSpec | None = None
 
 
 #: bandwidth per GPU (GB/s, one direction) and latency of common KV links
@@ -155,7 +184,8 @@ class DisaggregatedSpec(_Strict):
     prefill: PoolSpec
     decode: PoolSpec
     kv_link: KVLinkSpec = KVLinkSpec()
-    router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    router: ROUTER_NAMES = "least_outstanding"           # picks the prefill instance
+    prefix_routing: PrefixRoutingSpec | None = None
     assignment: Literal["round_robin", "least_loaded", "least_decode_work"] = "least_loaded"
 
 
@@ -170,6 +200,7 @@ class TraceSpec(_Strict):
     start_s: NonNegFloat = 0.0
     duration_s: PosFloat | None = None
     jitter_s: NonNegFloat = 0.0         # spread arrivals uniformly within ticks (Mooncake's 3 s ticks)
+    hash_block_tokens: PosInt = 512     # tokens per Mooncake hash id (512 in the FAST'25 traces)
 
 
 class LengthSpec(_Strict):
@@ -203,6 +234,22 @@ class LengthSpec(_Strict):
         return self
 
 
+class ConversationSpec(_Strict):
+    """Synthetic multi-turn chat with shared system prompts (workload.conversations): the arrival
+    process starts sessions; prompt_tokens draws each new user message, output_tokens each reply."""
+    turns: Annotated[float, Field(ge=1, le=1e6, allow_inf_nan=False)] = 1.0   # mean turns per session
+    think_s: NonNegFloat = 0.0          # mean time between a session's turns (exponential)
+    system_prompts: Annotated[int, Field(ge=0, le=10**6)] = 0   # distinct shared system prompts
+    system_tokens: Annotated[int, Field(ge=0, le=10**7)] = 0    # length of each
+    block_tokens: PosInt = 16           # tokens per generated hash id
+
+    @model_validator(mode="after")
+    def _need(self):
+        if (self.system_prompts > 0) != (self.system_tokens > 0):
+            raise ValueError("give both system_prompts and system_tokens (or neither)")
+        return self
+
+
 class WorkloadSpec(_Strict):
     arrival: Literal["poisson", "gamma", "constant", "closed", "trace"] = "poisson"
     # requests per second (open loop); >= 1e-9 so that 1/rate stays finite; <= MAX_RATE (1e308 made the gaps
@@ -219,9 +266,13 @@ class WorkloadSpec(_Strict):
     trace: TraceSpec | None = None
     # a client abandons a request that has no first token this long after it was sent
     timeout_s: PosFloat | None = None
+    conversation: ConversationSpec | None = None
 
     @model_validator(mode="after")
     def _need(self):
+        if self.conversation is not None and self.arrival in ("trace", "closed"):
+            raise ValueError(f"conversation needs an open-loop arrival process (it starts sessions), "
+                             f"not arrival: {self.arrival}")
         if self.arrival in ("poisson", "gamma", "constant") and self.rate is None:
             raise ValueError(f"arrival: {self.arrival} needs rate (requests per second)")
         if self.arrival == "closed" and self.clients is None:
@@ -388,8 +439,9 @@ def _is_profile_path(device: str) -> bool:
 # --- loading -----------------------------------------------------------------------
 def _vocabulary() -> set[str]:
     names: set[str] = set()
-    for cls in (InlineModel, CostModelSpec, ChunkedPrefillSpec, StepOverheadSpec, ClientSpec, PoolSpec, ColocatedSpec, KVLinkSpec,
-                DisaggregatedSpec, TraceSpec, LengthSpec, WorkloadSpec, SLOSpec, Scenario, InstanceFaultSpec,
+    for cls in (InlineModel, CostModelSpec, ChunkedPrefillSpec, StepOverheadSpec, ClientSpec, PoolSpec,
+                ColocatedSpec, KVLinkSpec, DisaggregatedSpec, TraceSpec, LengthSpec, HostTierSpec, PrefixCacheSpec,
+                PrefixRoutingSpec, ConversationSpec, WorkloadSpec, SLOSpec, Scenario, InstanceFaultSpec,
                 RandomFaultsSpec, LinkFaultSpec, FaultsSpec):
         names.update(cls.model_fields)
     return names

@@ -22,7 +22,7 @@ from collections import deque
 
 import numpy as np
 
-from .costmodel import CostModel
+from .costmodel import CostModel, StepCost
 from .kvcache import KVCache
 from .scheduler import Limits
 import simpy
@@ -212,6 +212,8 @@ class Instance:
         if self._win is not None:
             self.cut()
         req.decode_instance = self.name
+        if self.kv.prefix_on:
+            self.kv.commit(req)        # the transferred prompt blocks are shareable here from now on
         self.running.append(req)
         self.outstanding_tokens += req.remaining
         self.decode_work += req.output_tokens - req.generated
@@ -239,7 +241,8 @@ class Instance:
                 yield self._wake
                 continue
             plan = self.policy(self.running, self.waiting, self.kv, self.limits)
-            self.outstanding_tokens += plan.lost_tokens   # preempted KV must be computed again
+            # preempted KV must be computed again; a cached prefix need not be
+            self.outstanding_tokens += plan.lost_tokens - plan.cached_tokens
             if not plan.items:
                 # nothing fits: wait for blocks to be freed (a transfer ends) or new work
                 self._wake = env.event()
@@ -252,6 +255,8 @@ class Instance:
                     yield from self._run_window(w)
                     continue
             c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled, len(plan.items))
+            if self.kv.load_s:   # prefix blocks from the host tier are copied in before the step runs
+                c = StepCost(c.time_s + self.kv.take_load_s(), c.flops, c.bytes)
             t0 = env.now
             yield env.timeout(c.time_s)
             self.busy_s += c.time_s
@@ -312,6 +317,7 @@ class Instance:
     def _apply(self, plan, t0: float) -> None:
         now = self.env.now
         leaving = False
+        prefix = self.kv.prefix_on
         for req, n in plan.items:
             if req.status != UNFINISHED:   # abandoned by its client while the step ran
                 continue
@@ -319,6 +325,8 @@ class Instance:
                 req.prefill_start_s = t0
             req.computed += n
             self.outstanding_tokens -= n
+            if prefix:
+                self.kv.commit(req)        # prompt blocks this step completed become shareable
             if req.computed != req.known:
                 continue
             req.generated += 1
@@ -472,6 +480,8 @@ class Instance:
                 r.blocks = b
             self.kv.free_blocks -= extra - w.extra
             w.extra = extra
+            if self.kv.prefix_on:
+                self.kv.trim()         # cached prefixes give way to the growth, as each step's would
             used = self.kv.total_blocks - self.kv.free_blocks
             if used > self.kv.peak_used:
                 self.kv.peak_used = used

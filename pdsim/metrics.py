@@ -313,6 +313,8 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "warmup_excluded": len(d_all) - len(d),
             "expected_error": expected_error(topo),
         }
+        if any(p.spec.prefix_on for p in topo.pools):
+            out[res.name]["prefix_cache"] = prefix_summary(res)
     return out
 
 
@@ -361,6 +363,60 @@ def expected_error(topo) -> dict:
     or ``unvalidated``."""
     from .validate import error_band
     return {p.name: error_band(p.spec.engine, p.spec.device, p.spec.tp) for p in topo.pools}
+
+def _rate(num: float, den: float):
+    return num / den if den else None
+
+
+def prefix_summary(res) -> dict:
+    """Prefix-cache figures of one topology: hit rates per instance and tier (hit tokens / prompt
+    tokens of the admissions looked up there), prompt tokens not computed, the prefill FLOPs they
+    would have cost (each request's prompt alone vs its uncached suffix over the cached context,
+    under its instance's cost model; None for cost models without FLOPs), and KV-transfer bytes
+    not sent because the decode instance held the prefix already."""
+    topo = res.topology
+    per_instance = {}
+    tot = {"lookup_tokens": 0, "gpu_hit_tokens": 0, "host_hit_tokens": 0}
+    for inst in topo.instances:
+        if not inst.kv.prefix_on:
+            continue
+        st = inst.kv.stats
+        per_instance[inst.name] = {
+            "admissions": st.admissions, "lookup_tokens": st.lookup_tokens,
+            "gpu_hit_tokens": st.gpu_hit_tokens, "host_hit_tokens": st.host_hit_tokens,
+            "hit_rate": _rate(st.gpu_hit_tokens + st.host_hit_tokens, st.lookup_tokens),
+            "gpu_hit_rate": _rate(st.gpu_hit_tokens, st.lookup_tokens),
+            "host_hit_rate": _rate(st.host_hit_tokens, st.lookup_tokens),
+            "evicted_blocks": st.evicted_blocks, "host_evicted_blocks": st.host_evicted_blocks,
+            "host_load_bytes": st.host_load_bytes, "transfer_hit_tokens": st.transfer_hit_tokens,
+            "cached_blocks_at_end": inst.kv.cached_blocks}
+        for k in tot:
+            tot[k] += getattr(st, k)
+    costs = {i.name: i.cost for i in topo.instances}
+    flops_saved, has_flops = 0.0, True
+    for r in res.requests:
+        h = r.cached_tokens
+        if not h:
+            continue
+        cost = costs.get(r.instance)
+        if cost is None:
+            continue
+        p, n = r.prompt_tokens, r.prompt_tokens - h
+        full = cost.step(p, p * p / 2.0, p, 1, 1).flops
+        if full == 0.0:
+            has_flops = False
+            break
+        flops_saved += full - cost.step(n, n * (h + n / 2.0), p, 1, 1).flops
+    return {
+        "hit_rate": _rate(tot["gpu_hit_tokens"] + tot["host_hit_tokens"], tot["lookup_tokens"]),
+        "gpu_hit_rate": _rate(tot["gpu_hit_tokens"], tot["lookup_tokens"]),
+        "host_hit_rate": _rate(tot["host_hit_tokens"], tot["lookup_tokens"]),
+        "prompt_tokens_looked_up": tot["lookup_tokens"],
+        "tokens_saved": tot["gpu_hit_tokens"] + tot["host_hit_tokens"],
+        "prefill_flops_saved": flops_saved if has_flops else None,
+        "transfer_bytes_saved": getattr(topo, "transfer_bytes_saved", 0.0),
+        "instances": per_instance,
+    }
 
 
 def fault_summary(topo, d: pd.DataFrame, slo, end_s: float, window_s: float = 30.0) -> dict:

@@ -489,6 +489,27 @@ def _faults_section(topos) -> dict:
          "SLO att. in fault windows", "SLO att. outside", "time to recover", "abandoned", "rejected"], rows, "faults")}
 
 
+def _prefix_section(topos) -> dict:
+    """One row per topology with a prefix cache: hit rates per tier, tokens, FLOPs and bytes saved."""
+    rows = []
+    for n, t in topos.items():
+        pc = t.get("prefix_cache")
+        if not isinstance(pc, dict):
+            continue
+        flops, xfer = pc.get("prefill_flops_saved"), pc.get("transfer_bytes_saved")
+        rows.append([n, (pct(pc.get("hit_rate")), pc.get("hit_rate")),
+                     (pct(pc.get("gpu_hit_rate")), pc.get("gpu_hit_rate")),
+                     (pct(pc.get("host_hit_rate")), pc.get("host_hit_rate")),
+                     (num(pc.get("tokens_saved")), pc.get("tokens_saved")),
+                     (f"{num(flops / 1e12)} TFLOP" if finite(flops) is not None else "–", flops),
+                     (f"{num(xfer / 2 ** 30)} GiB" if finite(xfer) is not None else "–", xfer)])
+    if not rows:
+        return {}
+    return {"title": "Prefix cache: prompt tokens found cached at admission", "id": "prefix", "chart": "",
+            "table": table(["topology", "hit rate", "GPU tier", "host tier", "prompt tokens saved",
+                            "prefill FLOPs saved", "KV transfer saved"], rows, "prefix")}
+
+
 def _engine_items(t: dict) -> list:
     """Card lines: each pool's engine and KV capacity per instance (tokens, requests of the run's mean
     size), the recorded ITL, and the error band measured against real benchmark runs for each pool's
@@ -560,7 +581,8 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
         _timeseries_section(ts, names) if ts is not None and len(ts) else {},
         _kv_section(frames, topos, names),
         _workload_section(first, wl) if first is not None else {},
-        _faults_section(topos)) if s]
+        _faults_section(topos),
+        _prefix_section(topos)) if s]
 
     keys = list(SUMMARY_KEYS)
     if any(isinstance(t.get("itl_s"), dict) for t in topos.values()):      # the engine branch's ITL stats

@@ -32,6 +32,7 @@ class StepPlan:
     kv_read_tokens: int = 0
     sampled: int = 0
     lost_tokens: int = 0                            # cached tokens dropped by preemption
+    cached_tokens: int = 0                          # prompt tokens admitted from the prefix cache
 
     def add(self, req: Request, n: int) -> None:
         c = req.computed
@@ -77,13 +78,18 @@ def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: Ste
     """Admit waiting requests FCFS while the token budget, batch size and KV pool allow."""
     while waiting and len(running) < limits.max_running and budget > 0:
         req = waiting[0]
-        n = req.known - req.computed
+        hit = kv.peek(req) if kv.prefix_on else 0    # tokens of a cached prefix it need not compute
+        n = req.known - req.computed - hit
         if n > budget:
             if chunk:
                 n = budget
             elif plan.items:   # a whole prompt larger than the budget still runs, alone
                 break
-        if not kv.grow(req, req.computed + n, admit=True):
+        if kv.prefix_on:
+            if not kv.attach(req, hit, req.computed + hit + n):
+                break
+            plan.cached_tokens += hit
+        elif not kv.grow(req, req.computed + n, admit=True):
             break
         waiting.popleft()
         running.append(req)

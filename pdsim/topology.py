@@ -9,12 +9,12 @@ import itertools
 
 import simpy
 
-from .config import ColocatedSpec, DisaggregatedSpec, PoolSpec
+from .config import ColocatedSpec, DisaggregatedSpec, PoolSpec, PrefixRoutingSpec
 from .costmodel import ConstantCost, LinearCost, RooflineCost
 from .devices import GiB, get_device
 from .errors import ConfigError
 from .instance import Instance
-from .kvcache import KVCache
+from .kvcache import KVCache, PrefixKVCache
 from .scheduler import SCHEDULERS, Limits
 from .workload import ABANDONED, UNFINISHED, Request
 
@@ -46,7 +46,50 @@ def least_decode_work():
     return lambda insts, req: min(insts, key=lambda i: i.load_decode())
 
 
-ROUTERS = {"round_robin": round_robin, "least_outstanding": least_outstanding}
+def prefix_aware(routing=None):
+    """The live instance holding the longest cached prefix of the prompt (GPU or host tier), least
+    outstanding tokens as the tie-break; an instance more than ``load_slack_tokens`` above the least
+    loaded one is passed over (the load ceiling: one hot prefix must not pile on one instance)."""
+    slack = routing.load_slack_tokens if routing is not None else PrefixRoutingSpec().load_slack_tokens
+
+    def route(insts, req):
+        loads = [i.load_tokens() for i in _synced(insts)]
+        ceiling = min(loads) + slack
+        best, best_key = None, None
+        for inst, load in zip(insts, loads):
+            if load > ceiling:
+                continue
+            cached = inst.kv.cached_tokens(req) if inst.kv.prefix_on and req.hash_ids is not None else 0
+            key = (-cached, load)
+            if best_key is None or key < best_key:
+                best, best_key = inst, key
+        return best
+    return route
+
+
+def kv_aware(routing=None):
+    """Dynamo-style: the least ``overlap_weight x prompt tokens still to compute + outstanding tokens``."""
+    w = routing.overlap_weight if routing is not None else PrefixRoutingSpec().overlap_weight
+
+    def route(insts, req):
+        best, best_cost = None, None
+        for inst in _synced(insts):
+            cached = inst.kv.cached_tokens(req) if inst.kv.prefix_on and req.hash_ids is not None else 0
+            cost = w * (req.prompt_tokens - cached) + inst.load_tokens()
+            if best_cost is None or cost < best_cost:
+                best, best_cost = inst, cost
+        return best
+    return route
+
+
+ROUTERS = {"round_robin": round_robin, "least_outstanding": least_outstanding, "prefix_aware": prefix_aware,
+           "kv_aware": kv_aware}
+
+
+def make_router(spec):
+    if spec.router in ("prefix_aware", "kv_aware"):
+        return ROUTERS[spec.router](spec.prefix_routing)
+    return ROUTERS[spec.router]()
 ASSIGNERS = {"round_robin": round_robin, "least_loaded": least_loaded, "least_decode_work": least_decode_work}
 
 
@@ -102,9 +145,11 @@ class Pool:
         self.price_per_gpu_hour_usd = price
         limits = Limits(spec.max_running, spec.token_budget)
         policy = SCHEDULERS[spec.scheduler_name]
+        make_kv = self._prefix_kv(spec, blocks, key) if spec.prefix_on else \
+            (lambda: KVCache(blocks, spec.block_size, spec.watermark))
         self.instances = [
             Instance(env, f"{name}-{i}", name, role, self.cost,
-                     KVCache(blocks, spec.block_size, spec.watermark), policy, limits, spec.tp, sink, ctx.bin_s,
+                     make_kv(), policy, limits, spec.tp, sink, ctx.bin_s,
                      fast=ctx.fast)
             for i in range(count)]
         for inst in self.instances:
@@ -116,6 +161,23 @@ class Pool:
     @property
     def gpus(self) -> int:
         return self.spec.tp * len(self.instances)
+
+    def _prefix_kv(self, spec: PoolSpec, blocks: int, key: str):
+        """A factory of prefix-caching KV pools for this pool's instances (checks the sizes once)."""
+        pc = spec.prefix_cache
+        if pc.capacity_blocks is not None and pc.capacity_blocks > blocks:
+            raise ConfigError(f"larger than the KV pool ({blocks} blocks per instance)",
+                              key=f"{key}.prefix_cache.capacity_blocks", value=pc.capacity_blocks)
+        host_blocks, host_bw = 0, 0.0
+        if pc.host is not None:
+            # the host tier holds whole blocks (every GPU's shard); each GPU copies its shard over its own link
+            host_blocks = int(pc.host.capacity_GiB * GiB // (self.block_bytes * spec.tp))
+            if host_blocks < 1:
+                raise ConfigError(f"smaller than one KV block ({self.block_bytes * spec.tp:,.0f} bytes)",
+                                  key=f"{key}.prefix_cache.host.capacity_GiB", value=pc.host.capacity_GiB)
+            host_bw = pc.host.bandwidth_GBps * 1e9
+        return lambda: PrefixKVCache(blocks, spec.block_size, spec.watermark, pc.capacity_blocks, host_blocks,
+                                     host_bw, self.block_bytes)
 
 
 class _Serving:
@@ -180,7 +242,7 @@ class Colocated(_Serving):
         self.pools = [Pool(env, name, "replica", "both", spec, spec.replicas, ctx, self, f"topologies.{name}")]
         self.instances = self.pools[0].instances
         self.entry = self.instances
-        self.router = ROUTERS[spec.router]()
+        self.router = make_router(spec)
         self.links = []
         self._setup_common()
 
@@ -236,7 +298,7 @@ class Disaggregated(_Serving):
                            f"{key}.decode")
         self.pools = [self.prefill, self.decode]
         self.instances = self.prefill.instances + self.decode.instances
-        self.router = ROUTERS[spec.router]()
+        self.router = make_router(spec)
         self.assign = ASSIGNERS[spec.assignment]()
         link = spec.kv_link
         # every GPU of a prefill instance sends its own KV shard in parallel
@@ -253,6 +315,8 @@ class Disaggregated(_Serving):
         self.entry = self.prefill.instances
         self.decode_up: list = []          # hand-offs waiting for any decode instance to come back
         self.decode_backlog: list = []     # failed-over requests to recompute on decode, none up
+        self.xfer_hit: dict[int, int] = {}  # request id -> tokens the chosen decode instance holds already
+        self.transfer_bytes_saved = 0.0
         self._setup_common()
 
     def route(self, req: Request) -> None:
@@ -282,7 +346,12 @@ class Disaggregated(_Serving):
         if dec.down or len(dec.running) + dec.reserved_count >= dec.limits.max_running:
             return False
         dec.sync()
-        if not dec.kv.reserve(req, req.computed):
+        if dec.kv.prefix_on:     # cache-aware transfer: blocks the decode instance holds are not sent
+            hit = dec.kv.reserve_prefix(req, req.computed)
+            if hit is None:
+                return False
+            self.xfer_hit[req.id] = hit
+        elif not dec.kv.reserve(req, req.computed):
             return False
         dec.blocks_taken()   # fewer free blocks: the decode window may not grow as planned
         return True
@@ -322,6 +391,8 @@ class Disaggregated(_Serving):
                     self._unreserve(dec, dec_epoch, req)
                     return self._lost_on_prefill(req)
                 t_start = env.now
+                hit = self.xfer_hit.pop(req.id, 0)
+                bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
                 wire_s = xfer_s = link.latency_s + bytes_ / (link.bandwidth_Bps * link.factor)
                 if self.spec.kv_link.layerwise_overlap:
                     # layer l's KV leaves while layers l+1.. compute: only the part that outlasts prefill shows
@@ -332,6 +403,8 @@ class Disaggregated(_Serving):
                 link.busy_s += wire_s      # overlapped layers were on the wire during prefill too
                 link.bytes += bytes_
                 link.transfers += 1
+                if hit:
+                    self.transfer_bytes_saved += hit * self.kv_bytes_per_token
             req.kv_transfer_s = xfer_s
             req.kv_wait_s = t_start - t_ready
             if src.epoch != src_epoch:     # the prefill instance failed: its copy is gone

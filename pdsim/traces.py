@@ -14,7 +14,9 @@ output token counts.  Four on-disk formats are understood (see
 * ``mooncake`` -- Mooncake FAST'25 JSON Lines with ``timestamp`` in ms.
 
 CSV fields are plain comma-separated values (no quoting).  Mooncake's
-``hash_ids`` (prefix-block hashes) are not read.
+``hash_ids`` (prefix-block hash chains, 512 tokens per id) are read when present
+(``Trace.hash_ids``, a list per row; each id must be a non-negative integer) and
+replayed exactly by the prefix cache; the other formats carry no prefix.
 
 Every problem with a file is a :class:`~pdsim.errors.TraceError` naming the
 file, the 1-based line (a CSV header is line 1), the column and the value.
@@ -69,10 +71,12 @@ class Trace:
     arrival_s: np.ndarray | None   # float64 seconds, non-decreasing; None: lengths only
     prompt_tokens: np.ndarray      # int64, >= 1
     output_tokens: np.ndarray      # int64, >= 1
+    hash_ids: list | None = None   # Mooncake: per row, the prefix-block hash chain (list of ints)
 
     def __post_init__(self) -> None:
         n = len(self.prompt_tokens)
-        if len(self.output_tokens) != n or (self.arrival_s is not None and len(self.arrival_s) != n):
+        if len(self.output_tokens) != n or (self.arrival_s is not None and len(self.arrival_s) != n) \
+                or (self.hash_ids is not None and len(self.hash_ids) != n):
             raise ValueError("Trace arrays must have equal lengths")
         for field in ("arrival_s", "prompt_tokens", "output_tokens"):
             arr = getattr(self, field)
@@ -131,7 +135,9 @@ def window(trace: Trace, start_s: float = 0.0, duration_s: float | None = None) 
         keep &= t < start_s + duration_s
     return replace(trace, arrival_s=t[keep] - start_s,
                    prompt_tokens=trace.prompt_tokens[keep].copy(),
-                   output_tokens=trace.output_tokens[keep].copy())
+                   output_tokens=trace.output_tokens[keep].copy(),
+                   hash_ids=None if trace.hash_ids is None else
+                   [h for h, k in zip(trace.hash_ids, keep.tolist()) if k])
 
 
 def scale_rate(trace: Trace, factor: float) -> Trace:
@@ -251,6 +257,7 @@ def _load_csv(name: str, lines: list[tuple[int, str]], fmt: str) -> Trace:
 def _load_mooncake(name: str, lines: list[tuple[int, str]]) -> Trace:
     keys = _COLUMNS["mooncake"]
     line_no: list[int] = []
+    hashes: list[list[int]] = []
     raw: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
     for n, text in lines:
         if not text.strip():
@@ -270,6 +277,12 @@ def _load_mooncake(name: str, lines: list[tuple[int, str]]) -> Trace:
         line_no.append(n)
         for col, k in zip(raw, keys):
             col.append(obj[k])
+        if hashes is not None:
+            h = obj.get("hash_ids")
+            if h is None:           # a file without hash ids carries no prefix
+                hashes = None if len(line_no) == 1 else _no_hashes(name, n)
+            else:
+                hashes.append(_hash_ids(h, name, n))
     if not line_no:
         raise TraceError("no rows", file=name)
     lines_arr = np.asarray(line_no, dtype=np.int64)
@@ -277,7 +290,23 @@ def _load_mooncake(name: str, lines: list[tuple[int, str]]) -> Trace:
     prompt = _tokens(num[1], raw[1], lines_arr, keys[1], name)
     output = _tokens(num[2], raw[2], lines_arr, keys[2], name)
     t_s = _seconds(num[0], raw[0], lines_arr, keys[0], name, 1e-3)   # ms -> s
-    return _sorted_trace(name, "mooncake", t_s, prompt, output)
+    return _sorted_trace(name, "mooncake", t_s, prompt, output, hashes)
+
+
+def _no_hashes(name: str, line: int):
+    raise TraceError("missing key hash_ids (earlier rows have it)", file=name, line=line, key="hash_ids")
+
+
+def _hash_ids(h: Any, name: str, line: int) -> list[int]:
+    """A row's hash chain: a list of non-negative integers (bool, float or str ids are errors)."""
+    if not isinstance(h, list):
+        raise TraceError("hash_ids must be a list of integers", file=name, line=line, key="hash_ids",
+                         value=h, has_value=True)
+    for v in h:
+        if type(v) is not int or v < 0 or v >= 1 << 62:
+            raise TraceError("hash_ids must be non-negative integers", file=name, line=line,
+                             key="hash_ids", value=v, has_value=True)
+    return h
 
 
 def _num(col: pd.Series) -> np.ndarray:
@@ -361,7 +390,7 @@ def _azure_ns(col: pd.Series, line_no: np.ndarray, key: str, name: str) -> np.nd
 
 
 def _sorted_trace(name: str, fmt: str, t_s: np.ndarray, prompt: np.ndarray,
-                  output: np.ndarray) -> Trace:
+                  output: np.ndarray, hash_ids: list | None = None) -> Trace:
     """Stable-sort by arrival if it ever decreases (with a warning); first arrival -> 0.0."""
     n_back = int(np.count_nonzero(np.diff(t_s) < 0))
     if n_back:
@@ -370,4 +399,6 @@ def _sorted_trace(name: str, fmt: str, t_s: np.ndarray, prompt: np.ndarray,
                       TraceWarning, stacklevel=4)   # -> the caller of load_trace
         order = np.argsort(t_s, kind="stable")
         t_s, prompt, output = t_s[order], prompt[order], output[order]
-    return Trace(name, fmt, (t_s - t_s[0]).astype(np.float64), prompt, output)
+        if hash_ids is not None:
+            hash_ids = [hash_ids[i] for i in order.tolist()]
+    return Trace(name, fmt, (t_s - t_s[0]).astype(np.float64), prompt, output, hash_ids)

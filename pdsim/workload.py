@@ -44,6 +44,12 @@ class Request:
     decode_instance: str = ""
     decode_first_s: float = float("nan")    # first token streamed by a decode instance (disaggregated)
     token_s: list | None = None             # time of every output token (client.itl), None: not recorded
+    # --- prefix (kvcache.PrefixKVCache) -------------------------------------
+    hash_ids: list | None = None            # hash chain of the content, one id per hash_block_tokens
+    hash_block_tokens: int = 0
+    hash_tokens: int = 0                    # tokens the ids describe (0: the prompt; a chat turn: prompt + reply)
+    cached_tokens: int = 0                  # prompt tokens found cached at its (last) admission
+    block_keys: tuple | None = None         # memo: (engine block size, keys)
 
     @property
     def known(self) -> int:
@@ -56,7 +62,11 @@ class Request:
 
     def clone(self) -> "Request":
         """A fresh copy with no progress (each topology replays the identical stream)."""
-        return Request(self.id, self.arrival_s, self.prompt_tokens, self.output_tokens)
+        if self.hash_ids is None:
+            return Request(self.id, self.arrival_s, self.prompt_tokens, self.output_tokens)
+        return Request(self.id, self.arrival_s, self.prompt_tokens, self.output_tokens,
+                       hash_ids=self.hash_ids, hash_block_tokens=self.hash_block_tokens,
+                       hash_tokens=self.hash_tokens)
 
 
 # --- arrival processes -------------------------------------------------------
@@ -97,7 +107,12 @@ def uniform_lengths(rng: np.random.Generator, low: int, high: int, n: int) -> np
     return rng.integers(low, high + 1, n, dtype=np.int64)
 
 
-def make_requests(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> list[Request]:
+def make_requests(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+                  hash_ids: list | None = None, hash_block_tokens: int = 0) -> list[Request]:
+    if hash_ids is not None:
+        return [Request(i, float(a), int(p), int(o), hash_ids=h, hash_block_tokens=hash_block_tokens)
+                for i, (a, p, o, h) in enumerate(zip(arrival_s.tolist(), prompt.tolist(), output.tolist(),
+                                                     hash_ids))]
     return [Request(i, float(a), int(p), int(o))
             for i, (a, p, o) in enumerate(zip(arrival_s.tolist(), prompt.tolist(), output.tolist()))]
 
@@ -156,11 +171,13 @@ def generate(sc, model) -> list[Request]:
         if t.jitter_s > 0:
             arrival = np.sort(arrival + rng.uniform(0, t.jitter_s, len(arrival)))
         prompt, output = tr.prompt_tokens, tr.output_tokens
+        hashes = tr.hash_ids      # Mooncake's prefix hash chains (None for the other formats)
         if w.num_requests is not None:
             arrival, prompt, output = arrival[:w.num_requests], prompt[:w.num_requests], output[:w.num_requests]
+            hashes = None if hashes is None else hashes[:w.num_requests]
         if len(arrival) == 0:
             raise ConfigError("no trace rows in the chosen window", key="workload.trace", value=t.path)
-        return make_requests(arrival, prompt, output)
+        return make_requests(arrival, prompt, output, hashes, t.hash_block_tokens)
     if w.arrival == "closed":
         n = w.num_requests
         arrival = np.full(n, np.nan)
@@ -191,6 +208,13 @@ def generate(sc, model) -> list[Request]:
         tp, to = _trace_lengths(sc, rng, n)
         prompt = tp if prompt is None else prompt
         output = to if output is None else output
+    if w.conversation is not None:   # arrivals start sessions; prompt_tokens draws each user message
+        c = w.conversation
+        reqs = conversations(rng, arrival, prompt, output, c.turns, c.think_s, c.system_prompts,
+                             c.system_tokens, c.block_tokens, model.max_context)
+        if w.duration_s is not None:
+            reqs = [r for r in reqs if r.arrival_s < w.duration_s]
+        return reqs
     for key, spec in (("workload.prompt_tokens", w.prompt_tokens), ("workload.output_tokens", w.output_tokens)):
         if spec.dist == "fixed" and spec.value >= model.max_context:
             raise ConfigError(f"longer than the {model.max_context}-token context of {model.name}",
@@ -200,3 +224,78 @@ def generate(sc, model) -> list[Request]:
         raise ConfigError(f"prompt + output exceed the {model.max_context}-token context of {model.name}",
                           key="workload.output_tokens", value=w.output_tokens.value)
     return make_requests(arrival, prompt, output)
+
+
+# --- prefix-carrying synthetic traffic ---------------------------------------------------
+class _Chain:
+    """Hash ids of a growing content at ``unit`` tokens per id: ids of whole units, plus the
+    tokens of a partial last unit (whose id changes when it is extended: its content changes)."""
+    __slots__ = ("ids", "tail", "unit")
+
+    def __init__(self, unit: int, ids=(), tail: int = 0):
+        self.unit, self.ids, self.tail = unit, list(ids), tail
+
+    def copy(self) -> "_Chain":
+        return _Chain(self.unit, self.ids, self.tail)
+
+    def extend(self, tokens: int, fresh) -> None:
+        total = self.tail + tokens
+        self.ids.extend(next(fresh) for _ in range(total // self.unit))
+        self.tail = total % self.unit
+
+    def snapshot(self, fresh) -> list[int]:
+        return self.ids + [next(fresh)] if self.tail else list(self.ids)
+
+
+def conversations(rng: np.random.Generator, session_start_s: np.ndarray, user_tokens: np.ndarray,
+                  output_tokens: np.ndarray, turns_mean: float = 1.0, think_s: float = 0.0,
+                  system_prompts: int = 0, system_tokens: int = 0, unit_tokens: int = 16,
+                  max_context: int | None = None) -> list[Request]:
+    """Multi-turn chat sessions with shared system prompts, as requests that carry hash ids.
+
+    Session s starts at ``session_start_s[s]`` and has a geometric number of turns (mean
+    ``turns_mean``); turn k+1 is sent an exponential time (mean ``think_s``) after turn k was sent
+    (open loop: reply time is taken to be inside the think time).  Every prompt is the session's
+    system prompt (one of ``system_prompts``, uniform, ``system_tokens`` long, shared by every
+    session that uses it), then the whole history (earlier user messages and replies), then a new
+    user message; lengths of messages and replies are drawn in order from ``user_tokens`` and
+    ``output_tokens``.  A turn whose prompt + reply would pass ``max_context`` ends its session.
+    Each request's ``hash_ids`` cover its prompt and its reply (the next turn repeats both),
+    one id per ``unit_tokens``.  At most ``len(user_tokens)`` requests, renumbered in arrival order.
+    """
+    n = len(user_tokens)
+    fresh = iter(range(1, 1 << 62))
+    systems = []
+    for _ in range(system_prompts):
+        c = _Chain(unit_tokens)
+        c.extend(system_tokens, fresh)
+        systems.append(c)
+    rows = []          # (arrival_s, prompt, output, hash_ids)
+    i = 0
+    p_next = 1.0 / turns_mean
+    for start in session_start_s.tolist():
+        if i >= n:
+            break
+        turns = int(rng.geometric(p_next))
+        chain = systems[int(rng.integers(system_prompts))].copy() if systems else _Chain(unit_tokens)
+        history = system_tokens if systems else 0
+        t = start
+        for k in range(turns):
+            if i >= n:
+                break
+            user, out = int(user_tokens[i]), int(output_tokens[i])
+            prompt = history + user
+            if max_context is not None and prompt + out > max_context:
+                break
+            i += 1
+            chain.extend(user, fresh)
+            turn = chain.copy()
+            turn.extend(out, fresh)
+            rows.append((t, prompt, out, turn.snapshot(fresh)))
+            chain = turn
+            history = prompt + out
+            if think_s > 0:
+                t += float(rng.exponential(think_s))
+    rows.sort(key=lambda r: r[0])
+    return [Request(j, a, p, o, hash_ids=h, hash_block_tokens=unit_tokens, hash_tokens=p + o)
+            for j, (a, p, o, h) in enumerate(rows)]

@@ -1,0 +1,364 @@
+"""Prefix caching (kvcache.PrefixKVCache), cache-aware routing and transfer, prefix-carrying workloads.
+
+Oracles: timings worked out by hand under a LinearCost, LRU order worked out by hand, block
+conservation with sharing (hypothesis), and the Mooncake trace's share of repeated block hashes
+counted here with plain Python over the raw JSON.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from pdsim import config, metrics
+from pdsim.errors import ConfigError, TraceError
+from pdsim.kvcache import PrefixKVCache, replay_hit_fraction
+from pdsim.simulation import generate, resolve_model, run_topology, simulate
+from pdsim.traces import load_trace
+from pdsim.workload import FINISHED, Request
+
+from conftest import SHARED_TRACES, scenario
+
+KV_TOKEN_BYTES = 2 * 32 * 8 * 128 * 2      # Llama-3.1-8B, bf16: 2 (K,V) x layers x kv heads x head dim x 2 B
+LIN = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-6}
+
+
+def _run(topo: dict, reqs: list[Request]):
+    sc = scenario({"t": topo})
+    return run_topology(sc, "t", sc.topologies["t"], reqs, resolve_model(sc), 1.0)
+
+
+def _req(i, t, prompt, out, ids, unit=16):
+    return Request(i, t, prompt, out, hash_ids=list(ids), hash_block_tokens=unit)
+
+
+# --- the timing of a cached prompt ------------------------------------------------------------
+def test_whole_prompt_cached_prefills_one_block_and_ttft_drops():
+    topo = {"kind": "colocated", "replicas": 1, "kv_blocks": 100, "block_size": 16, "cost_model": LIN,
+            "prefix_cache": {"enabled": True}}
+    ids = range(1, 11)                                     # 160 tokens = 10 blocks of 16
+    res = _run(topo, [_req(0, 0.0, 160, 2, ids), _req(1, 10.0, 160, 2, ids)])
+    a, b = res.requests
+    # a: the whole prompt: 0.01 + 160 x 1e-4 + 160 x 1e-6 (attention reads 160 tokens)
+    assert a.first_token_s - a.arrival_s == pytest.approx(0.01 + 160e-4 + 160e-6, abs=1e-12)
+    # b: 9 blocks cached (the last token must be computed, so the last block is), 16 new tokens,
+    # attention still over the whole 160-token context
+    assert b.cached_tokens == 144
+    assert b.first_token_s - b.arrival_s == pytest.approx(0.01 + 16e-4 + 160e-6, abs=1e-12)
+    # off: both take the full prefill (and nothing else changes)
+    off = _run({**topo, "prefix_cache": {"enabled": False}}, [_req(0, 0.0, 160, 2, ids), _req(1, 10.0, 160, 2, ids)])
+    assert off.requests[1].first_token_s - 10.0 == pytest.approx(0.01 + 160e-4 + 160e-6, abs=1e-12)
+
+
+def test_host_tier_hit_waits_for_the_copy():
+    """GPU pool of 12 blocks: b's prefill pushes a's blocks 9..1 (tail first) to the host tier;
+    a again finds block 0 on GPU, blocks 1..8 on the host, and waits 8 blocks x 2 MiB / 1 GB/s."""
+    topo = {"kind": "colocated", "replicas": 1, "kv_blocks": 12, "watermark": 0.0, "block_size": 16,
+            "cost_model": LIN, "prefix_cache": {"host": {"capacity_GiB": 1, "bandwidth_GBps": 1}}}
+    res = _run(topo, [_req(0, 0.0, 160, 2, range(1, 11)), _req(1, 1.0, 160, 2, range(100, 110)),
+                      _req(2, 2.0, 160, 2, range(1, 11))])
+    a2 = res.requests[2]
+    st_ = res.topology.instances[0].kv.stats
+    assert (st_.gpu_hit_tokens, st_.host_hit_tokens) == (16, 128)
+    load_s = 8 * 16 * KV_TOKEN_BYTES / 1e9
+    assert a2.first_token_s - 2.0 == pytest.approx(0.01 + 16e-4 + 160e-6 + load_s, abs=1e-12)
+
+
+# --- LRU and references -----------------------------------------------------------------------
+def _serve(kv: PrefixKVCache, req: Request) -> int:
+    """Admit, compute the whole prompt, finish and leave; returns the cached tokens found."""
+    hit = kv.peek(req)
+    assert kv.attach(req, hit, req.known)
+    req.computed = req.known
+    kv.commit(req)
+    req.status = FINISHED
+    kv.release(req)
+    return hit
+
+
+def test_lru_evicts_least_recently_used_unreferenced_block_first():
+    kv = PrefixKVCache(4, 16)
+    a, b, c = ([i * 10] for i in (1, 2, 3))
+    for i, ids in enumerate((a, b, c)):             # 17 tokens: one whole cacheable block each
+        assert _serve(kv, _req(i, 0, 17, 1, ids + [99 + i])) == 0
+    assert _serve(kv, _req(3, 0, 17, 1, a + [7])) == 16      # a used again: now the most recent
+    # a 40-token request takes 3 of the 4 blocks: two cached blocks must go, b then c, never a
+    big = _req(4, 0, 40, 1, [500, 501, 502])
+    assert kv.peek(big) == 0 and kv.attach(big, 0, 40)
+    assert kv.free_blocks == 1 and kv.stats.evicted_blocks == 2
+    assert [kv.cached_tokens(_req(9, 0, 17, 1, ids + [1])) for ids in (a, b, c)] == [16, 0, 0]
+
+
+def test_blocks_of_running_requests_are_never_evicted():
+    kv = PrefixKVCache(6, 16)
+    run = _req(0, 0, 33, 5, [1, 2, 3])
+    assert kv.attach(run, kv.peek(run), 33)
+    run.computed = 33
+    kv.commit(run)                                   # its two whole blocks are registered, in use
+    other = _req(1, 0, 48, 1, [7, 8, 9])
+    assert kv.attach(other, kv.peek(other), 48)      # takes every free block
+    assert kv.free_blocks == 0
+    assert not kv.grow(_req(2, 0, 16, 1, [5]), 16)   # nothing to evict: the cached blocks are referenced
+    assert kv.cached_tokens(_req(3, 0, 40, 1, [1, 2, 4])) == 32   # still there, shareable
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4), st.integers(1, 80), st.integers(0, 2)),
+                    min_size=1, max_size=40),
+       total=st.integers(4, 24), cap=st.sampled_from([None, 2, 5]), host=st.sampled_from([0, 3]),
+       unit=st.sampled_from([4, 8, 12, 6]))
+def test_block_conservation_with_sharing(ops, total, cap, host, unit):
+    """Random admissions (prefixes from a small family, so they share), steps and departures:
+    free + private blocks + distinct referenced blocks = the pool, every reference is counted,
+    no referenced block is ever evicted, the cache never keeps more evictable blocks than allowed."""
+    kv = PrefixKVCache(total, 4, 0.0, capacity_blocks=None if cap is None else min(cap, total),
+                       host_blocks=host, host_bandwidth_Bps=1e9 if host else 0.0, block_bytes=1.0)
+    running: list[Request] = []
+    for n, (fam, depth, prompt, act) in enumerate(ops):
+        if act == 0 and running:                       # the oldest leaves
+            r = running.pop(0)
+            r.status = FINISHED
+            kv.release(r)
+        elif act == 1 and running:                     # the newest advances by a step
+            r = running[-1]
+            if kv.grow(r, r.computed + 5):
+                r.computed += 5
+                kv.commit(r)
+        else:                                          # a new request with a shared prefix
+            ids = [fam * 100 + j for j in range(depth)] + [10_000 + n]
+            r = _req(n, 0, prompt, 3, ids, unit=unit)     # pages of unit/4 blocks (6: one block each)
+            hit = kv.peek(r)
+            if kv.attach(r, hit, r.known):
+                r.computed = r.known
+                kv.commit(r)
+                running.append(r)
+        refs = {}
+        private = 0
+        for r in running:
+            held, mapped = kv.held.get(r.id, [[], 0])[:2]
+            assert mapped == sum(kv.size[k] for k in held)
+            private += r.blocks - mapped
+            for k in held:
+                refs[k] = refs.get(k, 0) + 1
+        assert all(kv.rc[k] == c for k, c in refs.items())
+        assert all(c == 0 for k, c in kv.rc.items() if k not in refs)
+        # shared pages counted once: free (evictable included) + private + distinct referenced = pool
+        assert kv.free_blocks + private + sum(kv.size[k] for k in refs) == total
+        assert kv.lru_blocks == sum(kv.lru.values()) <= min(kv.free_blocks, kv.capacity_blocks)
+        assert set(kv.lru) == {k for k, c in kv.rc.items() if c == 0}
+        assert kv.host_used == sum(kv.host.values()) <= host and not (set(kv.host) & set(kv.rc))
+    for r in running:
+        r.status = FINISHED
+        kv.release(r)
+    assert kv.free_blocks == total and kv.used_blocks == 0
+
+
+# --- routing ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("router", ["prefix_aware", "kv_aware"])
+def test_cache_aware_router_sends_a_repeat_to_the_instance_holding_its_prefix(router):
+    topo = {"kind": "colocated", "replicas": 4, "kv_blocks": 200, "block_size": 16, "cost_model": LIN,
+            "router": router, "prefix_cache": {}}
+    first = [_req(i, 0.0, 320, 4, range(100 * i, 100 * i + 20)) for i in range(4)]   # spread by load
+    repeat = [_req(4 + k, 5.0 + k, 400, 4, list(range(100 * i, 100 * i + 20)) + [9000 + i] * 5)
+              for k, i in enumerate((2, 0, 3, 1))]
+    res = _run(topo, first + repeat)
+    served = {r.id: r.instance for r in res.requests}
+    assert len({served[i] for i in range(4)}) == 4
+    for i, r in zip((2, 0, 3, 1), res.requests[4:]):
+        assert served[r.id] == served[i] and r.cached_tokens == 320
+    # the baseline router sends every idle-time repeat to replica-0
+    base = _run({**topo, "router": "least_outstanding"}, [r.clone() for r in first + repeat])
+    assert [r.instance for r in base.requests[4:]] == ["replica-0"] * 4
+
+
+@pytest.mark.parametrize("slack, third", [(100, "replica-1"), (10**6, "replica-0")])
+def test_prefix_aware_load_ceiling_passes_over_a_busy_instance(slack, third):
+    topo = {"kind": "colocated", "replicas": 2, "kv_blocks": 400, "block_size": 16, "cost_model": LIN,
+            "router": "prefix_aware", "prefix_routing": {"load_slack_tokens": slack}, "prefix_cache": {}}
+    # r0 fills replica-0's cache; r1 (no shared prefix) lands on idle replica-1; r2 and r3 repeat r0's
+    # prefix: r2 goes to replica-0; r3 arrives while replica-0 holds r2's ~2000 outstanding tokens: within
+    # a large slack the longer prefix wins over the lower load, past a small one it goes to replica-1
+    reqs = [_req(0, 0.0, 320, 2, range(20)), _req(1, 0.0, 64, 2, range(500, 504)),
+            _req(2, 1.0, 1600, 400, list(range(20)) + list(range(600, 680))),
+            _req(3, 1.0, 1600, 400, list(range(20)) + list(range(700, 780)))]
+    res = _run(topo, reqs)
+    assert [r.instance for r in res.requests] == ["replica-0", "replica-1", "replica-0", third]
+
+
+# --- cache-aware KV transfer ---------------------------------------------------------------------
+def test_cache_aware_transfer_sends_only_missing_blocks():
+    pool = {"kv_blocks": 200, "block_size": 16, "cost_model": LIN, "prefix_cache": {}}
+    topo = {"kind": "disaggregated", "prefill": pool, "decode": pool,
+            "kv_link": {"bandwidth_GBps": 10, "latency_us": 0}}
+    a = _req(0, 0.0, 160, 2, range(1, 11))                                  # 10 blocks
+    b = _req(1, 5.0, 224, 2, list(range(1, 11)) + [50, 51, 52, 53])        # a's 10 blocks + 4 new
+    res = _run(topo, [a, b])
+    a, b = res.requests
+    block_bytes = 16 * KV_TOKEN_BYTES
+    assert a.kv_transfer_s == pytest.approx(10 * block_bytes / 10e9, rel=1e-12)
+    assert b.kv_transfer_s == pytest.approx(4 * block_bytes / 10e9, rel=1e-12)     # the 4 missing
+    assert res.topology.links[0].bytes == 14 * block_bytes
+    assert res.topology.transfer_bytes_saved == 10 * block_bytes
+    off = _run({**topo, "decode": {**pool, "prefix_cache": None}}, [r.clone() for r in (a, b)])
+    assert off.requests[1].kv_transfer_s == pytest.approx(14 * block_bytes / 10e9, rel=1e-12)
+
+
+# --- workloads -------------------------------------------------------------------------------------
+def _mooncake_lists():
+    with open(SHARED_TRACES / "mooncake-fast25" / "conversation_trace.jsonl") as f:
+        return [json.loads(line)["hash_ids"] for line in f if line.strip()]
+
+
+def test_mooncake_unlimited_cache_hit_rate_equals_repeated_block_share():
+    lists = _mooncake_lists()
+    seen, repeated, total = set(), 0, 0              # the oracle: ids seen in any earlier row
+    for ids in lists:
+        repeated += sum(1 for h in ids if h in seen)
+        total += len(ids)
+        seen.update(ids)
+    tr = load_trace(SHARED_TRACES / "mooncake-fast25" / "conversation_trace.jsonl")
+    assert tr.hash_ids is not None and len(tr.hash_ids) == len(lists)
+    got = replay_hit_fraction(tr.hash_ids)
+    assert got == pytest.approx(repeated / total, abs=1e-12)
+    assert 0.36 < got < 0.37                          # the trace README: 36.6 %
+    assert replay_hit_fraction(tr.hash_ids, capacity_blocks=2000) < got   # LRU at 1 M tokens loses some
+
+
+def test_mooncake_scenario_replays_hash_ids(tmp_path):
+    rows = [{"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [5, 6, 7]},
+            {"timestamp": 2000, "input_length": 1100, "output_length": 4, "hash_ids": [5, 6, 8]}]
+    p = tmp_path / "m.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    sc = config.parse({"model": "llama-3.1-8b", "workload": {"arrival": "trace", "trace": {"path": str(p)}},
+                       "topologies": {"t": {"kind": "colocated", "kv_blocks": 500, "cost_model": LIN,
+                                            "prefix_cache": {}}}}, "s.yaml")
+    reqs = generate(sc, resolve_model(sc))
+    assert [r.hash_ids for r in reqs] == [[5, 6, 7], [5, 6, 8]] and reqs[0].hash_block_tokens == 512
+    res = simulate(sc)[0]
+    # two shared 512-token trace blocks = 64 blocks of 16 tokens
+    assert res.requests[1].cached_tokens == 1024
+
+
+def test_conversation_turns_repeat_their_history_and_system_prompt():
+    sc = scenario({"t": {"kind": "colocated", "kv_blocks": 5000, "cost_model": LIN, "prefix_cache": {}}},
+                  rate=0.5, num_requests=60, prompt_tokens={"dist": "uniform", "low": 20, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 5, "high": 100},
+                  conversation={"turns": 4, "think_s": 20, "system_prompts": 2, "system_tokens": 64})
+    reqs = generate(sc, resolve_model(sc))
+    assert len(reqs) == 60
+    sys_ids = {tuple(r.hash_ids[:4]) for r in reqs}
+    assert len(sys_ids) == 2                       # every prompt starts with one of two system prompts
+    by_prefix = {}
+    later = 0
+    for r in reqs:                                 # a later turn extends an earlier request's ids (prompt + reply)
+        whole = (r.prompt_tokens + r.output_tokens) // 16
+        for q in by_prefix.values():
+            n = (q.prompt_tokens + q.output_tokens) // 16
+            if n > 4 and r.hash_ids[:n] == q.hash_ids[:n] and q.arrival_s <= r.arrival_s:
+                assert r.prompt_tokens > q.prompt_tokens + q.output_tokens
+                later += 1
+                break
+        by_prefix[r.id] = r
+        assert len(r.hash_ids) == -(-(r.prompt_tokens + r.output_tokens) // 16) and whole <= len(r.hash_ids)
+    assert later > 10
+    s = metrics.summarize(simulate(sc), metrics.requests_frame(simulate(sc)), sc)["t"]["prefix_cache"]
+    assert s["hit_rate"] > 0.3
+
+
+# --- bad input ---------------------------------------------------------------------------------
+def test_bad_input_is_one_line_naming_the_key(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1, "x"]}\n')
+    with pytest.raises(TraceError) as e:
+        load_trace(p)
+    assert "hash_ids" in str(e.value) and "'x'" in str(e.value) and "\n" not in str(e.value)
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1, 2.5]}\n')
+    with pytest.raises(TraceError, match="hash_ids"):
+        load_trace(p)
+    big = scenario({"t": {"kind": "colocated", "kv_blocks": 100, "cost_model": LIN,
+                          "prefix_cache": {"capacity_blocks": 101}}})
+    with pytest.raises(ConfigError) as e:
+        simulate(big)
+    assert "topologies.t.prefix_cache.capacity_blocks = 101" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        scenario({"t": {"kind": "colocated", "prefix_cache": {"host": {"capacity_GiB": 8, "bandwidth_GBps": 0}}}})
+    assert "topologies.t.prefix_cache.host.bandwidth_GBps = 0" in str(e.value) and "\n" not in str(e.value)
+
+
+# --- the fast path with caching on -------------------------------------------------------------
+from test_fastpath import _assert_same  # noqa: E402  (the request-by-request comparison)
+
+ROOF = {"device": "h100-sxm"}
+PREFIX_TOPOS = st.sampled_from([
+    {"kind": "colocated", "replicas": 2, **ROOF, "router": "prefix_aware", "kv_blocks": 60, "prefix_cache": {}},
+    {"kind": "colocated", "replicas": 2, **ROOF, "router": "kv_aware", "kv_blocks": 80, "max_running": 4,
+     "prefix_cache": {"capacity_blocks": 20, "host": {"capacity_GiB": 0.05, "bandwidth_GBps": 5}}},
+    {"kind": "colocated", "replicas": 1, **ROOF, "kv_blocks": 40, "chunked_prefill": {"token_budget": 64},
+     "prefix_cache": {}},
+    {"kind": "disaggregated", "prefill": {"instances": 2, "kv_blocks": 40, "prefix_cache": {}, **ROOF},
+     "decode": {"instances": 2, "kv_blocks": 50, "max_running": 6, "prefix_cache": {}, **ROOF},
+     "router": "prefix_aware", "kv_link": {"bandwidth_GBps": 1}},
+])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=PREFIX_TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 40), rate=st.floats(0.5, 50),
+       out=st.integers(1, 200), turns=st.floats(1, 5), horizon=st.sampled_from([None, None, 3.0]))
+def test_fast_path_equals_step_by_step_with_caching_on(topo, seed, n, rate, out, turns, horizon):
+    sc = scenario({"t": topo}, rate=rate, num_requests=n,
+                  prompt_tokens={"dist": "uniform", "low": 1, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 1, "high": out},
+                  conversation={"turns": turns, "think_s": 0.5, "system_prompts": 2, "system_tokens": 48})
+    sc = sc.model_copy(update={"seed": seed, "horizon_s": horizon})
+    fast, slow = simulate(sc), simulate(sc, fast=False)
+    _assert_same(fast, slow)
+    for fi, si in zip(fast[0].topology.instances, slow[0].topology.instances):
+        a, b = fi.kv.stats, si.kv.stats
+        assert [getattr(a, k) for k in a.__slots__] == [getattr(b, k) for k in b.__slots__], fi.name
+        assert list(fi.kv.lru) == list(si.kv.lru) and list(fi.kv.host) == list(si.kv.host)
+    assert [r.cached_tokens for r in fast[0].requests] == [r.cached_tokens for r in slow[0].requests]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=PREFIX_TOPOS, seed=st.integers(0, 10**6), n=st.integers(1, 30), rate=st.floats(1, 40),
+       at=st.floats(0.05, 1.5), down=st.floats(0.01, 1), timeout=st.sampled_from([None, 0.3]))
+def test_fast_path_equals_step_by_step_with_caching_and_faults(topo, seed, n, rate, at, down, timeout):
+    """A failure loses the instance's cache with its KV (both tiers); everything else as without caching."""
+    from pdsim.config import FaultsSpec
+    sc = scenario({"t": topo}, rate=rate, num_requests=n, timeout_s=timeout,
+                  prompt_tokens={"dist": "uniform", "low": 1, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 1, "high": 150},
+                  conversation={"turns": 3, "think_s": 0.3, "system_prompts": 2, "system_tokens": 48})
+    victim = sc.instance_names("t")[-1]
+    sc = sc.model_copy(update={"seed": seed, "faults": FaultsSpec.model_validate(
+        {"instances": [{"at_s": at, "instance": victim, "down_s": down}]})})
+    _assert_same(simulate(sc), simulate(sc, fast=False))
+
+
+def test_prefill_flops_saved_match_the_design_formulas():
+    """Per DESIGN.md, per layer: linear FLOPs 2 T x params, attention 4 n_h d x attn_work.  A prompt of
+    P tokens with h cached saves 2 h params L (linear) + 4 n_h d L (P^2/2 - (P-h)(P+h)/2) = ... + 2 n_h d L h^2."""
+    hid, nh, kvh, d, f, L = 4096, 32, 8, 128, 14336, 32            # Llama-3.1-8B
+    params = hid * nh * d + 2 * hid * kvh * d + nh * d * hid + 3 * hid * f
+    topo = {"kind": "colocated", "replicas": 1, "device": "h100-sxm", "kv_blocks": 500, "prefix_cache": {}}
+    sc = scenario({"t": topo})
+    res = run_topology(sc, "t", sc.topologies["t"], [_req(0, 0.0, 1024, 2, range(64)), _req(1, 5.0, 1024, 2, range(64))],
+                       resolve_model(sc), 1.0)
+    h = res.requests[1].cached_tokens
+    assert h == 1008
+    want = 2 * h * params * L + 2 * nh * d * L * h * h
+    got = metrics.prefix_summary(res)["prefill_flops_saved"]
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_cli_reports_an_oversized_cache_in_one_line(tmp_path, capsys):
+    from pdsim.__main__ import main
+    p = tmp_path / "s.yaml"
+    p.write_text("model: llama-3.1-8b\nworkload: {arrival: poisson, rate: 2, num_requests: 5}\n"
+                 "topologies:\n  a: {kind: colocated, kv_blocks: 50, prefix_cache: {capacity_blocks: 60}}\n")
+    assert main(["run", str(p), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert str(p) in err and "topologies.a.prefix_cache.capacity_blocks = 60" in err
