@@ -166,7 +166,8 @@ def test_equal_configs_do_not_prune_each_other_and_per_gpu_dominance_counts_gpus
             "workload": {"arrival": "poisson", "num_requests": 100, "prompt_tokens": 500, "output_tokens": 20},
             "slo": {"ttft_s": 5.0, "tpot_s": 0.5, "attainment_target": 0.9}, "objective": "goodput_per_usd",
             "search": {"devices": ["h100-sxm"], "disaggregated": {"kv_link": ["infiniband", "nvlink"]}},
-            "goodput": {"min_duration_s": 0, "seeds": 1, "tolerance": 0.1}}
+            # about dominance, not the long-run check (a goodput at the analytic bound fails a long run)
+            "goodput": {"min_duration_s": 0, "seeds": 1, "tolerance": 0.1, "confirm_top": 0}}
     res = run_plan(parse_plan(base), LocalExecutor(1))
     assert res["winner"] is not None and all(r["meets"] for r in res["rows"])
     # goodput per GPU: a pricier 1-GPU config must not be pruned by a cheaper 4-GPU one
