@@ -99,9 +99,15 @@ def cmd_report(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .plan import DaskExecutor, LocalExecutor, load_plan, print_table, run_plan, write_plan_outputs
+    from .plan import (DaskExecutor, LocalExecutor, clear_plan_outputs, load_plan, print_table, run_plan,
+                       write_plan_outputs)
+    if args.scheduler and args.executor == "local":
+        raise ConfigError("--scheduler is for --executor dask (drop --executor local)", key="--scheduler",
+                          value=args.scheduler)
+    args.executor = args.executor or ("dask" if args.scheduler else "local")   # --scheduler implies dask
     plan = load_plan(args.plan, args.set)
     out = Path(args.out or f"reports/{Path(args.plan).stem}")
+    clear_plan_outputs(out)          # a plan that ends without a winner must not leave the last one's
     if args.executor == "dask":
         ex = DaskExecutor(args.scheduler)
     else:
@@ -150,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("plan")
     pl.add_argument("--out", help="output folder (default reports/<plan name>)")
     pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    pl.add_argument("--executor", choices=["local", "dask"], default="local")
-    pl.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786")
+    pl.add_argument("--executor", choices=["local", "dask"], help="default: local, or dask with --scheduler")
+    pl.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786 (implies --executor dask)")
     pl.add_argument("--jobs", type=int, help="local worker processes (default: all cores)")
     pl.add_argument("--cache", help="result cache folder (default OUT/cache)")
     pl.add_argument("--no-cache", action="store_true")

@@ -607,20 +607,27 @@ class LocalExecutor:
 
 
 class DaskExecutor:
-    """Dask distributed: ``scheduler`` is an address (tcp://HOST:8786) or a ``distributed.Client``."""
+    """Dask distributed: ``scheduler`` is an address (tcp://HOST:8786) or a ``distributed.Client``.
+
+    While waiting for results it checks every ``poll_s`` that the scheduler still has workers; with
+    none for ``lost_workers_s`` (all killed or gone) the plan ends with an error naming the scheduler
+    instead of waiting forever, as it does when the scheduler itself cannot be reached."""
     name = "dask"
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, lost_workers_s: float = 60.0, poll_s: float = 1.0):
         try:
             from distributed import Client
         except ImportError:
             raise ConfigError("the dask executor needs 'distributed': pip install 'pdsim[dask]'",
                               key="--executor", value="dask") from None
+        self.lost_workers_s, self.poll_s = lost_workers_s, poll_s
         if isinstance(scheduler, Client):
             self.client, self._own = scheduler, False
+            self.address = getattr(scheduler.scheduler, "address", None) or "the Dask scheduler"
         else:
             if not scheduler:
                 raise ConfigError("--executor dask needs --scheduler tcp://HOST:8786", key="--scheduler")
+            self.address = scheduler
             try:
                 self.client, self._own = Client(scheduler, timeout=20), True
             except (OSError, TimeoutError) as exc:
@@ -628,8 +635,37 @@ class DaskExecutor:
                                   value=scheduler) from None
 
     def map(self, fn, tasks: list) -> list:
+        from distributed import KilledWorker, wait
         futures = self.client.map(fn, tasks, pure=False)
-        return self.client.gather(futures)
+        alone_since = None
+        try:
+            while True:
+                try:
+                    wait(futures, timeout=self.poll_s)
+                    break
+                except TimeoutError:
+                    pass
+                try:
+                    workers = len(self.client.nthreads())
+                except (OSError, TimeoutError) as exc:
+                    raise PdsimError(f"lost the Dask scheduler {self.address}: {exc}; the plan stopped") from None
+                now = time.monotonic()
+                if workers:
+                    alone_since = None
+                elif alone_since is None:
+                    alone_since = now
+                elif now - alone_since >= self.lost_workers_s:
+                    left = sum(1 for f in futures if not f.done())
+                    raise PdsimError(f"the Dask scheduler {self.address} has had no workers for "
+                                     f"{self.lost_workers_s:g} s ({left} of {len(futures)} simulations unfinished); "
+                                     "the plan stopped: start workers and run it again (finished results are cached)")
+            return self.client.gather(futures)
+        except KilledWorker as exc:
+            raise PdsimError(f"a simulation killed its Dask workers on {self.address}: {exc}") from None
+        finally:
+            pending = [f for f in futures if not f.done()]
+            if pending:
+                self.client.cancel(pending)
 
     def close(self):
         if self._own:
@@ -754,8 +790,7 @@ class _Runner:
     def confirm(self, cfg_rates: list[tuple[Config, float]]) -> list[dict]:
         """Long runs on fresh seeds: each (config, rate) over confirm_factor x the search window,
         doubled while the batch-means interval is wider than +-ci_halfwidth and still holds the
-        target (up to confirm_max_factor).  Passes only if every seed's attainment meets the target;
-        a run may stop early once it has certainly failed."""
+        target (up to confirm_max_factor).  Passes only if every seed's attainment meets the target."""
         g = self.plan.spec.goodput
         target = self.plan.spec.slo.attainment_target
         per: list[list[dict]] = [[] for _ in cfg_rates]
@@ -765,7 +800,8 @@ class _Runner:
             factor = {j: g.confirm_factor for j in live}
             todo = list(live)
             while todo:
-                tasks = [self._task(*cfg_rates[j], seed, scale=factor[j], early="fail") for j in todo]
+                # run to the end (no early stop): a demotion reports a real estimate and its interval
+                tasks = [self._task(*cfg_rates[j], seed, scale=factor[j]) for j in todo]
                 again = []
                 for j, r in zip(todo, self._results(tasks)):
                     ci = r.get("ci")
