@@ -429,7 +429,7 @@ def batch_means_ci(ok: np.ndarray, batches: int = CI_BATCHES) -> tuple[float, fl
     means = ok[:k * batches].reshape(batches, k).mean(axis=1)
     half = T975_19 * float(means.std(ddof=1)) / math.sqrt(batches)
     mid = float(ok.mean())
-    return (mid - half, mid + half)
+    return (max(0.0, mid - half), min(1.0, mid + half))
 
 
 class _JudgeSink:
@@ -986,7 +986,7 @@ def _confirm(plan: Plan, rows: dict, runner: _Runner) -> None:
         if not todo:
             return
         rates = [target_rate or r["goodput"] for r in todo]
-        n_req = [_scenario_dict(plan, {}, x, 0)["workload"].get("num_requests") for x in rates]
+        n_req = [_scenario_dict(plan, {}, x, 0, g.confirm_factor)["workload"].get("num_requests") for x in rates]
         runner.log(f"long runs: {', '.join(r['config'] for r in todo)} ({g.confirm_factor:g}x the search window, "
                    f"{n_req} requests, fresh seeds)")
         for row, rate, res in zip(todo, rates, runner.confirm([(cfgs[r["config"]], x) for r, x in zip(todo, rates)])):
@@ -1032,6 +1032,9 @@ def _order(plan: Plan, rows: dict) -> list[dict]:
         row["margin"] = g / target_rate if target_rate and g is not None else None
         at = row.get("at_target")
         row["attainment_at_target"] = at["pass_att"] if at else None
+        # "pass": the run stopped once it could not miss (the attainment is a lower bound); "fail":
+        # once it could not pass (an upper bound)
+        row["at_target_early_stop"] = at.get("early") if at else None
         row["ttft_p_at_target_s"] = at["ttft_p"] if at else None
         row["tpot_p_at_target_s"] = at["tpot_p"] if at else None
         lr = row.get("long_run")
@@ -1101,7 +1104,7 @@ def winner_scenario(plan: Plan, result: dict) -> dict | None:
 
 
 TABLE_COLS = ["rank", "config", "gpus", "usd_per_hour", "goodput", "margin", "goodput_per_gpu",
-              "goodput_per_usd_hour", "attainment_at_target", "long_run_attainment", "long_run_ci",
+              "goodput_per_usd_hour", "attainment_at_target", "at_target_early_stop", "long_run_attainment", "long_run_ci",
               "ttft_p_at_target_s", "tpot_p_at_target_s", "bound_rate", "pareto", "status", "note"]
 PLAN_OUTPUTS = ("winner.yaml", "plan.html", "plan.csv", "plan.json")
 
@@ -1148,7 +1151,9 @@ def print_table(result: dict, out=sys.stdout, limit: int = 25) -> None:
     rows = [[f(r["rank"]), r["config"] + (" *" if r["pareto"] else ""), f(r["gpus"]), f(r["usd_per_hour"], 4),
              f(r["goodput"]), "-" if r.get("margin") is None else f"{r['margin']:.2f}x",
              f(r["goodput_per_gpu"]), f(r["goodput_per_usd_hour"]),
-             "-" if r["attainment_at_target"] is None else f"{r['attainment_at_target']:.1%}", ci(r),
+             "-" if r["attainment_at_target"] is None else
+             {"pass": ">=", "fail": "<="}.get(r.get("at_target_early_stop"), "") + f"{r['attainment_at_target']:.1%}",
+             ci(r),
              r["status"] + (f": {r['note']}" if r["note"] and r["status"] != "ok" else "")]
             for r in result["rows"][:limit]]
     w = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
@@ -1157,8 +1162,9 @@ def print_table(result: dict, out=sys.stdout, limit: int = 25) -> None:
         print("  ".join(v.ljust(w[i]) for i, v in enumerate(r)), file=out)
     if len(result["rows"]) > limit:
         print(f"... {len(result['rows']) - limit} more in plan.csv", file=out)
-    print("(* = on the cost/goodput Pareto frontier; margin = goodput / target rate; long run = attainment on "
-          "fresh seeds over a longer window, with its batch-means 95% interval)", file=out)
+    print("(* = on the cost/goodput Pareto frontier; margin = goodput / target rate; >= / <=: a run stopped once "
+          "its verdict was certain, the attainment is a bound; long run = attainment on fresh seeds over a longer "
+          "window, with its batch-means 95% interval)", file=out)
     sk = result.get("skipped")
     if sk:
         print(f"simulations saved: {sk['pruned_by_bound']} configs pruned by bounds, {sk['dominated']} dominated, "

@@ -30,7 +30,9 @@ def _attainment_plot(result: dict) -> tuple[str, pd.DataFrame]:
         xs = [float(k) for k in r["points"]]
         ys = [v["attainment"] for v in r["points"].values()]
         ax.plot(xs, ys, STYLES[i % len(STYLES)], marker="o", color=COLORS[i % len(COLORS)], label=r["config"])
-        recs += [{"config": r["config"], "rate_req_s": x, "slo_attainment": y} for x, y in zip(xs, ys)]
+        recs += [{"config": r["config"], "rate_req_s": x, "slo_attainment": y,
+                  # pass: stopped once it could not miss (a lower bound); fail: could not pass (upper bound)
+                  "early_stop": v.get("early_stop")} for x, y, v in zip(xs, ys, r["points"].values())]
     ax.axhline(result["slo"]["attainment_target"], color="k", lw=1, ls=":", label="attainment target")
     if result["target_rate"]:
         ax.axvline(result["target_rate"], color="grey", lw=1, ls="--", label="target rate")
@@ -60,6 +62,26 @@ def _frontier_plot(result: dict) -> str:
     return _png(fig)
 
 
+def _judging(result: dict) -> str:
+    """How each rate was judged, and what each shortcut saved."""
+    txt = []
+    if result.get("warmup_fraction") is not None:
+        txt.append(f"The first {result['warmup_fraction']:.0%} of each run's requests (the cluster filling up) are "
+                   "simulated but not judged.")
+    if result.get("confirm_factor"):
+        txt.append(f"Before a configuration is recommended it is re-simulated on fresh seeds over at least "
+                   f"{result['confirm_factor']:g}x the search window (<i>long_run_attainment</i>, with the 95% interval "
+                   "of 20 batch means); one that fails is demoted. <i>margin</i> = goodput / target rate.")
+    sk = result.get("skipped")
+    if sk:
+        txt.append(f"Simulations saved: {sk['pruned_by_bound']} configs pruned by analytic bounds, {sk['dominated']} "
+                   f"dominated, {sk['worst_seed']} seeds skipped after a failed seed, {sk['early_stop_pass']} runs "
+                   f"stopped once they could not miss and {sk['early_stop_fail']} once they could not pass "
+                   f"({sk['requests_not_simulated']:,} of {sk['requests_total']:,} requests not simulated; "
+                   "their attainments are bounds).")
+    return f"<p class=note>{' '.join(txt)}</p>" if txt else ""
+
+
 def build_plan_report(result: dict, out: Path) -> Path:
     from .plan import TABLE_COLS
     att_png, att_df = _attainment_plot(result)
@@ -78,7 +100,8 @@ def build_plan_report(result: dict, out: Path) -> Path:
              + f". SLO: TTFT &le; {slo['ttft_s']} s and TPOT &le; {slo['tpot_s']} s for at least "
              f"{slo['attainment_target']:.0%} of requests. Goodput bracket tolerance {result['tolerance']:.0%}, "
              f"{result['seeds']} seeds per rate; {result['simulations']} simulations run, {result['cached']} "
-             f"from cache, {result['wall_s']:.1f} s wall. pdsim {result['pdsim_version']}.</p>", head,
+             f"from cache, {result['wall_s']:.1f} s wall. pdsim {result['pdsim_version']}.</p>",
+             _judging(result), head,
              "<h2>Ranked configurations</h2>", _table(table, "plan", index=False),
              "<h2>SLO attainment vs request rate</h2>", f'<img alt="attainment vs rate" src="data:image/png;base64,{att_png}">',
              _table(att_df, "points", index=False) if len(att_df) else "<p>No simulations.</p>",

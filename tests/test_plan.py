@@ -25,7 +25,7 @@ def small_plan(**over) -> dict:
            "search": {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
                       "colocated": {"replicas": [1, 2, 3, 4]},
                       "pool": {"kv_blocks": 2000, "cost_model": LINEAR}},
-           "goodput": {"tolerance": 0.05, "seeds": 2}}
+           "goodput": {"tolerance": 0.05, "seeds": 2, "confirm_factor": 3}}
     raw.update(over)
     return raw
 
@@ -375,3 +375,94 @@ def test_scheduler_with_the_local_executor_is_an_error(tmp_path, capsys):
                  "--out", str(tmp_path / "o"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "--scheduler" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_real_dask_scheduler_and_workers_on_loopback(tmp_path):
+    """A `dask scheduler` and a `dask worker` process on 127.0.0.1 (the worker in another folder):
+    --scheduler alone selects Dask, relative trace paths work, and losing the last worker ends the
+    plan with an error naming the scheduler within a bound instead of hanging."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    distributed = pytest.importorskip("distributed")
+    from conftest import REPO
+    from pdsim.errors import PdsimError
+    from pdsim.plan import DaskExecutor
+    dask = Path(sys.executable).parent / "dask"
+    if not dask.is_file():
+        pytest.skip("no dask command in this environment")
+    addr = f"tcp://127.0.0.1:{_free_port()}"
+    (tmp_path / "plans" / "traces").mkdir(parents=True)
+    (tmp_path / "worker").mkdir()
+    shutil.copy(REPO / "scenarios" / "traces" / "azure_code_10min.csv", tmp_path / "plans" / "traces" / "code.csv")
+    logs = open(tmp_path / "dask.log", "w")
+    procs = []
+
+    def start(*args, cwd):
+        procs.append(subprocess.Popen([str(dask), *args], cwd=cwd, stdout=logs, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+        return procs[-1]
+
+    def stop(p):
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+    try:
+        start("scheduler", "--host", "127.0.0.1", "--port", addr.rsplit(":", 1)[1], "--no-dashboard",
+              "--no-show", cwd=tmp_path)
+        worker = start("worker", addr, "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "1",
+                       "--no-dashboard", "--local-directory", str(tmp_path / "worker"), cwd=tmp_path / "worker")
+        with distributed.Client(addr, timeout=60) as client:
+            client.wait_for_workers(1, timeout=90)
+        raw = small_plan(workload={"arrival": "trace", "trace": {"path": "traces/code.csv"}, "num_requests": 100},
+                         search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                                 "colocated": {"replicas": [1, 2]},
+                                 "pool": {"kv_blocks": 4000, "cost_model": LINEAR}},
+                         target={}, objective="goodput_per_usd", slo={"ttft_s": 5.0, "tpot_s": 0.1},
+                         goodput={"seeds": 1, "tolerance": 0.3, "min_duration_s": 0, "confirm_top": 1,
+                                  "confirm_factor": 2})
+        plan_file = tmp_path / "plans" / "plan.yaml"
+        plan_file.write_text(yaml.safe_dump(raw))
+        out = tmp_path / "out"
+        assert main(["plan", str(plan_file), "--scheduler", addr, "--out", str(out), "--no-cache", "--quiet"]) == 0
+        dask_res = json.loads((out / "plan.json").read_text())
+        local = run_plan(parse_plan(raw, str(plan_file), plan_file.parent), LocalExecutor(1))
+        assert dask_res["simulations"] == local["simulations"] > 0 and dask_res["winner"] == local["winner"]
+        # lose the last worker while a plan runs: the plan ends with an error, not a hang
+        errors = []
+        big = dict(raw, goodput=dict(raw["goodput"], tolerance=0.01, seeds=4))
+
+        def plan_thread():
+            ex = DaskExecutor(addr, lost_workers_s=3, poll_s=0.5)
+            try:
+                run_plan(parse_plan(big, str(plan_file), plan_file.parent), ex)
+            except PdsimError as exc:
+                errors.append(str(exc))
+            finally:
+                ex.close()
+        th = threading.Thread(target=plan_thread, daemon=True)
+        th.start()
+        time.sleep(2)
+        stop(worker)
+        t0 = time.monotonic()
+        th.join(90)
+        assert not th.is_alive(), "the plan hung after its last worker died"
+        assert errors and addr in errors[0] and "no workers" in errors[0], errors
+        print(f"plan ended {time.monotonic() - t0:.1f} s after the last worker died")
+    finally:
+        for p in reversed(procs):
+            stop(p)
+        logs.close()
