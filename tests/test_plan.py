@@ -290,7 +290,8 @@ def test_cache_is_invalidated_when_a_device_profile_or_pdsim_changes(tmp_path, m
     import pdsim.plan as plan_mod
     prof = tmp_path / "gpu.yaml"
     _profile(prof)
-    raw = small_plan(target={}, objective="goodput_per_usd",
+    # 30 req/s: the profile serves ~97 req/s within the SLO, the 3x slower one ~14 (bound 53: simulated)
+    raw = small_plan(target={"rate": 30}, objective="cheapest",
                      workload={"arrival": "poisson", "num_requests": 150, "prompt_tokens": 300, "output_tokens": 10},
                      slo={"ttft_s": 0.2, "tpot_s": 0.05, "attainment_target": 0.9},
                      search={"devices": [{"name": "gpu.yaml", "price_per_hour_usd": 2.0}],
@@ -306,7 +307,8 @@ def test_cache_is_invalidated_when_a_device_profile_or_pdsim_changes(tmp_path, m
     os.utime(prof, ns=(st.st_atime_ns, st.st_mtime_ns))
     slow = run_plan(parse_plan(raw, str(tmp_path / "p.yaml"), tmp_path), LocalExecutor(1), cache_dir=cache)
     assert slow["simulations"] > 0 and slow["cached"] == 0
-    assert slow["rows"][0]["goodput"] < 0.5 * fast["rows"][0]["goodput"]
+    assert fast["winner"] == "colo-gpu-tp1x1" and slow["winner"] is None
+    assert slow["rows"][0]["status"] == "misses SLO at target"
     again = run_plan(parse_plan(raw, str(tmp_path / "p.yaml"), tmp_path), LocalExecutor(1), cache_dir=cache)
     assert again["simulations"] == 0
     # another pdsim (source or built-in tables): nothing reused either
