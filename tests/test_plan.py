@@ -102,7 +102,8 @@ def test_dask_executor_gives_the_local_table():
                              "pool": {"kv_blocks": 2000, "cost_model": LINEAR}},
                      workload={"arrival": "poisson", "num_requests": 200,
                                "prompt_tokens": {"dist": "uniform", "low": 50, "high": 400},
-                               "output_tokens": {"dist": "uniform", "low": 5, "high": 40}})
+                               "output_tokens": {"dist": "uniform", "low": 5, "high": 40}},
+                     goodput={"tolerance": 0.05, "seeds": 2, "min_duration_s": 0, "confirm_factor": 3})
     local = run_plan(parse_plan(raw), LocalExecutor(1))
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
