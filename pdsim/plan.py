@@ -506,6 +506,7 @@ def evaluate(task: dict) -> dict:
     if sink.decided is None:
         check_conservation(name, topo, stream, False)
     df = metrics.requests_frame([SimpleNamespace(name=name, requests=stream)])
+    settled_all = int(df.status.isin([FINISHED, REJECTED, ABANDONED]).sum())   # warm-up included
     df = df[df.request_id >= first]
     slo = sc.slo
     settled = df.status.isin([FINISHED, REJECTED, ABANDONED])
@@ -519,7 +520,7 @@ def evaluate(task: dict) -> dict:
     n = len(df)
     out = {"n": n, "ok": int((ttft_ok & tpot_ok).sum()), "ttft_ok": int(ttft_ok.sum()),
            "tpot_ok": int(tpot_ok.sum()), "finished": len(fin), "early": sink.decided,
-           "settled": int(settled.sum()) + first, "total": len(stream), "ci": None,
+           "settled": settled_all, "total": len(stream), "ci": None,
            "ttft_p": q(df.ttft_s[settled], slo.ttft_percentile), "tpot_p": q(fin.tpot_s, slo.tpot_percentile)}
     if sink.decided == "fail":       # upper bounds: every request not yet settled might still pass
         out.update(ok=n - sink.miss, ttft_ok=n - sink.ttft_miss, tpot_ok=n - sink.tpot_miss)
