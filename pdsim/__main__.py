@@ -233,8 +233,10 @@ def cmd_sweep(args) -> int:
 def cmd_plan(args) -> int:
     from .plan import load_plan
     from .output import OutputFolder
-    if args.executor != "dask" and args.scheduler:
-        raise ConfigError("only used with --executor dask", key="--scheduler", value=args.scheduler)
+    if args.executor == "local" and args.scheduler:
+        raise ConfigError("only used with --executor dask (drop --executor local)", key="--scheduler",
+                          value=args.scheduler)
+    args.executor = args.executor or ("dask" if args.scheduler else "local")   # --scheduler implies dask
     if args.executor == "dask" and args.jobs:
         raise ConfigError("only used with --executor local (Dask workers are sized by the cluster)",
                           key="--jobs", value=args.jobs)
@@ -252,7 +254,8 @@ def cmd_plan(args) -> int:
 
 
 def _plan(args, plan, out: Path, jobs: int | None) -> int:
-    from .plan import DaskExecutor, LocalExecutor, print_table, run_plan, write_plan_outputs
+    from .plan import DaskExecutor, LocalExecutor, clear_plan_outputs, print_table, run_plan, write_plan_outputs
+    clear_plan_outputs(out)          # a plan that ends without a winner must not leave the last one's
     cache = None if args.no_cache else Path(args.cache or out / "cache")
     if cache is not None and cache.exists() and not cache.is_dir():
         raise ConfigError("exists and is not a folder", key="--cache", value=str(cache))
@@ -353,10 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="output folder (default reports/<plan name>); checked and locked before searching")
     pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a plan key in its own units, e.g. --set target.rate=10 (requests/s)")
-    pl.add_argument("--executor", choices=["local", "dask"], default="local",
-                    help="where simulations run: local processes or a Dask cluster (default local)")
+    pl.add_argument("--executor", choices=["local", "dask"],
+                    help="where simulations run: local processes or a Dask cluster (default local; dask with "
+                         "--scheduler)")
     pl.add_argument("--scheduler", type=_dask_address, metavar="ADDRESS",
-                    help="Dask scheduler address tcp://HOST:PORT, e.g. tcp://10.0.0.5:8786 (--executor dask only)")
+                    help="Dask scheduler address tcp://HOST:PORT, e.g. tcp://10.0.0.5:8786 (implies --executor dask)")
     pl.add_argument("--jobs", type=_int_in(1, 4096), metavar="PROCESSES",
                     help="local worker processes (default: the cores this process may use; more are capped "
                          "at that unless --force-jobs)")

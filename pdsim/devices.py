@@ -371,15 +371,21 @@ def _load_yaml_fast(text: str):
 
 # Files re-read only when they change: an imported profile takes about a second to load and a
 # scenario may name it in several topologies.  A DeviceProfile is immutable, so sharing it is safe.
-_FILE_CACHE: dict[tuple[str, int, int], DeviceProfile] = {}
+# The key has the change time (st_ctime_ns): any write moves it, and unlike the modification time
+# it cannot be put back (cp -p, a checkout, os.utime), so a same-size edit is never served stale.
+_FILE_CACHE: dict[tuple, DeviceProfile] = {}
+
+
+def _file_key(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def load_profile_file(path: str | Path) -> DeviceProfile:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("device profile file not found", file=str(path))
-    st = path.stat()
-    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    key = _file_key(path)
     if key not in _FILE_CACHE:
         if len(_FILE_CACHE) > 32:
             _FILE_CACHE.clear()
@@ -406,9 +412,8 @@ def _load_profile_file(path: Path) -> DeviceProfile:
     return DeviceProfile(spec, str(path))
 
 
-# Presets are immutable package data, so caching them by name is safe; files are re-read.
+# Presets are immutable package data, so caching them by name is safe; files are re-read when they change.
 _PRESET_CACHE: dict[str, DeviceProfile] = {}
-_FILE_CACHE: dict[tuple, DeviceProfile] = {}     # (resolved path, mtime_ns, size) -> profile
 
 
 def get_device(name_or_path: str, key: str = "device", base_dir: Path | None = None) -> DeviceProfile:
@@ -425,12 +430,8 @@ def get_device(name_or_path: str, key: str = "device", base_dir: Path | None = N
             p = base_dir / p
         if not p.is_file():
             raise ConfigError("device profile file not found", key=key, value=name_or_path)
-        # a measured profile is megabytes of tables: read it once per process while the file is unchanged
-        st = p.stat()
-        fkey = (str(p.resolve()), st.st_mtime_ns, st.st_size)
-        prof = _FILE_CACHE.get(fkey)
-        if prof is None:
-            prof = _FILE_CACHE[fkey] = load_profile_file(p)
+        # a measured profile is megabytes of tables: read once per process while the file is unchanged
+        prof = load_profile_file(p)
     else:
         raise ConfigError(f"unknown device; valid presets: {', '.join(preset_names())} "
                           "(or a path to a profile .yaml)", key=key, value=name_or_path)

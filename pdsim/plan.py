@@ -38,6 +38,7 @@ from pydantic import Field, ValidationError, model_validator
 from . import __version__
 from .config import PosFloat, SLOSpec, _Strict, parse, read_yaml, validation_error
 from .errors import ConfigError, PdsimError
+from .workload import ABANDONED, FINISHED, REJECTED
 
 # --- the plan file -----------------------------------------------------------------------
 
@@ -103,6 +104,26 @@ class GoodputSpec(_Strict):
     # high rate is judged in steady state rather than on the first seconds of an empty cluster
     min_duration_s: float = Field(60.0, ge=0, allow_inf_nan=False)
     max_rounds: int = Field(14, ge=2, le=60)
+    # steady state: the first warmup_fraction of each simulation's requests (an empty cluster filling
+    # up) is simulated but not judged
+    warmup_fraction: float = Field(0.2, ge=0, lt=0.9)
+    # stop a simulation once its verdict is certain (its judged requests already hold enough passes,
+    # or too many misses, whatever the rest do); worst_seed only: pooled sums need exact counts
+    early_stop: bool = True
+    # before a config is declared, the best confirm_top are re-simulated on fresh seeds (trace: fresh
+    # windows) over confirm_factor x the search window, doubled until the batch-means 95% interval of
+    # the attainment is within +-ci_halfwidth or confirm_max_factor; a config that fails is demoted
+    confirm_top: int = Field(3, ge=0, le=20)
+    confirm_seeds: int = Field(1, ge=1, le=16)
+    confirm_factor: float = Field(10.0, ge=1, le=1000, allow_inf_nan=False)
+    confirm_max_factor: float = Field(40.0, ge=1, le=4000, allow_inf_nan=False)
+    ci_halfwidth: float = Field(0.02, gt=0, lt=0.5)
+
+    @model_validator(mode="after")
+    def _factors(self):
+        if self.confirm_max_factor < self.confirm_factor:
+            raise ValueError(f"confirm_max_factor {self.confirm_max_factor} < confirm_factor {self.confirm_factor}")
+        return self
 
 
 class PlanSpec(_Strict):
@@ -239,14 +260,21 @@ def _enumerate(plan: Plan) -> None:
     plan.configs.sort(key=lambda c: (c.usd_per_hour, c.gpus, c.name))
 
 
-def _scenario_dict(plan: Plan, topologies: dict, rate: float, seed: int) -> dict:
-    """A scenario (raw dict) of the plan's workload at ``rate`` requests/s."""
+def _scenario_dict(plan: Plan, topologies: dict, rate: float, seed: int, scale: float = 1.0) -> dict:
+    """A scenario (raw dict) of the plan's workload at ``rate`` requests/s, its window ``scale`` x the
+    search window (long confirmation runs).  File paths are absolute (resolved here, on the client),
+    so a worker in another directory reads the same files."""
     s = plan.spec
     w = json.loads(json.dumps(s.workload))
     if "num_requests" not in w and "duration_s" not in w:
         w["num_requests"] = 1000
     if "num_requests" in w and rate:
         w["num_requests"] = max(int(w["num_requests"]), int(math.ceil(rate * s.goodput.min_duration_s)))
+    if scale != 1.0:
+        if "num_requests" in w:
+            w["num_requests"] = int(math.ceil(w["num_requests"] * scale))
+        if "duration_s" in w:
+            w["duration_s"] = float(w["duration_s"]) * scale
     if w.get("arrival", "poisson") == "trace":
         w.setdefault("trace", {})
         base, span = plan_base_rate(plan, with_span=True)
@@ -260,8 +288,30 @@ def _scenario_dict(plan: Plan, topologies: dict, rate: float, seed: int) -> dict
                 w["trace"]["start_s"] = w["trace"].get("start_s", 0.0) + (k * win) % room
     else:
         w["rate"] = rate
+    topologies = json.loads(json.dumps(topologies))
+    _absolute_paths(w, topologies, plan.base_dir)
     return {"name": s.name, "seed": seed, "model": s.model, "weight_dtype": s.weight_dtype,
             "kv_dtype": s.kv_dtype, "workload": w, "slo": s.slo.model_dump(), "topologies": topologies}
+
+
+def _absolute_paths(w: dict, topologies: dict, base_dir: Path) -> None:
+    """Trace, length-distribution and device-profile paths made absolute against the plan's folder."""
+    from .config import _is_profile_path
+    base = Path(base_dir).resolve()
+
+    def fix(d: dict, key: str) -> None:
+        v = d.get(key)
+        if isinstance(v, str) and not Path(v).is_absolute():
+            d[key] = str(base / v)
+    if isinstance(w.get("trace"), dict):
+        fix(w["trace"], "path")
+    for k in ("prompt_tokens", "output_tokens"):
+        if isinstance(w.get(k), dict):
+            fix(w[k], "path")
+    for t in topologies.values():
+        for pool in (t, t.get("prefill"), t.get("decode")):
+            if isinstance(pool, dict) and isinstance(pool.get("device"), str) and _is_profile_path(pool["device"]):
+                fix(pool, "device")
 
 
 _BASE_RATES: dict = {}
@@ -356,41 +406,171 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
 
 
 # --- one simulation (a task: picklable, runs in any worker) ----------------------------
+T975_19 = 2.093        # Student t, 97.5% quantile, 19 degrees of freedom (20 batch means)
+CI_BATCHES = 20
+
+
+def _passes_needed(n: int, target: float) -> int:
+    """Least k with k / n >= target, by the same float comparison the search makes."""
+    k = max(0, min(n, math.ceil(target * n)))
+    while k > 0 and (k - 1) / n >= target:
+        k -= 1
+    while k < n and k / n < target:
+        k += 1
+    return k
+
+
+def batch_means_ci(ok: np.ndarray, batches: int = CI_BATCHES) -> tuple[float, float] | None:
+    """95% interval of the attainment from ``batches`` contiguous batch means of the judged
+    requests in arrival order (batches long enough to be nearly independent); None if too few."""
+    k = len(ok) // batches
+    if k < 2:
+        return None
+    means = ok[:k * batches].reshape(batches, k).mean(axis=1)
+    half = T975_19 * float(means.std(ddof=1)) / math.sqrt(batches)
+    mid = float(ok.mean())
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+class _JudgeSink:
+    """The topology's sink for one plan simulation: counts judged requests (those after the warm-up)
+    that meet / miss the SLO as they settle, and ends the run once the verdict is certain."""
+
+    def __init__(self, env, expected: int, first_judged: int, slo, early: str | None,
+                 disaggregated: bool = False, client=None):
+        self.env, self.expected, self.first = env, expected, first_judged
+        # the client's view, as metrics.requests_frame takes it: behind a PD proxy the first token seen
+        # is the decode instance's first (client.ttft_at), and a network RTT is added to TTFT
+        self.decode_first = disaggregated and (client is None or client.ttft_at == "first_decode_token")
+        self.rtt = client.network_rtt_s if client is not None else 0.0
+        self.done = 0
+        self.all_done = env.event()
+        self.waiters: dict = {}
+        self.ttft_s, self.tpot_s = slo.ttft_s, slo.tpot_s
+        self.judged = expected - first_judged
+        self.need = _passes_needed(self.judged, slo.attainment_target)
+        self.early = early                       # None, "fail" or "both"
+        self.ok = self.miss = self.ttft_miss = self.tpot_miss = 0
+        self.decided: str | None = None
+
+    def finished(self, req, *_) -> None:
+        self.done += 1
+        if req.id >= self.first:
+            fin = req.status == FINISHED
+            first, streamed = req.first_token_s, req.output_tokens
+            if self.decode_first and req.decode_first_s == req.decode_first_s:     # not NaN
+                first, streamed = req.decode_first_s, req.output_tokens - 1
+            ttft_ok = fin and first - req.arrival_s + self.rtt <= self.ttft_s
+            tpot_ok = fin and (streamed <= 1 or (req.finish_s - first) / (streamed - 1) <= self.tpot_s)
+            self.ttft_miss += not ttft_ok
+            self.tpot_miss += not tpot_ok
+            if ttft_ok and tpot_ok:
+                self.ok += 1
+            else:
+                self.miss += 1
+            if self.early and self.decided is None:
+                if self.miss > self.judged - self.need:          # can no longer reach the target
+                    self.decided = "fail"
+                elif self.early == "both" and self.ok >= self.need:   # can no longer miss it
+                    self.decided = "pass"
+        if not self.all_done.triggered and (self.done == self.expected or self.decided):
+            self.all_done.succeed()
+
+    def rejected(self, req, reason: str) -> None:
+        req.status, req.reject_reason, req.finish_s = REJECTED, reason, self.env.now
+        self.finished(req)
+
+
 def evaluate(task: dict) -> dict:
-    """Simulate one scenario dict at one seed; SLO attainment and latency percentiles."""
+    """Simulate one scenario dict at one seed; SLO attainment over the requests after the warm-up
+    (with its batch-means interval) and latency percentiles.  ``task['early']``: "both" ends the run
+    once pass or fail is certain, "fail" only once fail is; counts are then bounds (``early`` says which)."""
+    from types import SimpleNamespace
+
+    import simpy
+
     from . import metrics
-    from .simulation import simulate
+    from .simulation import Context, _open_loop, check_conservation, default_bin_s, generate, resolve_model
+    from .topology import build
     sc = parse(task["scenario"], task.get("file", "plan"), base_dir=task["base_dir"])
-    res = simulate(sc)
-    df = metrics.requests_frame(res)
+    model = resolve_model(sc)
+    stream = generate(sc, model)                  # request ids are their indices, in arrival order
+    (name, spec), = sc.topologies.items()
+    first = min(int(len(stream) * task.get("warmup_fraction", 0.0)), len(stream) - 1)
+    env = simpy.Environment()
+    # early stopping counts requests within both bounds: that is the attainment rule; a percentile-mode
+    # verdict is taken on the whole run
+    early = task.get("early") if sc.slo.mode == "attainment" else None
+    sink = _JudgeSink(env, len(stream), first, sc.slo, early, spec.kind == "disaggregated", sc.client)
+    topo = build(name, spec, env, Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir),
+                                          default_bin_s(sc, stream)), sink)
+    topo.sink = sink
+    env.process(_open_loop(env, topo, stream, model, sc.workload.timeout_s))
+    try:
+        env.run(until=sink.all_done)
+    except RuntimeError as exc:     # the queue ran dry first: a deadlock, reported by check_conservation
+        if "until" not in str(exc):
+            raise
+    for inst in topo.instances:
+        inst.sync()
+    if sink.decided is None:
+        check_conservation(name, topo, stream, False)
+    df = metrics.requests_frame([SimpleNamespace(name=name, requests=stream, topology=topo)], sc.client)
+    settled_all = int(df.status.isin([FINISHED, REJECTED, ABANDONED]).sum())   # warm-up included
+    df = df[df.request_id >= first]
     slo = sc.slo
-    verdict = metrics.slo_verdict(df, slo)     # the run's own SLO rule (attainment or percentile mode)
-    fin = df[df.status == "finished"]
-    ttft_ok = (df.status == "finished") & (df.ttft_s <= slo.ttft_s)
-    tpot_ok = (df.status == "finished") & (df.tpot_s.isna() | (df.tpot_s <= slo.tpot_s))
+    settled = df.status.isin([FINISHED, REJECTED, ABANDONED])
+    fin = df[df.status == FINISHED]
+    ttft_ok = (df.status == FINISHED) & (df.ttft_s <= slo.ttft_s)
+    tpot_ok = (df.status == FINISHED) & (df.tpot_s.isna() | (df.tpot_s <= slo.tpot_s))
 
     def q(x, p):
         x = x.dropna()
         return float(np.percentile(x, p)) if len(x) else None
-    return {"n": len(df), "ok": int((ttft_ok & tpot_ok).sum()), "ttft_ok": int(ttft_ok.sum()),
-            "tpot_ok": int(tpot_ok.sum()), "finished": len(fin),
-            "ttft_p": q(df.ttft_s, slo.ttft_percentile), "tpot_p": q(fin.tpot_s, slo.tpot_percentile),
-            "slo_met": verdict["met"]}
+    n = len(df)
+    out = {"n": n, "ok": int((ttft_ok & tpot_ok).sum()), "ttft_ok": int(ttft_ok.sum()),
+           "tpot_ok": int(tpot_ok.sum()), "finished": len(fin), "early": sink.decided,
+           "settled": settled_all, "total": len(stream), "ci": None,
+           "ttft_p": q(df.ttft_s[settled], slo.ttft_percentile), "tpot_p": q(fin.tpot_s, slo.tpot_percentile)}
+    # the verdict by the run's own SLO rule (metrics.slo_verdict: attainment or percentile mode, as
+    # `pdsim run` judges); a run stopped early was stopped because that verdict was certain
+    out["slo_met"] = sink.decided == "pass" if sink.decided else metrics.slo_verdict(df, slo)["met"]
+    if sink.decided == "fail":       # upper bounds: every request not yet settled might still pass
+        out.update(ok=n - sink.miss, ttft_ok=n - sink.ttft_miss, tpot_ok=n - sink.tpot_miss)
+    elif sink.decided is None:
+        ci = batch_means_ci((ttft_ok & tpot_ok).to_numpy(float))
+        out["ci"] = list(ci) if ci else None
+    return out
 
 
 _FILE_HASHES: dict = {}
+_CODE_HASH: list = []
 
 
 def _file_hash(path: Path) -> str:
-    """sha256 of a referenced file (trace, device profile), memoised by path, size and mtime."""
+    """sha256 of a referenced file (trace, device profile), memoised for one plan run by path, size,
+    mtime and ctime (run_plan clears the memo, so an edited file is re-read by the next plan)."""
     try:
         st = path.stat()
     except OSError:
         return "missing"
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if key not in _FILE_HASHES:
         _FILE_HASHES[key] = hashlib.sha256(path.read_bytes()).hexdigest()
     return _FILE_HASHES[key]
+
+
+def code_hash() -> str:
+    """sha256 of pdsim's own source and package data (built-in device and model tables): a result
+    cached by another version of the code is not reused."""
+    if not _CODE_HASH:
+        root = Path(__file__).resolve().parent
+        h = hashlib.sha256()
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo"):
+                h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+        _CODE_HASH.append(h.hexdigest())
+    return _CODE_HASH[0]
 
 
 def _referenced_files(sc: dict, base: Path) -> list[Path]:
@@ -405,11 +585,16 @@ def _referenced_files(sc: dict, base: Path) -> list[Path]:
     return [base / p for p in paths if p]
 
 
+JUDGE_KEYS = ("warmup_fraction", "early")
+
+
 def task_key(task: dict) -> str:
-    """Hash of what decides the result: the scenario, the contents of the files it reads, pdsim's version."""
+    """Hash of what decides the result: the scenario, how it is judged, the contents of the files it
+    reads, pdsim's version and a hash of pdsim's source and package data."""
     base = Path(task["base_dir"])
     files = {str(p): _file_hash(p) for p in _referenced_files(task["scenario"], base)}
-    blob = json.dumps({"v": __version__, "s": task["scenario"], "b": str(base), "f": files}, sort_keys=True)
+    blob = json.dumps({"v": __version__, "code": code_hash(), "s": task["scenario"], "b": str(base), "f": files,
+                       "j": {k: task.get(k) for k in JUDGE_KEYS}}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -436,20 +621,27 @@ class LocalExecutor:
 
 
 class DaskExecutor:
-    """Dask distributed: ``scheduler`` is an address (tcp://HOST:8786) or a ``distributed.Client``."""
+    """Dask distributed: ``scheduler`` is an address (tcp://HOST:8786) or a ``distributed.Client``.
+
+    While waiting for results it checks every ``poll_s`` that the scheduler still has workers; with
+    none for ``lost_workers_s`` (all killed or gone) the plan ends with an error naming the scheduler
+    instead of waiting forever, as it does when the scheduler itself cannot be reached."""
     name = "dask"
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, lost_workers_s: float = 60.0, poll_s: float = 1.0):
         try:
             from distributed import Client
         except ImportError:
             raise ConfigError("the dask executor needs 'distributed': pip install 'pdsim[dask]'",
                               key="--executor", value="dask") from None
+        self.lost_workers_s, self.poll_s = lost_workers_s, poll_s
         if isinstance(scheduler, Client):
             self.client, self._own = scheduler, False
+            self.address = getattr(scheduler.scheduler, "address", None) or "the Dask scheduler"
         else:
             if not scheduler:
                 raise ConfigError("--executor dask needs --scheduler tcp://HOST:8786", key="--scheduler")
+            self.address = scheduler
             try:
                 self.client, self._own = Client(scheduler, timeout=20), True
             except (OSError, TimeoutError) as exc:
@@ -457,8 +649,37 @@ class DaskExecutor:
                                   value=scheduler) from None
 
     def map(self, fn, tasks: list) -> list:
+        from distributed import KilledWorker, wait
         futures = self.client.map(fn, tasks, pure=False)
-        return self.client.gather(futures)
+        alone_since = None
+        try:
+            while True:
+                try:
+                    wait(futures, timeout=self.poll_s)
+                    break
+                except TimeoutError:
+                    pass
+                try:
+                    workers = len(self.client.nthreads())
+                except (OSError, TimeoutError) as exc:
+                    raise PdsimError(f"lost the Dask scheduler {self.address}: {exc}; the plan stopped") from None
+                now = time.monotonic()
+                if workers:
+                    alone_since = None
+                elif alone_since is None:
+                    alone_since = now
+                elif now - alone_since >= self.lost_workers_s:
+                    left = sum(1 for f in futures if not f.done())
+                    raise PdsimError(f"the Dask scheduler {self.address} has had no workers for "
+                                     f"{self.lost_workers_s:g} s ({left} of {len(futures)} simulations unfinished); "
+                                     "the plan stopped: start workers and run it again (finished results are cached)")
+            return self.client.gather(futures)
+        except KilledWorker as exc:
+            raise PdsimError(f"a simulation killed its Dask workers on {self.address}: {exc}") from None
+        finally:
+            pending = [f for f in futures if not f.done()]
+            if pending:
+                self.client.cancel(pending)
 
     def close(self):
         if self._own:
@@ -519,6 +740,12 @@ class Search:
         return max(1, math.ceil(math.log2(max((self.hi - self.lo) / (self.tol * self.hi), 1.0))) + 1)
 
 
+def _seed_passes(r: dict, target: float) -> bool:
+    """One seed's verdict: its SLO rule's (``slo_met``, metrics.slo_verdict), else attainment >= target."""
+    met = r.get("slo_met")
+    return bool(met) if met is not None else r["ok"] / r["n"] >= target
+
+
 def _pooled(results: list[dict]) -> dict:
     out = {k: sum(r[k] for r in results) for k in ("n", "ok", "ttft_ok", "tpot_ok", "finished")}
     out["min_att"] = min(r["ok"] / r["n"] for r in results)   # a rate passes only if it passes on every seed
@@ -526,18 +753,32 @@ def _pooled(results: list[dict]) -> dict:
     for k in ("ttft_p", "tpot_p"):   # worst seed: a percentile bound must hold on each
         vals = [r[k] for r in results if r[k] is not None]
         out[k] = max(vals) if vals else None
+    out["early"] = next((r["early"] for r in results if r.get("early")), None)
     return out
 
 
+CONFIRM_SEED_OFFSET = 1000      # long runs use seeds the search never used
+
+
 class _Runner:
-    """Runs tasks through the executor with the on-disk cache; counts simulations."""
+    """Runs tasks through the executor with the on-disk cache; counts simulations and the ones each
+    mechanism saved."""
 
     def __init__(self, plan: Plan, executor, cache_dir: Path | None, progress: bool):
         self.plan, self.ex, self.cache_dir, self.progress = plan, executor, cache_dir, progress
         self.simulated = self.cached = 0
+        self.skipped = {"worst_seed": 0, "early_stop_pass": 0, "early_stop_fail": 0}
+        self.requests_total = self.requests_settled = 0      # over simulations run (not cached)
         self.t0 = time.perf_counter()
         if cache_dir:
             cache_dir.mkdir(parents=True, exist_ok=True)
+        g = plan.spec.goodput
+        self.early = "both" if g.early_stop and g.aggregate == "worst_seed" else None
+
+    def _task(self, cfg: Config, rate: float, seed: int, scale: float = 1.0, early: str | None = None) -> dict:
+        return {"scenario": _scenario_dict(self.plan, {cfg.name: cfg.topology}, rate, seed, scale),
+                "file": self.plan.file, "base_dir": str(Path(self.plan.base_dir).resolve()),
+                "warmup_fraction": self.plan.spec.goodput.warmup_fraction, "early": early}
 
     def run(self, cfg_rates: list[tuple[Config, float]]) -> list[dict]:
         """Pooled results per (config, rate) over the plan's seeds.
@@ -553,13 +794,13 @@ class _Runner:
         live = list(range(len(cfg_rates)))
         for i in range(g.seeds):
             seed = self.plan.spec.seed + i
-            tasks = [{"scenario": _scenario_dict(self.plan, {cfg_rates[j][0].name: cfg_rates[j][0].topology},
-                                                 cfg_rates[j][1], seed),
-                      "file": self.plan.file, "base_dir": str(self.plan.base_dir)} for j in live]
+            tasks = [self._task(*cfg_rates[j], seed, early=self.early) for j in live]
             for j, r in zip(live, self._results(tasks)):
                 per[j].append(r)
             if worst:
-                live = [j for j in live if per[j][-1].get("slo_met", per[j][-1]["ok"] / per[j][-1]["n"] >= target)]
+                before = len(live)
+                live = [j for j in live if _seed_passes(per[j][-1], target)]
+                self.skipped["worst_seed"] += (before - len(live)) * (g.seeds - 1 - i)
             if not live:
                 break
         pooled = [_pooled(rs) for rs in per]
@@ -570,6 +811,42 @@ class _Runner:
             if p["all_met"] is not None and (worst or self.plan.spec.slo.mode == "percentile"):
                 p["passes"] = p["all_met"]
         return pooled
+
+    def confirm(self, cfg_rates: list[tuple[Config, float]]) -> list[dict]:
+        """Long runs on fresh seeds: each (config, rate) over confirm_factor x the search window,
+        doubled while the batch-means interval is wider than +-ci_halfwidth and still holds the
+        target (up to confirm_max_factor).  Passes only if every seed's attainment meets the target."""
+        g = self.plan.spec.goodput
+        target = self.plan.spec.slo.attainment_target
+        per: list[list[dict]] = [[] for _ in cfg_rates]
+        live = list(range(len(cfg_rates)))
+        for i in range(g.confirm_seeds):
+            seed = self.plan.spec.seed + CONFIRM_SEED_OFFSET + i
+            factor = {j: g.confirm_factor for j in live}
+            todo = list(live)
+            while todo:
+                # run to the end (no early stop): a demotion reports a real estimate and its interval
+                tasks = [self._task(*cfg_rates[j], seed, scale=factor[j]) for j in todo]
+                again = []
+                for j, r in zip(todo, self._results(tasks)):
+                    ci = r.get("ci")
+                    if ci and ci[1] - ci[0] > 2 * g.ci_halfwidth and ci[0] < target <= ci[1] \
+                            and factor[j] * 2 <= g.confirm_max_factor:
+                        factor[j] *= 2
+                        again.append(j)
+                    else:
+                        per[j].append(dict(r, factor=factor[j], seed=seed))
+                todo = again
+            live = [j for j in live if _seed_passes(per[j][-1], target)]
+        out = []
+        for rs in per:
+            worst = min(rs, key=lambda r: r["ok"] / r["n"])
+            out.append({"passed": all(_seed_passes(r, target) for r in rs), "attainment": worst["ok"] / worst["n"],
+                        "ci": worst["ci"], "early": worst["early"], "requests": sum(r["total"] for r in rs),
+                        "factor": max(r["factor"] for r in rs), "seeds": [r["seed"] for r in rs],
+                        "ttft_ok": worst["ttft_ok"], "tpot_ok": worst["tpot_ok"], "n": worst["n"],
+                        "ok": worst["ok"], "ttft_p": worst["ttft_p"], "tpot_p": worst["tpot_p"]})
+        return out
 
     def _results(self, tasks: list[dict]) -> list[dict]:
         results: list[dict | None] = [None] * len(tasks)
@@ -585,6 +862,10 @@ class _Runner:
             for i, r in zip(todo, self.ex.map(evaluate, [tasks[i] for i in todo])):
                 results[i] = r
                 self._store(tasks[i], r)
+                if r.get("early"):
+                    self.skipped[f"early_stop_{r['early']}"] += 1
+                self.requests_total += r.get("total", 0)
+                self.requests_settled += r.get("settled", 0)
             self.simulated += len(todo)
         return results
 
@@ -613,9 +894,11 @@ class _Runner:
 
 
 def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress: bool = False) -> dict:
-    """Search the plan's space; returns the result dict (rows ranked best first)."""
+    """Search the plan's space, then confirm the best on long runs; returns the result dict
+    (rows ranked best first)."""
     spec = plan.spec
     target_rate, att = spec.target.rate, spec.slo.attainment_target
+    _FILE_HASHES.clear()          # files edited since the last plan in this process are re-hashed
     ex = executor or LocalExecutor()
     runner = _Runner(plan, ex, cache_dir, progress)
     rows: dict[str, dict] = {}
@@ -632,6 +915,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
                                 f"< target {target_rate:g}")
         else:
             live.append(c)
+    pruned_by_bound = len(plan.configs) - len(live)
     # target mode: every live config at the target rate first
     if target_rate:
         runner.log(f"{len(live)} configs at the target rate {target_rate:g} req/s "
@@ -694,10 +978,55 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
             row["note"] = f"at {r0:.3g} req/s: {_misses(s.points[r0], spec.slo)}"
         if not s.done:
             row["note"] = (row["note"] + "; " if row["note"] else "") + "search stopped at max_rounds"
+    _confirm(plan, rows, runner)
     ex_close = getattr(ex, "close", None)
     if executor is None and ex_close:
         ex_close()
-    return _rank(plan, rows, runner)
+    result = _rank(plan, rows, runner)
+    result["skipped"] = {"pruned_by_bound": pruned_by_bound,
+                         "dominated": sum(1 for s in searches.values() if s.note.startswith("dominated")),
+                         **runner.skipped, "cached": runner.cached,
+                         "requests_not_simulated": runner.requests_total - runner.requests_settled,
+                         "requests_total": runner.requests_total}
+    return result
+
+
+MAX_CONFIRM_STEPS = 4      # goodput mode: a goodput that fails its long run is lowered at most this often
+
+
+def _confirm(plan: Plan, rows: dict, runner: _Runner) -> None:
+    """Re-simulate the best ``confirm_top`` configs on long runs with fresh seeds before any is
+    declared.  Target mode: at the target rate; a config that fails is demoted and the next one
+    checked.  Goodput mode: at the goodput; one that fails has its goodput lowered by the tolerance
+    and is checked again (at most MAX_CONFIRM_STEPS times, then demoted)."""
+    g = plan.spec.goodput
+    if not g.confirm_top:
+        return
+    cfgs = {c.name: c for c in plan.configs}
+    target_rate = plan.spec.target.rate
+    for _ in range(len(rows) * (MAX_CONFIRM_STEPS + 1)):
+        ranked = _order(plan, rows)
+        todo = [r for r in ranked if r["meets"]][:g.confirm_top]
+        todo = [r for r in todo if not (r.get("long_run") or {}).get("passed")]
+        if not todo:
+            return
+        rates = [target_rate or r["goodput"] for r in todo]
+        n_req = [_scenario_dict(plan, {}, x, 0, g.confirm_factor)["workload"].get("num_requests") for x in rates]
+        runner.log(f"long runs: {', '.join(r['config'] for r in todo)} ({g.confirm_factor:g}x the search window, "
+                   f"{n_req} requests, fresh seeds)")
+        for row, rate, res in zip(todo, rates, runner.confirm([(cfgs[r["config"]], x) for r, x in zip(todo, rates)])):
+            row["long_run"] = dict(res, rate=rate)
+            if res["passed"]:
+                continue
+            row["long_run_failures"] = row.get("long_run_failures", 0) + 1
+            what = f"long run at {rate:.3g} req/s: attainment {res['attainment']:.1%}" + \
+                   (f" (95% CI {res['ci'][0]:.1%}-{res['ci'][1]:.1%})" if res["ci"] else
+                    " (stopped once it could no longer pass)" if res["early"] else "")
+            if target_rate or row["long_run_failures"] > MAX_CONFIRM_STEPS:
+                row.update(status="fails long run", note=what + " < target; " + _misses(res, plan.spec.slo))
+            else:
+                row["goodput"] = rate * (1 - g.tolerance)
+                row["note"] = (row["note"] + "; " if row["note"] else "") + f"goodput lowered: {what}"
 
 
 def _misses(r: dict, slo) -> str:
@@ -709,26 +1038,36 @@ def _misses(r: dict, slo) -> str:
     if r["tpot_ok"] / n < slo.attainment_target:
         parts.append(f"TPOT: {r['tpot_ok'] / n:.0%} within {slo.tpot_s} s"
                      + (f" (p{slo.tpot_percentile:g} {r['tpot_p']:.3g} s)" if r["tpot_p"] is not None else ""))
-    return "; ".join(parts) or f"attainment {r['ok'] / n:.0%} < {slo.attainment_target:.0%} (TTFT and TPOT each pass)"
+    if parts:
+        return "; ".join(parts)
+    if r.get("early") == "fail":
+        return f"attainment at most {r['ok'] / n:.0%} < {slo.attainment_target:.0%} (run stopped once it could no " \
+               "longer pass; TTFT and TPOT misses overlap)"
+    return f"attainment {r['ok'] / n:.0%} < {slo.attainment_target:.0%} (TTFT and TPOT each pass)"
 
 
-def _rank(plan: Plan, rows: dict, runner: _Runner) -> dict:
+def _order(plan: Plan, rows: dict) -> list[dict]:
+    """Rows ranked best first (meets, then the objective); sets each row's derived columns."""
     spec = plan.spec
     target_rate, att = spec.target.rate, spec.slo.attainment_target
     for row in rows.values():
         g = row["goodput"]
         row["goodput_per_gpu"] = g / row["gpus"] if g is not None else None
         row["goodput_per_usd_hour"] = g / row["usd_per_hour"] if g is not None and row["usd_per_hour"] > 0 else None
+        row["margin"] = g / target_rate if target_rate and g is not None else None
         at = row.get("at_target")
         row["attainment_at_target"] = at["pass_att"] if at else None
+        # "pass": the run stopped once it could not miss (the attainment is a lower bound); "fail":
+        # once it could not pass (an upper bound)
+        row["at_target_early_stop"] = at.get("early") if at else None
         row["ttft_p_at_target_s"] = at["ttft_p"] if at else None
         row["tpot_p_at_target_s"] = at["tpot_p"] if at else None
+        lr = row.get("long_run")
+        row["long_run_attainment"] = lr["attainment"] if lr else None
+        row["long_run_ci"] = lr["ci"] if lr else None
         # a dominated config passed every rate it was tried at; its goodput is a lower bound
         row["meets"] = row["status"] in ("ok", "dominated (not fully searched)") and (row["goodput"] or 0) > 0 and \
             (not target_rate or bool(at and at.get("passes", (row["attainment_at_target"] or 0) >= att)))
-        row["points"] = {f"{r:.6g}": {"attainment": v["ok"] / v["n"], "worst_seed_attainment": v["min_att"],
-                                      "ttft_p": v["ttft_p"], "tpot_p": v["tpot_p"]}
-                         for r, v in sorted(row["points"].items())}
     if spec.objective == "cheapest":
         key = lambda r: (not r["meets"], r["usd_per_hour"] if r["meets"] else -(r["attainment_at_target"] or 0),
                          -(r["goodput"] or 0), r["config"])
@@ -736,7 +1075,17 @@ def _rank(plan: Plan, rows: dict, runner: _Runner) -> dict:
         key = lambda r: (not r["meets"], -(r["goodput_per_gpu"] or 0), r["usd_per_hour"], r["config"])
     else:
         key = lambda r: (not r["meets"], -(r["goodput_per_usd_hour"] or 0), r["usd_per_hour"], r["config"])
-    ranked = sorted(rows.values(), key=key)
+    return sorted(rows.values(), key=key)
+
+
+def _rank(plan: Plan, rows: dict, runner: _Runner) -> dict:
+    spec = plan.spec
+    target_rate = spec.target.rate
+    ranked = _order(plan, rows)
+    for r in ranked:
+        r["points"] = {f"{x:.6g}": {"attainment": v["ok"] / v["n"], "worst_seed_attainment": v["min_att"],
+                                    "ttft_p": v["ttft_p"], "tpot_p": v["tpot_p"], "early_stop": v.get("early")}
+                       for x, v in sorted(r["points"].items())}
     for i, r in enumerate(ranked, 1):
         r["rank"] = i
     # Pareto frontier over ($/h down, goodput up) among measured configs
@@ -749,8 +1098,11 @@ def _rank(plan: Plan, rows: dict, runner: _Runner) -> dict:
     for r in ranked:
         r["pareto"] = r["config"] in frontier
     winner = ranked[0] if ranked and ranked[0]["meets"] else None
+    if winner and spec.goodput.confirm_top and not (winner.get("long_run") or {}).get("passed"):
+        winner = None        # pragma: no cover - _confirm leaves no unconfirmed config on top
     return {"plan": spec.name, "pdsim_version": __version__, "objective": spec.objective, "target_rate": target_rate,
             "slo": spec.slo.model_dump(), "tolerance": spec.goodput.tolerance, "seeds": spec.goodput.seeds,
+            "warmup_fraction": spec.goodput.warmup_fraction, "confirm_factor": spec.goodput.confirm_factor,
             "winner": winner["config"] if winner else None, "rows": ranked, "frontier": frontier,
             "excluded": plan.excluded, "simulations": runner.simulated, "cached": runner.cached,
             "wall_s": time.perf_counter() - runner.t0}
@@ -776,15 +1128,26 @@ def winner_scenario(plan: Plan, result: dict) -> dict | None:
     return sc
 
 
-TABLE_COLS = ["rank", "config", "gpus", "usd_per_hour", "goodput", "goodput_per_gpu", "goodput_per_usd_hour",
-              "attainment_at_target", "ttft_p_at_target_s", "tpot_p_at_target_s", "bound_rate", "pareto",
-              "status", "note"]
+TABLE_COLS = ["rank", "config", "gpus", "usd_per_hour", "goodput", "margin", "goodput_per_gpu",
+              "goodput_per_usd_hour", "attainment_at_target", "at_target_early_stop", "long_run_attainment", "long_run_ci",
+              "ttft_p_at_target_s", "tpot_p_at_target_s", "bound_rate", "pareto", "status", "note"]
+PLAN_OUTPUTS = ("winner.yaml", "plan.html", "plan.csv", "plan.json")
+
+
+def clear_plan_outputs(out: Path) -> None:
+    """Remove a previous plan's outputs from ``out`` (a plan with no winner must not leave the last
+    plan's winner.yaml behind); the result cache stays."""
+    for name in PLAN_OUTPUTS:
+        p = Path(out) / name
+        if p.is_file() or p.is_symlink():
+            p.unlink()
 
 
 def write_plan_outputs(plan: Plan, result: dict, out: Path, progress: bool = False) -> None:
     import pandas as pd
     import yaml
     out.mkdir(parents=True, exist_ok=True)
+    clear_plan_outputs(out)
     pd.DataFrame([{k: r.get(k) for k in TABLE_COLS} for r in result["rows"]]).to_csv(out / "plan.csv", index=False)
     (out / "plan.json").write_text(json.dumps(result, indent=2, default=str))
     win = winner_scenario(plan, result)
@@ -803,10 +1166,19 @@ def write_plan_outputs(plan: Plan, result: dict, out: Path, progress: bool = Fal
 def print_table(result: dict, out=sys.stdout, limit: int = 25) -> None:
     def f(x, d=3):
         return "-" if x is None else (f"{x:.{d}g}" if isinstance(x, float) else str(x))
-    cols = ["#", "config", "GPUs", "$/h", "goodput req/s", "/GPU", "/($/h)", "att@target", "status"]
+    def ci(r):
+        if r.get("long_run_attainment") is None:
+            return "-"
+        c = r.get("long_run_ci")
+        return f"{r['long_run_attainment']:.1%}" + (f" [{c[0]:.1%},{c[1]:.1%}]" if c else "")
+    cols = ["#", "config", "GPUs", "$/h", "goodput req/s", "margin", "/GPU", "/($/h)", "att@target",
+            "long run [95% CI]", "status"]
     rows = [[f(r["rank"]), r["config"] + (" *" if r["pareto"] else ""), f(r["gpus"]), f(r["usd_per_hour"], 4),
-             f(r["goodput"]), f(r["goodput_per_gpu"]), f(r["goodput_per_usd_hour"]),
-             "-" if r["attainment_at_target"] is None else f"{r['attainment_at_target']:.1%}",
+             f(r["goodput"]), "-" if r.get("margin") is None else f"{r['margin']:.2f}x",
+             f(r["goodput_per_gpu"]), f(r["goodput_per_usd_hour"]),
+             "-" if r["attainment_at_target"] is None else
+             {"pass": ">=", "fail": "<="}.get(r.get("at_target_early_stop"), "") + f"{r['attainment_at_target']:.1%}",
+             ci(r),
              r["status"] + (f": {r['note']}" if r["note"] and r["status"] != "ok" else "")]
             for r in result["rows"][:limit]]
     w = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
@@ -815,7 +1187,16 @@ def print_table(result: dict, out=sys.stdout, limit: int = 25) -> None:
         print("  ".join(v.ljust(w[i]) for i, v in enumerate(r)), file=out)
     if len(result["rows"]) > limit:
         print(f"... {len(result['rows']) - limit} more in plan.csv", file=out)
-    print("(* = on the cost/goodput Pareto frontier)", file=out)
+    print("(* = on the cost/goodput Pareto frontier; margin = goodput / target rate; >= / <=: a run stopped once "
+          "its verdict was certain, the attainment is a bound; long run = attainment on fresh seeds over a longer "
+          "window, with its batch-means 95% interval)", file=out)
+    sk = result.get("skipped")
+    if sk:
+        print(f"simulations saved: {sk['pruned_by_bound']} configs pruned by bounds, {sk['dominated']} dominated, "
+              f"{sk['worst_seed']} seeds skipped after a failed seed, {sk['early_stop_pass']} + "
+              f"{sk['early_stop_fail']} runs stopped early (pass + fail; "
+              f"{sk['requests_not_simulated']:,} of {sk['requests_total']:,} requests not simulated), "
+              f"{sk['cached']} from cache", file=out)
     if result["winner"]:
         print(f"\nrecommended: {result['winner']}", file=out)
     else:

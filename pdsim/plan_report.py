@@ -100,8 +100,11 @@ def _attainment_chart(result: dict) -> tuple[str, str]:
         for k, v in sorted(r["points"].items(), key=lambda kv: float(kv[0])):
             recs.append([(r["config"], r["config"], ' class="text"'), (num(float(k)), float(k)), (pct(v.get("attainment")), v.get("attainment")),
                          (pct(v.get("worst_seed_attainment")), v.get("worst_seed_attainment")),
-                         (seconds(v.get("ttft_p")), v.get("ttft_p")), (seconds(v.get("tpot_p")), v.get("tpot_p"))])
-    tab = table(["config", "rate req/s", "attainment", "worst seed", "TTFT pXX", "TPOT pXX"], recs, "points") \
+                         (seconds(v.get("ttft_p")), v.get("ttft_p")), (seconds(v.get("tpot_p")), v.get("tpot_p")),
+                         # pass: stopped once it could not miss (a lower bound); fail: could not pass (upper bound)
+                         (str(v.get("early_stop") or ""), str(v.get("early_stop") or ""))])
+    tab = table(["config", "rate req/s", "attainment", "worst seed", "TTFT pXX", "TPOT pXX", "early stop"], recs,
+                "points") \
         if recs else ""
     return chart, tab
 
@@ -131,6 +134,26 @@ def _verdict(result: dict) -> str:
     return " ".join(s)
 
 
+def _judging(result: dict) -> str:
+    """How each rate was judged, and what each shortcut saved."""
+    txt = []
+    if result.get("warmup_fraction") is not None:
+        txt.append(f"The first {result['warmup_fraction']:.0%} of each run's requests (the cluster filling up) are "
+                   "simulated but not judged.")
+    if result.get("confirm_factor"):
+        txt.append(f"Before a configuration is recommended it is re-simulated on fresh seeds over at least "
+                   f"{result['confirm_factor']:g}x the search window (<i>long_run_attainment</i>, with the 95% interval "
+                   "of 20 batch means); one that fails is demoted. <i>margin</i> = goodput / target rate.")
+    sk = result.get("skipped")
+    if sk:
+        txt.append(f"Simulations saved: {sk['pruned_by_bound']} configs pruned by analytic bounds, {sk['dominated']} "
+                   f"dominated, {sk['worst_seed']} seeds skipped after a failed seed, {sk['early_stop_pass']} runs "
+                   f"stopped once they could not miss and {sk['early_stop_fail']} once they could not pass "
+                   f"({sk['requests_not_simulated']:,} of {sk['requests_total']:,} requests not simulated; "
+                   "their attainments are bounds).")
+    return f"<p class=note>{' '.join(txt)}</p>" if txt else ""
+
+
 def build_plan_report(result: dict, out: Path) -> Path:
     from .plan import TABLE_COLS
     slo = result["slo"]
@@ -147,6 +170,7 @@ def build_plan_report(result: dict, out: Path) -> Path:
              f"{num(result['seeds'])} seeds per rate; {num(result['simulations'])} simulations run, "
              f"{num(result['cached'])} from cache, {seconds(result['wall_s'])} wall. pdsim "
              f"{esc(result['pdsim_version'])}.</p>",
+             _judging(result),
              "<h2>Ranked configurations</h2>", _ranked_table(result, list(TABLE_COLS)),
              '<p class="note">Click a header to sort. Status first: <i>ok</i> configs meet the SLO; the others say '
              "what they miss.</p>",

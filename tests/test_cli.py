@@ -307,7 +307,7 @@ def no_planning(monkeypatch):
     (["--jobs", "two"], "--jobs = 'two'"),
     (["--executor", "dask", "--scheduler", "garbage"], "--scheduler = 'garbage'"),
     (["--executor", "dask", "--scheduler", "tcp://host:99999"], "--scheduler"),
-    (["--scheduler", "tcp://10.0.0.5:8786"], "--scheduler"),   # ignored by the local executor: say so
+    (["--executor", "local", "--scheduler", "tcp://10.0.0.5:8786"], "--scheduler"),   # contradicts local: say so
     (["--executor", "kubernetes"], "--executor"),
     (["--cache", "{plan}"], "--cache"),                         # a file where the cache folder should be
 ])
