@@ -318,6 +318,9 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
     return out
 
 
+ITL_QUANTILE_LEVELS = np.linspace(0.0, 100.0, 201)
+
+
 def itl_summary(res, d: pd.DataFrame, client) -> dict | None:
     """Inter-token latency over every streamed gap of the measured finished requests (mean, p50/p90/p99),
     as ``vllm bench serve`` reports it; None when token times were not recorded (client.itl)."""
@@ -333,7 +336,9 @@ def itl_summary(res, d: pd.DataFrame, client) -> dict | None:
         return None
     q = np.percentile(g, [50, 90, 99])
     return {"mean": float(g.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
-            "gaps": int(len(g))}
+            "gaps": int(len(g)),
+            # the whole distribution for the report's ITL CDF: the gap at every half percent, 0..100
+            "quantiles": [float(v) for v in np.percentile(g, ITL_QUANTILE_LEVELS)]}
 
 
 def kv_capacity(pool, d: pd.DataFrame) -> dict:

@@ -31,11 +31,17 @@ HEADERS = {"rank": "#", "config": "config", "gpus": "GPUs", "usd_per_hour": "$/h
            "goodput_per_gpu": "req/s per GPU", "goodput_per_usd_hour": "req/s per $/h",
            "attainment_at_target": "attainment at target", "ttft_p_at_target_s": "TTFT pXX at target",
            "tpot_p_at_target_s": "TPOT pXX at target", "bound_rate": "analytic bound req/s", "pareto": "Pareto",
-           "status": "status", "note": "note"}
+           "status": "status", "note": "note", "margin": "margin (goodput / target)",
+           "long_run_attainment": "long-run attainment [95% CI]"}
+
+
+# shown inside another cell on the page (plan.csv keeps them as columns): the early-stop kind as a
+# >= / <= before the attainment at target, the long run's 95% interval after its attainment
+FOLDED = ("at_target_early_stop", "long_run_ci")
 
 
 def _ranked_table(result: dict, cols: list[str]) -> str:
-    cols = ["status"] + [c for c in cols if c != "status"]      # the status column first: what to act on
+    cols = ["status"] + [c for c in cols if c not in ("status",) + FOLDED]   # status first: what to act on
     slo = result["slo"]
     heads = [HEADERS.get(c, c.replace("_", " ")).replace("TTFT pXX", f"TTFT p{num(slo.get('ttft_percentile', 90))}")
              .replace("TPOT pXX", f"TPOT p{num(slo.get('tpot_percentile', 90))}") for c in cols]
@@ -50,6 +56,15 @@ def _ranked_table(result: dict, cols: list[str]) -> str:
                               f' class="{"pass" if ok else "fail"}"'))
             elif c in ("config", "note"):
                 cells.append((str(v or ""), str(v or ""), ' class="text"'))
+            elif c == "attainment_at_target" and r.get("at_target_early_stop") in ("pass", "fail"):
+                # the run stopped once its verdict was certain: the attainment is a bound
+                text, value = _cell(c, v)
+                cells.append(({"pass": "≥", "fail": "≤"}[r["at_target_early_stop"]] + text, value))
+            elif c == "long_run_attainment" and isinstance(r.get("long_run_ci"), (list, tuple)) and \
+                    len(r["long_run_ci"]) == 2:
+                text, value = _cell(c, v)
+                lo, hi = r["long_run_ci"]
+                cells.append((f"{text} [{pct(lo)}, {pct(hi)}]", value))
             else:
                 cells.append(_cell(c, v))
         rows.append(cells)
@@ -142,7 +157,7 @@ def _judging(result: dict) -> str:
                    "simulated but not judged.")
     if result.get("confirm_factor"):
         txt.append(f"Before a configuration is recommended it is re-simulated on fresh seeds over at least "
-                   f"{result['confirm_factor']:g}x the search window (<i>long_run_attainment</i>, with the 95% interval "
+                   f"{result['confirm_factor']:g}x the search window (<i>long-run attainment</i>, with the 95% interval "
                    "of 20 batch means); one that fails is demoted. <i>margin</i> = goodput / target rate.")
     sk = result.get("skipped")
     if sk:

@@ -301,7 +301,9 @@ def _ok_column(frames: dict, slo: dict) -> None:
         g["ok"] = ok.astype(float)
 
 
-def _cdf_section(frames, names, col, label, slo_key, slo, note="") -> dict:
+def _cdf_section(frames, names, col, label, slo_key, slo, note="", recorded=None) -> dict:
+    """CDF chart and percentile table of one latency.  ``recorded``: per topology, summary.json's
+    ``itl_s`` (quantiles of every recorded inter-token gap), drawn as is instead of an approximation."""
     bound = finite(slo.get(f"{slo_key}_s")) if slo_key else None
     pctl = finite(slo.get(f"{slo_key}_percentile")) if slo_key else None
     series, rows = [], []
@@ -310,6 +312,16 @@ def _cdf_section(frames, names, col, label, slo_key, slo, note="") -> dict:
         if g is None:
             continue
         w = None
+        rec = (recorded or {}).get(n)
+        if col == "itl" and isinstance(rec, dict) and isinstance(rec.get("quantiles"), list) and rec["quantiles"]:
+            qs = np.asarray(rec["quantiles"], dtype=float)
+            levels = np.linspace(0.0, 1.0, len(qs))
+            series.append({"name": n, "x": qs.tolist(), "y": levels.tolist(), "i": i})
+            within = float(np.interp(bound, qs, levels, left=0.0, right=1.0)) if bound is not None else None
+            rows.append([n, (num(rec.get("gaps")), rec.get("gaps"))]
+                        + [(seconds(rec.get(k)), rec.get(k)) for k in ("p50", "p90", "p99")]
+                        + [(pct(within), within) if within is not None else "–"])
+            continue
         if col == "itl":
             if "itl" in g:
                 x = g["itl"][np.isfinite(g["itl"])]
@@ -569,14 +581,15 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
     best, text = verdict(analysis, topos, slo, wl)
 
     _log("charts...")
-    has_itl = any("itl" in g for g in frames.values())
-    itl_note = "" if has_itl else ("Approximated: per-token gaps are not recorded in this run, so each request's "
+    recorded_itl = {n: t.get("itl_s") for n, t in topos.items() if isinstance(t.get("itl_s"), dict)}
+    has_itl = any("itl" in g for g in frames.values()) or len(recorded_itl) == len(names)
+    itl_note = "Every inter-token gap the client sees, from the recorded token times." if has_itl else ("Approximated: per-token gaps are not recorded in this run, so each request's "
                                    "output tokens are counted at its mean inter-token time (its TPOT). Real ITL "
                                    "has a wider spread (a stalled step shows up as one long gap).")
     sections = [s for s in (
         _cdf_section(frames, names, "ttft_s", "TTFT", "ttft", slo),
         _cdf_section(frames, names, "tpot_s", "TPOT", "tpot", slo),
-        _cdf_section(frames, names, "itl", "ITL (inter-token latency)", "tpot", slo, itl_note),
+        _cdf_section(frames, names, "itl", "ITL (inter-token latency)", "tpot", slo, itl_note, recorded_itl),
         _components_section(frames, names),
         _timeseries_section(ts, names) if ts is not None and len(ts) else {},
         _kv_section(frames, topos, names),
