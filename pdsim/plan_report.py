@@ -31,8 +31,8 @@ HEADERS = {"rank": "#", "config": "config", "gpus": "GPUs", "usd_per_hour": "$/h
            "goodput_per_gpu": "req/s per GPU", "goodput_per_usd_hour": "req/s per $/h",
            "attainment_at_target": "attainment at target", "ttft_p_at_target_s": "TTFT pXX at target",
            "tpot_p_at_target_s": "TPOT pXX at target", "bound_rate": "analytic bound req/s", "pareto": "Pareto",
-           "status": "status", "note": "note", "margin": "margin (goodput / target)",
-           "long_run_attainment": "long-run attainment [95% CI]"}
+           "status": "status", "note": "note", "margin": "margin ×",
+           "long_run_attainment": "long run [95% CI]"}
 
 
 # shown inside another cell on the page (plan.csv keeps them as columns): the early-stop kind as a
@@ -157,7 +157,7 @@ def _judging(result: dict) -> str:
                    "simulated but not judged.")
     if result.get("confirm_factor"):
         txt.append(f"Before a configuration is recommended it is re-simulated on fresh seeds over at least "
-                   f"{result['confirm_factor']:g}x the search window (<i>long-run attainment</i>, with the 95% interval "
+                   f"{result['confirm_factor']:g}x the search window (<i>long run</i>: its attainment, with the 95% interval "
                    "of 20 batch means); one that fails is demoted. <i>margin</i> = goodput / target rate.")
     sk = result.get("skipped")
     if sk:
