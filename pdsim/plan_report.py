@@ -124,12 +124,20 @@ def _attainment_chart(result: dict) -> tuple[str, str]:
     return chart, tab
 
 
+def _slo_text(slo: dict) -> str:
+    """The SLO as its mode judges it (metrics.slo_verdict): a share of requests, or two percentiles."""
+    if slo.get("mode") == "percentile":
+        return (f"TTFT p{num(slo.get('ttft_percentile', 90))} ≤ {seconds(slo['ttft_s'])} and "
+                f"TPOT p{num(slo.get('tpot_percentile', 90))} ≤ {seconds(slo['tpot_s'])} (percentile mode)")
+    return (f"TTFT ≤ {seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])} for at least "
+            f"{pct(slo['attainment_target'])} of requests")
+
+
 def _verdict(result: dict) -> str:
     slo = result["slo"]
     target = finite(result.get("target_rate"))
     rows = result["rows"]
-    bounds = (f"TTFT ≤ {seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])} for at least "
-              f"{pct(slo['attainment_target'])} of requests")
+    bounds = _slo_text(slo)
     meets = [r for r in rows if r.get("meets")]
     s = [f"{len(meets)} of {len(rows)} configurations meet the SLO ({bounds})"
          + (f" at {num(target)} requests/s" if target else "") + "."]
@@ -180,8 +188,7 @@ def build_plan_report(result: dict, out: Path) -> Path:
              f'<p class="verdict" id="verdict">{esc(_verdict(result))}</p>',
              f'<p class="meta">Objective <b>{esc(result["objective"])}</b>'
              + (f", target rate {num(result['target_rate'])} requests/s" if result["target_rate"] else "")
-             + f". SLO: TTFT ≤ {seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])} for at least "
-             f"{pct(slo['attainment_target'])} of requests. Goodput bracket tolerance {pct(result['tolerance'])}, "
+             + f". SLO: {_slo_text(slo)}. Goodput bracket tolerance {pct(result['tolerance'])}, "
              f"{num(result['seeds'])} seeds per rate; {num(result['simulations'])} simulations run, "
              f"{num(result['cached'])} from cache, {seconds(result['wall_s'])} wall. pdsim "
              f"{esc(result['pdsim_version'])}.</p>",

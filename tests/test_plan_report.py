@@ -73,3 +73,22 @@ def test_plan_page_fits_1024_px(result, tmp_path):
     from test_report import _overflows
     path = build_plan_report(result, tmp_path)
     assert _overflows(path, tmp_path, 1024) == []
+
+
+def test_slo_stated_as_its_mode_judges_it(result, tmp_path):
+    html = build_plan_report(result, tmp_path).read_text()
+    assert "TTFT ≤ 500\u00a0ms and TPOT ≤ 50\u00a0ms for at least 90.0% of requests" in html
+    result["slo"].update(mode="percentile", ttft_percentile=99, tpot_percentile=90)
+    html = build_plan_report(result, tmp_path).read_text()
+    assert "for at least" not in html
+    assert "TTFT p99 ≤ 500\u00a0ms and TPOT p90 ≤ 50\u00a0ms (percentile mode)" in html
+
+
+def test_early_stop_bound_and_long_run_interval_shown_in_their_cells(result, tmp_path):
+    r = next(x for x in result["rows"] if x["config"] == "colo-1")
+    r.update(attainment_at_target=0.8, at_target_early_stop="fail", long_run_attainment=0.95,
+             long_run_ci=[0.94, 0.96])
+    html = build_plan_report(result, tmp_path).read_text()
+    row = re.search(r'<tr data-config="colo-1".*?</tr>', html, re.S).group(0)
+    assert '<td data-value="0.8">≤80.0%</td>' in row             # stopped once it could not pass: an upper bound
+    assert '<td data-value="0.95">95.0% [94.0%, 96.0%]</td>' in row
