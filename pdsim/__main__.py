@@ -381,8 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--quiet", action="store_true")
     sw.set_defaults(fn=cmd_sweep)
     ls = sub.add_parser("list", help="models (params, KV bytes/token), devices (peak FLOP/s, HBM GB/s, memory, "
-                        "measured or datasheet), KV links (GB/s, us), scenarios")
-    ls.add_argument("what", choices=["models", "devices", "links", "scenarios"])
+                        "measured or datasheet), KV links (GB/s, us), engines (scheduler, budgets, step overhead us), "
+                        "scenarios")
+    ls.add_argument("what", choices=["models", "devices", "links", "engines", "scenarios"])
     ls.add_argument("where", nargs="?", help="scenarios: folder (default ./scenarios); devices: a folder of "
                     "profile .yaml files to list beside the presets (default ./calibration/profiles)")
     ls.add_argument("--format", choices=["table", "json"], default="table")

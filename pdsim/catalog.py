@@ -1,4 +1,4 @@
-"""``pdsim list models|devices|links|scenarios``: what pdsim knows, with the numbers that matter for sizing.
+"""``pdsim list models|devices|links|engines|scenarios``: what pdsim knows, with the numbers that matter for sizing.
 
 Each listing is a list of flat dicts (``--format json`` prints them as they are); units are in the keys.
 A device says whether its numbers were measured here (``pdsim calibrate``) or taken from a datasheet.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-KINDS = ("models", "devices", "links", "scenarios")
+KINDS = ("models", "devices", "links", "engines", "scenarios")
 
 
 def models() -> list[dict]:
@@ -52,6 +52,17 @@ def links() -> list[dict]:
     return [{"name": k, "bandwidth_GBps_per_gpu": bw, "latency_us": lat} for k, (bw, lat) in LINK_PRESETS.items()]
 
 
+def engines() -> list[dict]:
+    """Serving-engine presets (pdsim/engines.py): scheduler defaults, KV sizing basis and the per-step
+    CPU overhead base + per running sequence; ``overhead`` says whether that was measured."""
+    from .engines import PRESETS
+    return [{"name": p.name, "scheduler": p.scheduler, "max_batched_tokens": p.max_batched_tokens,
+             "max_running": p.max_running, "block_size_tokens": p.block_size, "memory_fraction": p.memory_fraction,
+             "overhead_base_us": p.overhead_base_us, "overhead_per_seq_us": p.overhead_per_seq_us,
+             "overhead": "estimate" if "ESTIMATE" in p.source else "fitted", "source_note": p.source}
+            for p in PRESETS.values()]
+
+
 def scenarios(folder: Path) -> list[dict]:
     from . import config
     rows = []
@@ -81,6 +92,8 @@ def listing(kind: str, where: str | None = None) -> list[dict]:
         return devices(dirs)
     if kind == "links":
         return links()
+    if kind == "engines":
+        return engines()
     if kind == "scenarios":
         folder = Path(where or "scenarios")
         if not folder.is_dir():
@@ -94,6 +107,8 @@ SHOWN = {"models": ["name", "params_B", "layers", "hidden", "heads", "kv_heads",
          "devices": ["name", "kind", "peak_bf16_TFLOPs", "peak_fp8_TFLOPs", "hbm_GBps", "memory_GiB",
                      "interconnect_GBps", "price_per_hour_usd", "source", "where"],
          "links": ["name", "bandwidth_GBps_per_gpu", "latency_us"],
+         "engines": ["name", "scheduler", "max_batched_tokens", "max_running", "block_size_tokens",
+                     "memory_fraction", "overhead_base_us", "overhead_per_seq_us", "overhead"],
          "scenarios": ["file", "kind", "name", "model", "arrival", "rate_req_s", "topologies"]}
 
 

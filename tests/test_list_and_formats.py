@@ -36,6 +36,20 @@ def test_list_devices_says_measured_or_datasheet(capsys, monkeypatch):
     assert rows["cpu-epyc-2c-measured"]["source"] == "measured"
 
 
+def test_list_engines_says_which_overheads_are_measured(capsys):
+    rows = {r["name"]: r for r in _json(capsys, ["list", "engines", "--format", "json"])}
+    assert set(rows) == {"vllm-v1", "vllm-v0", "sglang", "trtllm"}
+    # vLLM v0's overhead is the fit to Vidur's measured A100 CPU overheads: 0.813 ms + 0.0423 ms per sequence
+    v0 = rows["vllm-v0"]
+    assert (v0["overhead_base_us"], v0["overhead_per_seq_us"], v0["overhead"]) == (813.0, 42.3, "fitted")
+    assert all(rows[n]["overhead"] == "estimate" for n in ("vllm-v1", "sglang", "trtllm"))
+    assert rows["trtllm"]["block_size_tokens"] == 32 and rows["sglang"]["block_size_tokens"] == 1
+    assert main(["list", "engines"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[0] == "name" and "overhead" in lines[0].split()
+    assert sorted(ln.split()[0] for ln in lines[1:]) == ["sglang", "trtllm", "vllm-v0", "vllm-v1"]
+
+
 def test_list_table_output_parses(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     for what, key, name in (("links", "bandwidth_GBps_per_gpu", "infiniband"), ("models", "params_B", "opt-13b"),
