@@ -275,7 +275,12 @@ def _plan(args, plan, out: Path, jobs: int | None) -> int:
     finally:
         ex.close()
     write_plan_outputs(plan, result, out, progress=not args.quiet)
-    print_table(result)
+    if args.format == "json":      # the ranked rows as plan.csv has them (units in the keys), and the winner
+        from .plan import TABLE_COLS
+        print(json.dumps({"winner": result["winner"], "rows": [{k: r.get(k) for k in TABLE_COLS}
+                                                                for r in result["rows"]]}, indent=2, default=str))
+    else:
+        print_table(result)
     print(f"\nwrote {out}/ (plan.csv, plan.json, plan.html{', winner.yaml' if result['winner'] else ''}): "
           f"{result['simulations']} simulations, {result['cached']} cached, {result['wall_s']:.1f} s", file=sys.stderr)
     return 0 if result["winner"] else 1
@@ -369,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--cache", metavar="FOLDER", help="result cache folder (default OUT/cache)")
     pl.add_argument("--no-cache", action="store_true", help="simulate everything; read and write no cache")
     pl.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    pl.add_argument("--format", choices=["table", "json"], default="table",
+                    help="stdout: the ranked table, or {winner, rows} as JSON (rates in requests/s, costs in $/h)")
     pl.set_defaults(fn=cmd_plan)
     sw = sub.add_parser("sweep", help="run a scenario over a grid of values: attainment, TTFT/TPOT and cost vs "
                         "the swept key, and each topology's goodput")

@@ -34,13 +34,17 @@ def _summary(out):
     return json.loads((out / "summary.json").read_text())["topologies"]
 
 
-def test_recommended_config_meets_slo_on_fresh_seed_next_cheaper_does_not(tmp_path):
+def test_recommended_config_meets_slo_on_fresh_seed_next_cheaper_does_not(tmp_path, capsys):
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(small_plan()))
     out = tmp_path / "out"
-    assert main(["plan", str(path), "--out", str(out), "--jobs", "2", "--quiet"]) == 0
+    assert main(["plan", str(path), "--out", str(out), "--jobs", "2", "--quiet", "--format", "json"]) == 0
     result = json.loads((out / "plan.json").read_text())
     assert result["winner"] == "colo-h100-sxm-tp1x2"
+    printed = json.loads(capsys.readouterr().out)            # --format json: the same ranking as plan.json
+    assert printed["winner"] == result["winner"]
+    assert [r["config"] for r in printed["rows"]] == [r["config"] for r in result["rows"]]
+    assert [r["goodput"] for r in printed["rows"]] == [r["goodput"] for r in result["rows"]]
     winner = yaml.safe_load((out / "winner.yaml").read_text())
     name = next(iter(winner["topologies"]))
     assert winner["workload"]["rate"] == 20
