@@ -292,7 +292,7 @@ def test_max_queue_rejects_exactly_beyond_the_limit():
 
 
 # --- cost model and memory (public API, values from the datasheet by hand) ---------------------------
-def test_tensor_parallel_step_pays_two_ring_allreduces_per_layer():
+def test_tensor_parallel_step_pays_two_allreduces_per_layer():
     from pdsim.costmodel import RooflineCost
     from pdsim.devices import get_device
     from pdsim.models import get_model
