@@ -30,6 +30,19 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _float_in(lo: float, hi: float):
+    """An argparse type: a finite number in [lo, hi]."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"= {text!r}: not a number") from None
+        if not lo <= v <= hi:           # NaN fails this too
+            raise argparse.ArgumentTypeError(f"= {text}: must be between {lo} and {hi}")
+        return v
+    return parse
+
+
 def _int_in(lo: int, hi: int | None = None):
     """An argparse type: an integer in [lo, hi]; the error names the value (the key is added by argparse)."""
     def parse(text: str) -> int:
@@ -129,7 +142,10 @@ def cmd_estimate(args) -> int:
     model, dev = get_model(args.model, "--model"), get_device(args.device, "--device")
     model.validate_tp(args.tp, "--tp")
     model.validate_ep(args.ep, args.tp, "--ep")
-    cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep)
+    if args.expert_skew and not model.is_moe:
+        raise ConfigError(f"needs a mixture-of-experts model; {model.name} is dense", key="--expert-skew",
+                          value=args.expert_skew)
+    cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew)
     pool = _estimate_pool(args)
     if pool.engine is not None:
         from .engines import wrap_cost
@@ -343,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensor-parallel degree in GPUs (default 1; must divide the attention heads)")
     e.add_argument("--ep", type=_int_in(1, 1024), default=1, metavar="GPUS",
                    help="expert-parallel degree of an MoE model (default 1; must divide the experts and --tp)")
+    e.add_argument("--expert-skew", type=_float_in(0.0, 4.0), default=0.0, metavar="S",
+                   help="expert popularity skew of an MoE model: Zipf exponent, 0 (uniform, default) to 4")
     e.add_argument("--prefill", type=_int_in(1, MAX_TOKENS), metavar="TOKENS",
                    help="prompt length in tokens of each prompt in a prefill step")
     e.add_argument("--batch", type=_int_in(1, 10**6), default=1, metavar="PROMPTS",

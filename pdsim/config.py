@@ -118,6 +118,8 @@ class PoolSpec(_Strict):
     block_size: PosInt = 16
     kv_blocks: PosInt | None = None          # override the pool size computed from memory
     ep: PosInt = 1                           # expert parallelism: routed experts sharded over ep of the tp GPUs
+    # expert popularity: Zipf exponent (0 = uniform routing); fewer distinct experts, a hotter EP rank
+    expert_skew: float = Field(0.0, ge=0, le=4, allow_inf_nan=False)
     watermark: float = Field(0.01, ge=0, lt=1)
     price_per_gpu_hour_usd: NonNegFloat | None = None   # default: the device profile's
     cost_model: CostModelSpec = CostModelSpec()

@@ -27,7 +27,9 @@ expert parallelism ``ep`` each GPU holds ``E / ep`` experts (each split over ``t
 GPUs) and gets ``T k / ep`` pairs; the MoE layer exchanges tokens by an all-to-all
 dispatch and combine of ``T h 2 (ep - 1) / ep`` bytes per GPU each way, which replaces
 its all-reduce when ep = tp (the shared experts' partial sums ride in the combine).
-Load imbalance between the ranks is not modelled (the mean rank).
+With ``expert_skew`` > 0 (Zipf popularity) the experts hit and the pairs are those of
+the hottest rank (experts placed round robin in popularity order); at 0, the mean rank
+(the random imbalance of uniform routing over a finite batch is not modelled).
 
 MLA attention: prefill in the decompressed form (per-head keys of nope + rope dims,
 values of v dims); decode in the absorbed form (queries projected into the latent: every
@@ -49,10 +51,28 @@ from .devices import DeviceProfile
 from .models import ModelShape, dtype_bytes
 
 
-def expected_distinct_experts(tokens, k: int, experts: int):
+def expert_hit_probs(k: int, experts: int, skew: float = 0.0) -> np.ndarray:
+    """Probability that one token routes to each expert, most popular first: popularity p_e
+    proportional to (e + 1)^-skew (Zipf; 0: uniform, k/E each), q_e = k p_e with any q_e above 1 capped
+    and the excess spread over the others in proportion (so sum q = k).  For top-1 this is exact; for
+    top-k it approximates the choice of k distinct experts by k times the popularity."""
+    p = np.arange(1, experts + 1, dtype=np.float64) ** -float(skew)
+    q = k * p / p.sum()
+    while (q > 1.0 + 1e-12).any():
+        full = q >= 1.0
+        q[full] = 1.0
+        rest = k - full.sum()
+        q[~full] *= rest / q[~full].sum()
+    return q
+
+
+def expected_distinct_experts(tokens, k: int, experts: int, skew: float = 0.0):
     """Expected distinct experts hit by ``tokens`` tokens that each pick ``k`` distinct experts of
-    ``experts`` uniformly: each expert is missed by one token with probability 1 - k/E."""
-    return experts * (1.0 - (1.0 - k / experts) ** tokens)
+    ``experts``: uniform routing, each expert is missed by one token with probability 1 - k/E;
+    with a popularity ``skew``, sum over experts of 1 - (1 - q_e)^tokens (:func:`expert_hit_probs`)."""
+    if not skew:
+        return experts * (1.0 - (1.0 - k / experts) ** tokens)
+    return float(np.sum(1.0 - (1.0 - expert_hit_probs(k, experts, skew)) ** tokens))
 
 
 @dataclass(slots=True)
@@ -151,6 +171,7 @@ class RooflineCost(CostModel):
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     ep: int = 1
+    expert_skew: float = 0.0
     _static_cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -208,6 +229,10 @@ class RooflineCost(CostModel):
             E, k, w, S = m.experts, m.experts_per_token, m.expert_width, m.shared_experts
             self.moe_tp = t // self.ep
             self.local_experts = E // self.ep
+            # under a popularity skew the step waits for the hottest EP rank; experts are placed round
+            # robin in popularity order (rank 0 holds the 1st, (ep+1)th, ... most popular), as a balancer
+            # would place them without replicating experts
+            self._hot_q = expert_hit_probs(k, E, self.expert_skew)[::self.ep] if self.expert_skew else None
             if S:
                 sw = S * w // t
                 self.linears += [("shared_gate_up", 2 * sw, h, Lm), ("shared_down", h, sw, Lm)] if m.gated_mlp \
@@ -236,8 +261,12 @@ class RooflineCost(CostModel):
             # the router stays bf16 and is replicated: every GPU scores every token
             ops.append(Op("router", "gemm", Lm, 2.0 * T * E * h, E * h * 2.0 + T * (E + h) * 2.0,
                           (T, E, h, 2.0, "bf16", None, "bf16")))
-            pairs = T * top_k / self.ep                    # token-expert pairs on one GPU
-            groups = self.local_experts * (1.0 - (1.0 - top_k / E) ** T) if T > 0 else 0.0
+            if self._hot_q is None:
+                pairs = T * top_k / self.ep                    # token-expert pairs on one GPU
+                groups = self.local_experts * (1.0 - (1.0 - top_k / E) ** T) if T > 0 else 0.0
+            else:                                              # on the hottest GPU
+                pairs = T * float(self._hot_q.sum())
+                groups = float(np.sum(1.0 - (1.0 - self._hot_q) ** T)) if T > 0 else 0.0
             for name, n, k in self.expert_gemms:
                 ops.append(Op(name, "grouped_gemm", Lm, 2.0 * pairs * n * k,
                               groups * n * k * self.w_bytes + pairs * (n + k) * 2.0,

@@ -103,7 +103,10 @@ def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
     device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
     model.validate_tp(pool.tp, key=f"{key}.tp")
     model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
-    return RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep)
+    if pool.expert_skew and not model.is_moe:
+        raise ConfigError(f"expert popularity skew needs a mixture-of-experts model; {model.name} is dense",
+                          key=f"{key}.expert_skew", value=pool.expert_skew)
+    return RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep, pool.expert_skew)
 
 
 def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir, key: str) -> tuple[int, float]:

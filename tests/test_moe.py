@@ -13,7 +13,7 @@ import pytest
 
 from pdsim import config
 from pdsim.__main__ import main
-from pdsim.costmodel import CostModel, RooflineCost, expected_distinct_experts
+from pdsim.costmodel import CostModel, RooflineCost, expected_distinct_experts, expert_hit_probs
 from pdsim.devices import get_device
 from pdsim.errors import ConfigError
 from pdsim.models import ModelShape, get_model
@@ -85,6 +85,37 @@ def test_expected_distinct_experts_monte_carlo():
     mc = hit.sum(1)
     se = mc.std() / math.sqrt(trials)
     assert abs(mc.mean() - expected_distinct_experts(B, k, E)) < 4 * se
+
+
+def test_expert_popularity_skew_by_hand():
+    # Zipf popularity 1, 1/2, 1/3, 1/4 normalised by 25/12; top-1 routes with exactly these probabilities
+    assert expert_hit_probs(1, 4, 1.0) == pytest.approx(np.array([12, 6, 4, 3]) / 25)
+    assert expert_hit_probs(8, 256, 0.0) == pytest.approx(np.full(256, 8 / 256))
+    # top-2 with skew 2: the first expert's 2 x 144/205 > 1 is capped at 1 and the rest share the other 1
+    assert expert_hit_probs(2, 4, 2.0) == pytest.approx([1, 36 / 61, 16 / 61, 9 / 61])
+    # two top-1 tokens: sum of 1 - (1 - q)^2 = 2 - sum q^2
+    assert expected_distinct_experts(2, 1, 4, 1.0) == pytest.approx(2 - (144 + 36 + 16 + 9) / 625)
+    rng = np.random.default_rng(1)
+    picks = rng.choice(4, size=(40_000, 2), p=np.array([12, 6, 4, 3]) / 25)
+    distinct = 1 + (picks[:, 0] != picks[:, 1])
+    assert abs(distinct.mean() - 1.672) < 4 * distinct.std() / 200
+
+
+def test_skew_loads_the_hottest_ep_rank():
+    m = _tiny(experts_per_token=1)
+    h, w, L, T = 64, 32, 2, 4
+    expert_w = 3 * h * w * 2
+    cm = RooflineCost(m, H200, tp=2, ep=2, expert_skew=1.0)
+    # round robin in popularity order: rank 0 holds the experts of probability 12/25 and 4/25
+    q = np.array([12, 4]) / 25
+    pairs, hit = T * q.sum(), np.sum(1 - (1 - q) ** T)
+    acts = pairs * ((2 * w + h) + (h + w)) * 2
+    assert _expert_bytes(cm, T) == pytest.approx(L * (hit * expert_w + acts))
+    bd = cm.breakdown(T, 40.0, 44, T, T)
+    assert bd["experts_gate_up"]["flops"] == pytest.approx(L * 2 * pairs * 2 * w * h)
+    # no skew: the mean rank, T k / ep pairs
+    assert RooflineCost(m, H200, tp=2, ep=2).breakdown(T, 40.0, 44, T, T)["experts_gate_up"]["flops"] == \
+        pytest.approx(L * 2 * (T / 2) * 2 * w * h)
 
 
 # --- a tiny MoE by hand ----------------------------------------------------------------------------
@@ -165,10 +196,11 @@ def test_mla_attention_by_hand():
 
 
 # --- the fast paths ------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,tp,ep,wd", [("deepseek-v3", 8, 8, "fp8"), ("qwen3-30b-a3b", 1, 1, "bf16"),
-                                           ("mixtral-8x7b", 4, 2, "bf16"), ("gpt-oss-120b", 2, 2, "fp8")])
-def test_decode_steps_equal_repeated_step(name, tp, ep, wd):
-    cm = RooflineCost(get_model(name), H200, tp, wd, "fp8", ep)
+@pytest.mark.parametrize("name,tp,ep,wd,skew", [("deepseek-v3", 8, 8, "fp8", 0.0), ("qwen3-30b-a3b", 1, 1, "bf16", 0.0),
+                                                ("mixtral-8x7b", 4, 2, "bf16", 0.0), ("gpt-oss-120b", 2, 2, "fp8", 0.0),
+                                                ("deepseek-v3", 8, 4, "fp8", 1.2)])
+def test_decode_steps_equal_repeated_step(name, tp, ep, wd, skew):
+    cm = RooflineCost(get_model(name), H200, tp, wd, "fp8", ep, skew)
     rng = np.random.default_rng(3)
     for batch in (1, 7, 200):
         c0 = rng.integers(10, 4000, batch)
@@ -188,7 +220,8 @@ MOE_TOPOS = [
     {"kind": "colocated", "replicas": 1, "device": "h200", "tp": 8, "ep": 8, "kv_blocks": 200,
      "chunked_prefill": {"token_budget": 128}},
     {"kind": "disaggregated", "prefill": {"device": "h200", "tp": 8, "ep": 8, "kv_blocks": 200},
-     "decode": {"instances": 2, "device": "h200", "tp": 8, "ep": 4, "kv_blocks": 150, "max_running": 8},
+     "decode": {"instances": 2, "device": "h200", "tp": 8, "ep": 4, "kv_blocks": 150, "max_running": 8,
+                "expert_skew": 1.0},
      "kv_link": {"bandwidth_GBps": 5}},
 ]
 
@@ -235,6 +268,16 @@ def test_ep_that_does_not_divide_experts_is_one_line(tmp_path, capsys):
     err = _err(["estimate", "--model", "deepseek-v3", "--device", "h200", "--tp", "8", "--ep", "3",
                 "--decode-batch", "4"], capsys)
     assert "--ep = 3" in err
+
+
+def test_expert_skew_out_of_range_or_on_a_dense_model_is_one_line(tmp_path, capsys):
+    err = _err(_run_yaml(tmp_path, "deepseek-v3", "tp: 8, expert_skew: 5"), capsys)
+    assert "topologies.a.expert_skew = 5" in err
+    err = _err(_run_yaml(tmp_path, "llama-3.1-8b", "expert_skew: 1"), capsys)
+    assert "topologies.a.expert_skew = 1" in err and "dense" in err
+    err = _err(["estimate", "--model", "deepseek-v3", "--device", "h200", "--tp", "8", "--expert-skew", "-1",
+                "--decode-batch", "4"], capsys)
+    assert "--expert-skew" in err
 
 
 @pytest.mark.parametrize("extra,key", [("q_lora_rank: 64", "model.q_lora_rank"),
