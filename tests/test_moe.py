@@ -10,14 +10,15 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from pdsim import config
+from pdsim import config, metrics
 from pdsim.__main__ import main
 from pdsim.costmodel import CostModel, RooflineCost, expected_distinct_experts, expert_hit_probs
 from pdsim.devices import get_device
 from pdsim.errors import ConfigError
 from pdsim.models import ModelShape, get_model
-from pdsim.simulation import resolve_model
+from pdsim.simulation import resolve_model, simulate
 from pdsim.topology import kv_blocks
 
 from test_fastpath import _assert_same, _both
@@ -236,6 +237,31 @@ def test_fast_path_equals_step_by_step_moe(topo):
     fast, slow = _both(sc)
     _assert_same(fast, slow)
     assert sum(i.windows for i in fast[0].topology.instances) > 0      # the fast path did open windows
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])   # examples: the profile (conftest)
+@given(topo=st.integers(0, len(MOE_TOPOS) - 1), seed=st.integers(0, 10**6), n=st.integers(1, 40),
+       rate=st.floats(0.5, 200), high=st.sampled_from([300, 3000, 6000]), skew=st.sampled_from([0.0, 1.2]))
+def test_moe_nothing_lost_blocks_conserved(topo, seed, n, rate, high, skew):
+    t = {**MOE_TOPOS[topo]}
+    if skew:
+        pools = ("prefill", "decode") if t["kind"] == "disaggregated" else ()
+        t = {**t, **{p: {**t[p], "expert_skew": skew} for p in pools}} if pools else {**t, "expert_skew": skew}
+    sc = config.parse({"seed": seed, "model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                       "workload": {"rate": rate, "num_requests": n,
+                                    "prompt_tokens": {"dist": "uniform", "low": 1, "high": high},
+                                    "output_tokens": {"dist": "uniform", "low": 1, "high": 80}},
+                       "topologies": {"t": t}})
+    res = simulate(sc)          # check_conservation raises on lost requests or leaked KV blocks
+    df = metrics.requests_frame(res)
+    assert len(df) == n == (df.status == "finished").sum() + (df.status == "rejected").sum()
+    for inst in res[0].topology.instances:
+        assert inst.kv.free_blocks == inst.kv.total_blocks
+    for r in res[0].requests:
+        if r.status == "finished":
+            assert r.generated == r.output_tokens and r.first_token_s <= r.finish_s
+        else:                    # only prompts no KV pool can ever hold are turned away
+            assert r.reject_reason.startswith("kv_capacity")
 
 
 # --- bad input: one line naming the key -----------------------------------------------------------
