@@ -71,7 +71,7 @@ def kernel_sum(cm: RooflineCost, agg, ops: list[str]) -> float:
 def served_ops(cm_meas: RooflineCost, agg) -> list[str] | None:
     """The kernels of this step the tables serve, or None when a required one is not served."""
     bd = cm_meas.breakdown(*agg)
-    need = [n for n, _, _ in cm_meas.linears] + ["attention"] + (["allreduce"] if cm_meas.tp > 1 else [])
+    need = [n for n, _, _, _ in cm_meas.linears] + ["attention"] + (["allreduce"] if cm_meas.tp > 1 else [])
     if any(bd[k]["source"] not in TABLE_NAMES for k in need):
         return None
     return need + (["lm_head"] if bd.get("lm_head", {}).get("source") in TABLE_NAMES else [])
@@ -94,7 +94,7 @@ def kernel_points(dev_meas):
             if not fits(model, dev_meas, tp, x * max(c, 1)):
                 continue
             T = agg[0]
-            for _, n, k in cm.linears:
+            for _, n, k, _ in cm.linears:
                 g.add((T, n, k))
             qh, kvh, d = cm.q_heads, cm.kv_heads_shard, model.head_dim
             (ap if phase == "prefill" else ad).add((agg, qh, kvh, d))

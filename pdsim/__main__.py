@@ -30,6 +30,19 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _float_in(lo: float, hi: float):
+    """An argparse type: a finite number in [lo, hi]."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"= {text!r}: not a number") from None
+        if not lo <= v <= hi:           # NaN fails this too
+            raise argparse.ArgumentTypeError(f"= {text}: must be between {lo} and {hi}")
+        return v
+    return parse
+
+
 def _int_in(lo: int, hi: int | None = None):
     """An argparse type: an integer in [lo, hi]; the error names the value (the key is added by argparse)."""
     def parse(text: str) -> int:
@@ -128,7 +141,11 @@ def cmd_estimate(args) -> int:
     from .models import get_model
     model, dev = get_model(args.model, "--model"), get_device(args.device, "--device")
     model.validate_tp(args.tp, "--tp")
-    cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype)
+    model.validate_ep(args.ep, args.tp, "--ep")
+    if args.expert_skew and not model.is_moe:
+        raise ConfigError(f"needs a mixture-of-experts model; {model.name} is dense", key="--expert-skew",
+                          value=args.expert_skew)
+    cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew)
     pool = _estimate_pool(args)
     if pool.engine is not None:
         from .engines import wrap_cost
@@ -160,7 +177,7 @@ def cmd_estimate(args) -> int:
     if pool.engine is not None:
         ops["step_overhead"] = {"time_s": st.time_s - sum(v["time_s"] for k, v in ops.items() if k != "step_overhead"),
                                 "flops": 0.0, "bytes": 0.0}
-    res = {**what, "model": model.name, "device": dev.name, "device_source": dev.source, "tp": args.tp,
+    res = {**what, "model": model.name, "device": dev.name, "device_source": dev.source, "tp": args.tp, "ep": args.ep,
            "engine": pool.engine, "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
            "achieved_tflops": st.flops / st.time_s / 1e12, "achieved_GBps": st.bytes / st.time_s / 1e9,
            "ops": ops,   # each op's "source": exact | interpolated (measured tables), extrapolated, roofline
@@ -170,12 +187,16 @@ def cmd_estimate(args) -> int:
     if args.json or args.format == "json":
         print(json.dumps(res, indent=2))
     else:
-        print(f"{what['phase']} on {dev.name} x tp{args.tp}, {model.name}: {st.time_s * 1e3:.3f} ms "
+        print(f"{what['phase']} on {dev.name} x tp{args.tp}{f' ep{args.ep}' if args.ep > 1 else ''}, "
+              f"{model.name}: {st.time_s * 1e3:.3f} ms "
               f"({bound}-bound; {res['achieved_tflops']:.1f} TFLOP/s, {res['achieved_GBps']:.0f} GB/s)")
         for k, v in ops.items():
             print(f"  {k:14s} {v['time_s'] * 1e3:9.3f} ms  {v['flops'] / 1e9:10.2f} GFLOP  {v['bytes'] / 1e6:10.2f} MB"
                   f"  {v.get('source', '')}")
         kv = res["kv_capacity"]
+        if "error" in kv:
+            print(f"KV cache: none ({kv['error']})")
+            return 0
         print(f"KV cache ({pool.engine or 'no engine preset'}): {kv['blocks']} blocks of {kv['block_size']} tokens = "
               f"{kv['tokens']:,} tokens per instance = {kv['requests']:,} requests of {kv['request_tokens']} tokens")
     return 0
@@ -185,7 +206,7 @@ def _estimate_pool(args):
     from .config import PoolSpec
     from .errors import ConfigError as _CE
     from pydantic import ValidationError
-    kw = {"device": args.device, "tp": args.tp}
+    kw = {"device": args.device, "tp": args.tp, "ep": args.ep}
     if args.engine:
         kw["engine"] = args.engine
     try:
@@ -198,7 +219,10 @@ def _estimate_pool(args):
 def _kv_capacity(pool, model, args, request_tokens: int) -> dict:
     """KV capacity of one instance in tokens and in requests of ``request_tokens`` tokens each."""
     from .topology import kv_blocks
-    blocks, _ = kv_blocks(pool, model, args.weight_dtype, args.kv_dtype, None, "--device")
+    try:
+        blocks, _ = kv_blocks(pool, model, args.weight_dtype, args.kv_dtype, None, "--device")
+    except ConfigError as exc:     # the weights do not fit: the step time still stands
+        return {"error": exc.reason}
     usable = blocks - int(pool.watermark * blocks)
     per_req = -(-request_tokens // pool.block_size)
     return {"blocks": blocks, "block_size": pool.block_size, "tokens": usable * pool.block_size,
@@ -338,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", required=True, help="device preset name (e.g. h100-sxm) or device-profile YAML")
     e.add_argument("--tp", type=_int_in(1, 1024), default=1, metavar="GPUS",
                    help="tensor-parallel degree in GPUs (default 1; must divide the attention heads)")
+    e.add_argument("--ep", type=_int_in(1, 1024), default=1, metavar="GPUS",
+                   help="expert-parallel degree of an MoE model (default 1; must divide the experts and --tp)")
+    e.add_argument("--expert-skew", type=_float_in(0.0, 4.0), default=0.0, metavar="S",
+                   help="expert popularity skew of an MoE model: Zipf exponent, 0 (uniform, default) to 4")
     e.add_argument("--prefill", type=_int_in(1, MAX_TOKENS), metavar="TOKENS",
                    help="prompt length in tokens of each prompt in a prefill step")
     e.add_argument("--batch", type=_int_in(1, 10**6), default=1, metavar="PROMPTS",

@@ -297,7 +297,7 @@ def linear_shapes(model, tp: int) -> list[tuple[str, int, int]]:
     from .costmodel import RooflineCost
     from .devices import get_device
     cm = RooflineCost(model, get_device("cpu-epyc-2c"), tp)
-    return [*cm.linears, cm.lm_head]
+    return [*((name, n, k) for name, n, k, _ in cm.linears), cm.lm_head]
 
 
 def attn_heads(model, tp: int) -> tuple[int, int, int]:

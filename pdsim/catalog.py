@@ -16,7 +16,11 @@ KINDS = ("models", "devices", "links", "engines", "scenarios")
 
 def models() -> list[dict]:
     from .models import PRESETS
-    return [{"name": m.name, "params_B": round(m.params / 1e9, 3), "layers": m.layers, "hidden": m.hidden,
+    return [{"name": m.name, "params_B": round(m.params / 1e9, 3),
+             "active_params_B": round(m.active_params() / 1e9, 3),
+             "experts": f"{m.experts} top-{m.experts_per_token}" + (f" +{m.shared_experts}" if m.shared_experts else "")
+             if m.is_moe else "", "attention": "MLA" if m.is_mla else "GQA" if m.kv_heads < m.heads else "MHA",
+             "layers": m.layers, "hidden": m.hidden,
              "heads": m.heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim,
              "kv_bytes_per_token_bf16": int(m.kv_bytes_per_token("bf16")),
              "weights_GB_bf16": round(m.weight_bytes("bf16") / 1e9, 2), "max_context_tokens": m.max_context}
@@ -102,7 +106,7 @@ def listing(kind: str, where: str | None = None) -> list[dict]:
     raise ConfigError(f"valid: {', '.join(KINDS)}", key="pdsim list", value=kind)
 
 
-SHOWN = {"models": ["name", "params_B", "layers", "hidden", "heads", "kv_heads", "kv_bytes_per_token_bf16",
+SHOWN = {"models": ["name", "params_B", "active_params_B", "experts", "attention", "layers", "hidden", "heads", "kv_heads", "kv_bytes_per_token_bf16",
                     "weights_GB_bf16", "max_context_tokens"],
          "devices": ["name", "kind", "peak_bf16_TFLOPs", "peak_fp8_TFLOPs", "hbm_GBps", "memory_GiB",
                      "interconnect_GBps", "price_per_hour_usd", "source", "where"],

@@ -46,6 +46,19 @@ class InlineModel(_Strict):
     tied_embeddings: bool = False
     gated_mlp: bool = True
     max_context: PosInt = 4096
+    # mixture of experts (pdsim/models.py): routed experts, top-k, shared experts, expert MLP width,
+    # the first dense_layers layers keep a dense MLP of mlp_width
+    experts: Annotated[int, Field(ge=0, le=10**6)] = 0
+    experts_per_token: Annotated[int, Field(ge=0, le=10**6)] = 0
+    shared_experts: Annotated[int, Field(ge=0, le=10**6)] = 0
+    expert_width: Annotated[int, Field(ge=0, le=10**9)] = 0
+    dense_layers: Annotated[int, Field(ge=0, le=10**9)] = 0
+    # multi-head latent attention: KV cache = kv_lora_rank + qk_rope_head_dim per token per layer
+    q_lora_rank: Annotated[int, Field(ge=0, le=10**9)] = 0
+    kv_lora_rank: Annotated[int, Field(ge=0, le=10**9)] = 0
+    qk_rope_head_dim: Annotated[int, Field(ge=0, le=10**9)] = 0
+    qk_nope_head_dim: Annotated[int, Field(ge=0, le=10**9)] = 0
+    v_head_dim: Annotated[int, Field(ge=0, le=10**9)] = 0
 
 
 # --- cost model and pools ----------------------------------------------------------
@@ -104,6 +117,9 @@ class PoolSpec(_Strict):
     activation_reserve_GiB: NonNegFloat = 2.0
     block_size: PosInt = 16
     kv_blocks: PosInt | None = None          # override the pool size computed from memory
+    ep: PosInt = 1                           # expert parallelism: routed experts sharded over ep of the tp GPUs
+    # expert popularity: Zipf exponent (0 = uniform routing); fewer distinct experts, a hotter EP rank
+    expert_skew: float = Field(0.0, ge=0, le=4, allow_inf_nan=False)
     watermark: float = Field(0.01, ge=0, lt=1)
     price_per_gpu_hour_usd: NonNegFloat | None = None   # default: the device profile's
     cost_model: CostModelSpec = CostModelSpec()

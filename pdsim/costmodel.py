@@ -18,6 +18,26 @@ embedding) priced by bytes, an LM head GEMM and a fixed per-step engine overhead
 :class:`RooflineCost` lists these as operator rows (:meth:`RooflineCost.ops`) and prices
 them with one evaluator over :mod:`pdsim.kernels` (measured tables first).
 
+Mixture of experts (MoE layers): a router GEMM (replicated), shared experts as a dense
+MLP, and the routed experts as one grouped GEMM over the experts a step actually hits:
+under uniform routing ``T`` tokens of top-k out of ``E`` experts hit
+``E (1 - (1 - k/E)^T)`` distinct experts in expectation (:func:`expected_distinct_experts`),
+whose weights are read once; FLOPs are those of the ``T k`` token-expert pairs.  With
+expert parallelism ``ep`` each GPU holds ``E / ep`` experts (each split over ``tp / ep``
+GPUs) and gets ``T k / ep`` pairs; the MoE layer exchanges tokens by an all-to-all
+dispatch and combine of ``T h 2 (ep - 1) / ep`` bytes per GPU each way, which replaces
+its all-reduce when ep = tp (the shared experts' partial sums ride in the combine).
+With ``expert_skew`` > 0 (Zipf popularity) the experts hit and the pairs are those of
+the hottest rank (experts placed round robin in popularity order); at 0, the mean rank
+(the random imbalance of uniform routing over a finite batch is not modelled).
+
+MLA attention: prefill in the decompressed form (per-head keys of nope + rope dims,
+values of v dims); decode in the absorbed form (queries projected into the latent: every
+head reads the shared latent of kv_lora_rank + rope dims per context token).  The
+decompression ``kv_b`` is priced as a linear over the step's new tokens, which is exact
+for the absorbed decode (W_UK and W_UV on the new tokens) and for a prefill from empty;
+re-decompressing a cached prefix in a chunked prefill is not priced.
+
 ``ConstantCost`` and ``LinearCost`` are the what-if and theory-test models.
 """
 from __future__ import annotations
@@ -29,6 +49,30 @@ import numpy as np
 from . import kernels
 from .devices import DeviceProfile
 from .models import ModelShape, dtype_bytes
+
+
+def expert_hit_probs(k: int, experts: int, skew: float = 0.0) -> np.ndarray:
+    """Probability that one token routes to each expert, most popular first: popularity p_e
+    proportional to (e + 1)^-skew (Zipf; 0: uniform, k/E each), q_e = k p_e with any q_e above 1 capped
+    and the excess spread over the others in proportion (so sum q = k).  For top-1 this is exact; for
+    top-k it approximates the choice of k distinct experts by k times the popularity."""
+    p = np.arange(1, experts + 1, dtype=np.float64) ** -float(skew)
+    q = k * p / p.sum()
+    while (q > 1.0 + 1e-12).any():
+        full = q >= 1.0
+        q[full] = 1.0
+        rest = k - full.sum()
+        q[~full] *= rest / q[~full].sum()
+    return q
+
+
+def expected_distinct_experts(tokens, k: int, experts: int, skew: float = 0.0):
+    """Expected distinct experts hit by ``tokens`` tokens that each pick ``k`` distinct experts of
+    ``experts``: uniform routing, each expert is missed by one token with probability 1 - k/E;
+    with a popularity ``skew``, sum over experts of 1 - (1 - q_e)^tokens (:func:`expert_hit_probs`)."""
+    if not skew:
+        return experts * (1.0 - (1.0 - k / experts) ** tokens)
+    return float(np.sum(1.0 - (1.0 - expert_hit_probs(k, experts, skew)) ** tokens))
 
 
 @dataclass(slots=True)
@@ -107,7 +151,7 @@ class Op:
     """One operator of a step: ``count`` identical kernels, each of ``flops`` and ``bytes`` (floats, or
     arrays over k decode steps), evaluated by :meth:`RooflineCost.op_time` from ``kind`` and ``args``."""
     name: str
-    kind: str            # gemm | attention | elementwise | allreduce | overhead
+    kind: str            # gemm | grouped_gemm | attention | elementwise | allreduce | alltoall | overhead
     count: int
     flops: object
     bytes: object
@@ -126,10 +170,13 @@ class RooflineCost(CostModel):
     tp: int = 1
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
+    ep: int = 1
+    expert_skew: float = 0.0
     _static_cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         m, t = self.model, self.tp
+        assert t % self.ep == 0 and (self.ep == 1 or m.experts % self.ep == 0), (t, self.ep)
         self.w_bytes = dtype_bytes(self.weight_dtype)
         self.kv_bytes = dtype_bytes(self.kv_dtype)
         # fp8 weights use fp8 tensor cores; int4/int8 weights are weight-only: dequantised, computed in bf16
@@ -141,45 +188,106 @@ class RooflineCost(CostModel):
                 key[2] == f"{self.weight_dtype}_wo" for key in tabs.gemm):   # imported weight-only tables
             self.gemm_table_dtype = f"{self.weight_dtype}_wo"
         self.kv_table_dtype = "bf16" if self.kv_dtype in ("bf16", "fp16", "fp32") else self.kv_dtype
-        h, d = m.hidden, m.head_dim
+        h, d, L = m.hidden, m.head_dim, m.layers
         qh, kvh = m.heads // t, max(1, m.kv_heads // t)
         self.q_heads, self.kv_heads_shard = qh, kvh
-        # (name, N, K) of each sharded linear layer: column-parallel N, row-parallel K
-        self.linears = [("qkv", (qh + 2 * kvh) * d, h), ("attn_out", h, qh * d)]
-        if m.gated_mlp:
-            self.linears += [("gate_up", 2 * m.mlp_width // t, h), ("down", h, m.mlp_width // t)]
+        # (name, N, K, layers) of each sharded linear layer: column-parallel N, row-parallel K
+        if m.is_mla:
+            r, dr, dn, dv, qr = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank
+            # q_a and kv_a fused and replicated (vLLM's fused_qkv_a_proj); q_b, kv_b column-, o row-parallel
+            self.linears = [("qkv_a", qr + r + dr, h, L), ("q_b", qh * (dn + dr), qr, L)] if qr else \
+                [("q", qh * (dn + dr), h, L), ("kv_a", r + dr, h, L)]
+            self.linears += [("kv_b", qh * (dn + dv), r, L), ("attn_out", h, qh * dv, L)]
+            rope = 2 * (qh + 1) * dr * 2.0                               # q's and the shared key's rope dims
+            kv_write = (r + dr) * (2.0 + self.kv_bytes)                  # the latent and rope key
+            norm = 2 * 4 * h * 2.0 + 2 * (qr + r) * 2.0                  # + the q_a and kv_a RMSNorms
         else:
-            self.linears += [("up", m.mlp_width // t, h), ("down", h, m.mlp_width // t)]
+            self.linears = [("qkv", (qh + 2 * kvh) * d, h, L), ("attn_out", h, qh * d, L)]
+            rope = 2 * (qh + kvh) * d * 2.0                              # read and write q and k
+            kv_write = 2 * kvh * d * (2.0 + self.kv_bytes)               # read new K, V; write them to the cache
+            norm = 2 * 4 * h * 2.0
+        Ld, f = m.dense_mlp_layers, m.mlp_width
+        if Ld:
+            if m.gated_mlp:
+                self.linears += [("gate_up", 2 * f // t, h, Ld), ("down", h, f // t, Ld)]
+            else:
+                self.linears += [("up", f // t, h, Ld), ("down", h, f // t, Ld)]
         self.lm_head = ("lm_head", m.vocab // t, h)
-        self.kv_bytes_per_token_shard = 2 * m.layers * kvh * d * self.kv_bytes
+        self.kv_bytes_per_token_shard = m.kv_bytes_per_token_per_gpu(self.kv_dtype, t)
         # activation bytes per token of the per-layer elementwise kernels (bf16 activations)
-        act = (3 if m.gated_mlp else 2) * (m.mlp_width // t)
+        gates = 3 if m.gated_mlp else 2
         self._elementwise = [
             # two fused residual-add + RMSNorm (read x and residual, write both), replicated under TP
-            ("norm", 2, 2 * 4 * h * 2.0),
-            ("rope", 1, 2 * (qh + kvh) * d * 2.0),                       # read and write q and k
-            ("kv_write", 1, 2 * kvh * d * (2.0 + self.kv_bytes)),       # read new K, V; write them to the cache
-            ("act", 1, act * 2.0),                                       # SiLU(gate) * up: read 2f, write f
+            ("norm", 2, L, norm),
+            ("rope", 1, L, rope),
+            ("kv_write", 1, L, kv_write),
         ]
+        if Ld:
+            self._elementwise.append(("act", 1, Ld, gates * (f // t) * 2.0))   # SiLU(gate) * up: read 2f, write f
+        self.moe_layers = Lm = m.moe_layers
+        if Lm:
+            E, k, w, S = m.experts, m.experts_per_token, m.expert_width, m.shared_experts
+            self.moe_tp = t // self.ep
+            self.local_experts = E // self.ep
+            # under a popularity skew the step waits for the hottest EP rank; experts are placed round
+            # robin in popularity order (rank 0 holds the 1st, (ep+1)th, ... most popular), as a balancer
+            # would place them without replicating experts
+            self._hot_q = expert_hit_probs(k, E, self.expert_skew)[::self.ep] if self.expert_skew else None
+            if S:
+                sw = S * w // t
+                self.linears += [("shared_gate_up", 2 * sw, h, Lm), ("shared_down", h, sw, Lm)] if m.gated_mlp \
+                    else [("shared_up", sw, h, Lm), ("shared_down", h, sw, Lm)]
+                self._elementwise.append(("shared_act", 1, Lm, gates * sw * 2.0))
+            ew = w // self.moe_tp
+            # (name, N, K) of the routed experts' grouped GEMMs on one GPU
+            self.expert_gemms = [("experts_gate_up", 2 * ew, h), ("experts_down", h, ew)] if m.gated_mlp \
+                else [("experts_up", ew, h), ("experts_down", h, ew)]
+            # per token: SiLU(gate) * up of its k experts (each GPU gets k/ep of them, width w/moe_tp);
+            # top-k over E scores (fp32 read, ids written); permute the token to its experts and unpermute
+            # the results (read and write k/ep copies of h, twice)
+            self._elementwise += [("experts_act", 1, Lm, k * gates * w / t * 2.0),
+                                  ("moe_route", 3, Lm, E * 4.0 + k * 8.0 + 2 * 2 * (k / self.ep) * h * 2.0)]
 
     # --- the one description of a step -------------------------------------
     def _static_ops(self, tokens: int, sampled: int) -> list[Op]:
         """Every operator but attention: they depend on the token and sampled counts only."""
         m, L, h, T = self.model, self.model.layers, self.model.hidden, tokens
-        ops = [Op(name, "gemm", L, 2.0 * T * n * k, n * k * self.w_bytes + T * (n + k) * 2.0,
+        ops = [Op(name, "gemm", count, 2.0 * T * n * k, n * k * self.w_bytes + T * (n + k) * 2.0,
                   (T, n, k, self.w_bytes, self.compute_dtype, self.weight_only, self.gemm_table_dtype))
-               for name, n, k in self.linears]
-        ops += [Op(name, "elementwise", L, 0.0, T * per_token, (kernels,))
-                for name, kernels, per_token in self._elementwise]
+               for name, n, k, count in self.linears]
+        Lm = self.moe_layers
+        if Lm:
+            E, top_k = m.experts, m.experts_per_token
+            # the router stays bf16 and is replicated: every GPU scores every token
+            ops.append(Op("router", "gemm", Lm, 2.0 * T * E * h, E * h * 2.0 + T * (E + h) * 2.0,
+                          (T, E, h, 2.0, "bf16", None, "bf16")))
+            if self._hot_q is None:
+                pairs = T * top_k / self.ep                    # token-expert pairs on one GPU
+                groups = self.local_experts * (1.0 - (1.0 - top_k / E) ** T) if T > 0 else 0.0
+            else:                                              # on the hottest GPU
+                pairs = T * float(self._hot_q.sum())
+                groups = float(np.sum(1.0 - (1.0 - self._hot_q) ** T)) if T > 0 else 0.0
+            for name, n, k in self.expert_gemms:
+                ops.append(Op(name, "grouped_gemm", Lm, 2.0 * pairs * n * k,
+                              groups * n * k * self.w_bytes + pairs * (n + k) * 2.0,
+                              (pairs, groups, n, k, self.w_bytes, self.compute_dtype, self.weight_only)))
+        ops += [Op(name, "elementwise", count, 0.0, T * per_token, (kernels,))
+                for name, kernels, count, per_token in self._elementwise]
         # embedding gather (read, write h) and the final fused add + RMSNorm (read 2h, write h), once a step
         ops.append(Op("embed", "elementwise", 1, 0.0, T * 5 * h * 2.0, (2,)))
         if sampled:
             _, n, k = self.lm_head     # the LM head stays bf16 under weight quantisation
             ops.append(Op("lm_head", "gemm", 1, 2.0 * sampled * n * k, n * k * 2.0 + sampled * (n + k) * 2.0,
                           (sampled, n, k, 2.0, "bf16", None, "bf16")))
+        ep = self.ep
         if self.tp > 1:
-            # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding
-            ops.append(Op("allreduce", "allreduce", 2 * L + 1, 0.0, 0.0, (T * h * 2.0, self.tp)))
+            # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding;
+            # with ep = tp an MoE layer's all-to-all combine takes the place of its MLP all-reduce
+            n_ar = 2 * L + 1 - (Lm if ep > 1 and ep == self.tp else 0)
+            ops.append(Op("allreduce", "allreduce", n_ar, 0.0, 0.0, (T * h * 2.0, self.tp)))
+        if ep > 1 and Lm:
+            # dispatch and combine per MoE layer: bf16 tokens, (ep - 1)/ep of them leave each GPU each way
+            ops.append(Op("alltoall", "alltoall", 2 * Lm, 0.0, 0.0, (T * h * 2.0 * (ep - 1) / ep, ep)))
         ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
         return ops
 
@@ -187,6 +295,16 @@ class RooflineCost(CostModel):
         """Attention of one layer; ``attn_work`` and ``kv_read_tokens`` may be arrays over steps."""
         m, qh, kvh = self.model, self.q_heads, self.kv_heads_shard
         d = m.head_dim
+        if m.is_mla:
+            r, dr, dn, dv = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
+            if prefill:      # decompressed: per-head keys (dn + dr) and values (dv) in bf16
+                flops = 2.0 * qh * (dn + dr + dv) * attn_work
+                bytes_ = (kv_read_tokens + tokens) * qh * (dn + dr + dv) * 2.0
+            else:            # absorbed: scores over latent + rope, values are the latent
+                flops = 2.0 * qh * (2 * r + dr) * attn_work
+                bytes_ = kv_read_tokens * (r + dr) * self.kv_bytes + tokens * qh * (2 * r + dr) * 2.0
+            return Op("attention", "attention", m.layers, flops, bytes_,
+                      (tokens, attn_work, kv_read_tokens, batch, prefill))
         flops = 4.0 * qh * d * attn_work
         bytes_ = kv_read_tokens * 2 * kvh * d * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0
         return Op("attention", "attention", m.layers, flops, bytes_,
@@ -205,8 +323,13 @@ class RooflineCost(CostModel):
         if op.kind == "gemm":
             m, n, k, w, dtype, wo, tdt = op.args
             return kernels.gemm_time(dev, m, n, k, w, 2.0, dtype, wo, tdt)
+        if op.kind == "grouped_gemm":
+            return kernels.grouped_gemm_roofline(dev, *op.args), kernels.ROOFLINE
         if op.kind == "attention":
             tokens, attn_work, kv_read, batch, prefill = op.args
+            if self.model.is_mla:      # no measured MLA tables: the roofline
+                t = kernels.attention_roofline(dev, op.flops, op.bytes, prefill, "bf16")
+                return t, (np.full(np.shape(t), kernels.ROOFLINE) if isinstance(t, np.ndarray) else kernels.ROOFLINE)
             return kernels.attention_time(dev, tokens, attn_work, kv_read, batch,
                                           (self.q_heads, self.kv_heads_shard, self.model.head_dim), prefill,
                                           self.kv_bytes, "bf16", self.kv_table_dtype, (op.flops, op.bytes))
@@ -214,6 +337,8 @@ class RooflineCost(CostModel):
             return kernels.elementwise_roofline(dev, op.bytes, op.args[0]), kernels.ROOFLINE
         if op.kind == "allreduce":
             return kernels.allreduce_time(dev, *op.args)
+        if op.kind == "alltoall":
+            return kernels.alltoall_roofline(dev, *op.args), kernels.ROOFLINE
         if op.kind == "overhead":
             return dev.step_overhead_s, kernels.ROOFLINE
         raise AssertionError(op.kind)
@@ -271,7 +396,7 @@ class RooflineCost(CostModel):
 
     # --- memory -------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.weight_bytes(self.weight_dtype) / self.tp
+        return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep)
 
 
 def _is_prefill(attn_work, kv_read_tokens) -> bool:

@@ -87,6 +87,35 @@ def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float 
     return t + e.kernel_overhead_us * 1e-6
 
 
+def grouped_gemm_roofline(dev, pairs: float, groups: float, n: int, k: int, weight_bytes: float,
+                          dtype: str = "bf16", weight_only: str | None = None, act_bytes: float = 2.0) -> float:
+    """One grouped GEMM (an MoE layer's routed experts on one GPU): ``groups`` experts hit, each an
+    (m x k) @ (k x n) GEMM, ``pairs`` token-expert rows in all (m = pairs / groups per expert; both may
+    be expected values, not integers).  Each hit expert's weights are read once; one launch."""
+    if pairs <= 0 or groups <= 0:
+        return 0.0
+    e = dev.spec.efficiency
+    m = pairs / groups
+    flops = 2.0 * pairs * n * k
+    bytes_ = groups * n * k * weight_bytes + pairs * (n + k) * act_bytes
+    m_half = e.gemm_m_half if weight_only is None else min(e.gemm_m_half, WEIGHT_ONLY_M_HALF)
+    t = max(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max), bytes_ / (dev.mem_bw_Bps * e.memory))
+    if weight_only is not None:
+        t = max(t, groups * n * k * DEQUANT_OPS[weight_only] * math.ceil(m / DEQUANT_M_TILE) / dev.peak_flops("fp32"))
+    return t + e.kernel_overhead_us * 1e-6
+
+
+def alltoall_roofline(dev, bytes_: float, ep: int) -> float:
+    """An all-to-all over ``ep`` GPUs in which each GPU sends ``bytes_`` (and receives as much): the
+    all-reduce's per-launch and per-peer latencies and link efficiency (an estimate: no measured
+    all-to-all table is read yet)."""
+    if ep <= 1:
+        return 0.0
+    e = dev.spec.efficiency
+    base = (e.allreduce_base_us + (ep - 1) * e.allreduce_per_peer_us) * 1e-6
+    return base + bytes_ / (dev.interconnect_Bps * e.allreduce)
+
+
 _ATTN_CONSTS: dict = {}
 
 

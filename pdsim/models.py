@@ -1,10 +1,21 @@
 """LLM shapes: a preset table, parameter counts, KV bytes per token, FLOPs per token.
 
 Shapes are the public Hugging Face ``config.json`` values of each model.  The
-cost model only needs the dense decoder shape: layers, hidden size, query and
-KV heads (GQA), head dim, MLP width and whether the MLP is gated (3 matrices,
-SwiGLU) or plain (2 matrices, OPT).  Biases and norms are ignored (< 0.1% of
-the weights).
+cost model needs the decoder shape: layers, hidden size, query and KV heads
+(GQA), head dim, MLP width and whether the MLP is gated (3 matrices, SwiGLU) or
+plain (2 matrices, OPT).  Biases and norms are ignored (< 0.1% of the weights).
+
+Mixture of experts (``experts > 0``): every layer after the first
+``dense_layers`` replaces its MLP by a router (h x E, kept in bf16 and
+replicated), ``experts`` routed experts of which ``experts_per_token`` (top-k)
+run per token, and ``shared_experts`` that every token runs; each expert is an
+MLP of width ``expert_width``.
+
+Multi-head latent attention (``kv_lora_rank > 0``, DeepSeek-V2/V3): queries go
+through a rank-``q_lora_rank`` bottleneck (0: a direct projection), keys and
+values are cached as one latent vector of ``kv_lora_rank`` plus a shared RoPE
+key of ``qk_rope_head_dim`` per token per layer, and decompressed per head into
+``qk_nope_head_dim`` (+ rope) keys and ``v_head_dim`` values.
 """
 from __future__ import annotations
 
@@ -36,12 +47,48 @@ class ModelShape:
     tied_embeddings: bool = False
     gated_mlp: bool = True
     max_context: int = 4096
+    # mixture of experts (experts == 0: a dense model)
+    experts: int = 0
+    experts_per_token: int = 0
+    shared_experts: int = 0
+    expert_width: int = 0
+    dense_layers: int = 0             # the first k layers keep a dense MLP of mlp_width
+    # multi-head latent attention (kv_lora_rank == 0: standard multi-head / grouped-query attention)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    source: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def dense_mlp_layers(self) -> int:
+        return self.layers - self.moe_layers
 
     # --- parameter counts ---------------------------------------------------
     @property
     def attn_params_per_layer(self) -> int:
-        h, d = self.hidden, self.head_dim
-        return h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h
+        h, H = self.hidden, self.heads
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = h * self.q_lora_rank + self.q_lora_rank * H * qk if self.q_lora_rank else h * H * qk
+            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)          # latent + shared rope key
+            kv_b = self.kv_lora_rank * H * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv_a + kv_b + H * self.v_head_dim * h
+        d = self.head_dim
+        return h * H * d + 2 * h * self.kv_heads * d + H * d * h
 
     @property
     def mlp_params_per_layer(self) -> int:
@@ -49,7 +96,52 @@ class ModelShape:
 
     @property
     def params_per_layer(self) -> int:
+        """Parameters of one dense layer (attention + dense MLP)."""
         return self.attn_params_per_layer + self.mlp_params_per_layer
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's MLP."""
+        return (3 if self.gated_mlp else 2) * self.hidden * self.expert_width
+
+    @property
+    def router_params_per_layer(self) -> int:
+        return self.hidden * self.experts
+
+    @property
+    def routed_params(self) -> int:
+        """Routed experts over all MoE layers (what expert parallelism shards)."""
+        return self.moe_layers * self.experts * self.expert_params
+
+    @property
+    def router_params(self) -> int:
+        return self.moe_layers * self.router_params_per_layer
+
+    @property
+    def replicated_attn_params(self) -> int:
+        """MLA's down-projections (q_a, kv_a): replicated on every GPU under tensor parallelism (vLLM's
+        fused_qkv_a_proj is a replicated linear); 0 for other attention."""
+        if not self.is_mla:
+            return 0
+        return self.layers * self.hidden * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
+
+    @property
+    def decoder_params(self) -> int:
+        """Every decoder layer: attention, dense MLPs, routers, shared and routed experts."""
+        per_moe = (self.experts + self.shared_experts) * self.expert_params + self.router_params_per_layer
+        return (self.layers * self.attn_params_per_layer + self.dense_mlp_layers * self.mlp_params_per_layer
+                + self.moe_layers * per_moe)
+
+    @property
+    def active_decoder_params(self) -> int:
+        """Decoder parameters one token runs through: top-k routed experts, not all of them."""
+        return self.decoder_params - self.moe_layers * (self.experts - self.experts_per_token) * self.expert_params
+
+    def active_params(self, input_embedding: bool = True) -> int:
+        """Parameters a token uses: active decoder parameters + LM head (+ the input embedding,
+        which is a lookup; model cards differ on whether they count it)."""
+        emb = self.vocab * self.hidden
+        return self.active_decoder_params + emb + (emb if input_embedding and not self.tied_embeddings else 0)
 
     @property
     def embedding_params(self) -> int:
@@ -58,25 +150,61 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        return self.layers * self.params_per_layer + self.embedding_params
+        return self.decoder_params + self.embedding_params
 
     def weight_bytes(self, weight_dtype: str = "bf16") -> float:
-        """Bytes of all weights; embeddings and LM head stay in bf16 under weight quantisation."""
+        """Bytes of all weights; embeddings, LM head and MoE routers stay in bf16 under weight quantisation."""
         wb = dtype_bytes(weight_dtype)
-        return self.layers * self.params_per_layer * wb + self.embedding_params * 2.0
+        return (self.decoder_params - self.router_params) * wb + (self.embedding_params + self.router_params) * 2.0
+
+    def weight_bytes_per_gpu(self, weight_dtype: str = "bf16", tp: int = 1, ep: int = 1) -> float:
+        """Weights on one GPU of an instance of ``tp`` GPUs whose routed experts are split over ``ep`` of
+        them: the dense part / tp (tensor parallel); routed experts / ep whole experts per GPU group, each
+        expert split over the tp / ep GPUs of its group, i.e. / tp in all (= experts / ep when ep = tp);
+        MoE routers (bf16) and MLA down-projections replicated on every GPU, as vLLM shards them."""
+        assert tp % ep == 0
+        wb = dtype_bytes(weight_dtype)
+        repl = self.replicated_attn_params
+        dense = (self.decoder_params - self.routed_params - self.router_params - repl) * wb + self.embedding_params * 2.0
+        return dense / tp + self.routed_params * wb / (ep * (tp // ep)) + repl * wb + self.router_params * 2.0
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
-        """K and V for every layer: 2 * L * n_kv * d * bytes (GQA-aware)."""
+        """KV cache per token, whole model.  GQA: K and V for every layer, 2 * L * n_kv * d * bytes.
+        MLA: the latent plus the shared RoPE key, L * (kv_lora_rank + qk_rope_head_dim) * bytes."""
+        if self.is_mla:
+            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes(kv_dtype)
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype)
 
+    def kv_bytes_per_token_per_gpu(self, kv_dtype: str = "bf16", tp: int = 1) -> float:
+        """KV cache per token on one GPU of a tp instance.  GQA: KV heads split over the GPUs (one
+        replicated head each when tp > kv_heads).  MLA: ASSUMPTION, as vLLM and SGLang do with tensor-
+        parallel attention: the latent is shared by all heads, so every GPU keeps the whole latent."""
+        if self.is_mla:
+            return self.kv_bytes_per_token(kv_dtype)
+        return self.kv_bytes_per_token(kv_dtype) * max(1, self.kv_heads // tp) / self.kv_heads
+
     def linear_flops_per_token(self) -> float:
-        """2 FLOPs per weight per token over the decoder layers (LM head excluded)."""
-        return 2.0 * self.layers * self.params_per_layer
+        """2 FLOPs per active weight per token over the decoder layers (LM head excluded)."""
+        return 2.0 * self.active_decoder_params
 
     def validate_tp(self, tp: int, key: str = "tp") -> None:
         if tp < 1 or self.heads % tp:
             raise ConfigError(f"tensor parallelism must divide the {self.heads} attention heads of {self.name}",
                               key=key, value=tp)
+
+    def validate_ep(self, ep: int, tp: int, key: str = "ep") -> None:
+        """Expert parallelism shards the routed experts over ep of the instance's tp GPUs."""
+        if ep == 1:
+            return
+        if not self.is_moe:
+            raise ConfigError(f"expert parallelism needs a mixture-of-experts model; {self.name} is dense",
+                              key=key, value=ep)
+        if ep < 1 or self.experts % ep:
+            raise ConfigError(f"expert parallelism must divide the {self.experts} experts of {self.name}",
+                              key=key, value=ep)
+        if tp % ep:
+            raise ConfigError(f"expert parallelism shards experts over the instance's tp={tp} GPUs, so it must "
+                              f"divide tp (no DP attention yet)", key=key, value=ep)
 
 
 def _m(name, layers, hidden, heads, kv_heads, mlp, vocab, ctx, head_dim=None, tied=False, gated=True):
@@ -101,6 +229,38 @@ PRESETS: dict[str, ModelShape] = {m.name: m for m in [
     _m("opt-66b", 64, 9216, 72, 72, 36864, 50272, 2048, tied=True, gated=False),
     _m("opt-175b", 96, 12288, 96, 96, 49152, 50272, 2048, tied=True, gated=False),
 ]}
+
+_AIC = "transcribed from aiconfigurator-core 0.12.0 model_configs/{}_config.json (the Hugging Face config.json of {})"
+
+
+def _hf(repo: str, note: str = "") -> str:
+    return _AIC.format(repo.replace("/", "--"), repo) + (f"; {note}" if note else "")
+
+
+def _deepseek_v3(name: str, repo: str) -> ModelShape:
+    # MTP module (num_nextn_predict_layers: 1) left out: 671B is the main model without it
+    return ModelShape(name, 61, 7168, 128, 128, 128 + 64, 18432, 129280, max_context=163840,
+                      experts=256, experts_per_token=8, shared_experts=1, expert_width=2048, dense_layers=3,
+                      q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                      v_head_dim=128, source=_hf(repo, "multi-token-prediction layer not modelled"))
+
+
+#: mixture-of-experts and MLA presets (head_dim of an MLA model: the q/k head dim, nope + rope)
+PRESETS.update({m.name: m for m in [
+    _deepseek_v3("deepseek-v3", "deepseek-ai/DeepSeek-V3"),
+    _deepseek_v3("deepseek-r1", "deepseek-ai/DeepSeek-R1"),
+    ModelShape("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, max_context=40960,
+               experts=128, experts_per_token=8, expert_width=768, source=_hf("Qwen/Qwen3-30B-A3B")),
+    ModelShape("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 12288, 151936, max_context=40960,
+               experts=128, experts_per_token=8, expert_width=1536, source=_hf("Qwen/Qwen3-235B-A22B")),
+    ModelShape("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, max_context=32768,
+               experts=8, experts_per_token=2, expert_width=14336, source=_hf("mistralai/Mixtral-8x7B-v0.1")),
+    ModelShape("gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, max_context=131072,
+               experts=128, experts_per_token=4, expert_width=2880,
+               source=_hf("openai/gpt-oss-120b", "sliding-window attention (128 tokens, every other layer), "
+                          "attention sinks and biases not modelled: KV and attention priced as full attention "
+                          "on all 36 layers (an overestimate); MXFP4 expert weights not modelled (no fp4 yet)")),
+]})
 
 
 def get_model(name: str, key: str = "model") -> ModelShape:

@@ -31,8 +31,42 @@ def resolve_model(sc: Scenario) -> ModelShape:
     m = sc.model
     if m.heads % m.kv_heads:
         raise ConfigError("heads must be a multiple of kv_heads", key="model.kv_heads", value=m.kv_heads)
-    return ModelShape(m.name, m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim or m.hidden // m.heads,
-                      m.mlp_width, m.vocab, m.tied_embeddings, m.gated_mlp, m.max_context)
+    _check_moe_mla(m)
+    head_dim = m.head_dim or (m.qk_nope_head_dim + m.qk_rope_head_dim if m.kv_lora_rank else m.hidden // m.heads)
+    return ModelShape(m.name, m.layers, m.hidden, m.heads, m.kv_heads, head_dim,
+                      m.mlp_width, m.vocab, m.tied_embeddings, m.gated_mlp, m.max_context,
+                      m.experts, m.experts_per_token, m.shared_experts, m.expert_width, m.dense_layers,
+                      m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim,
+                      source="inline model in the scenario")
+
+
+def _check_moe_mla(m) -> None:
+    """MoE and MLA fields of an inline model: complete and consistent, or one error naming the key."""
+    if m.experts:
+        if not 1 <= m.experts_per_token <= m.experts:
+            raise ConfigError(f"a mixture of experts needs 1 <= experts_per_token <= experts (= {m.experts})",
+                              key="model.experts_per_token", value=m.experts_per_token)
+        if not m.expert_width:
+            raise ConfigError("a mixture of experts needs expert_width (the expert MLP width)",
+                              key="model.expert_width", value=m.expert_width)
+        if m.dense_layers >= m.layers:
+            raise ConfigError(f"dense_layers must leave some of the {m.layers} layers to the experts",
+                              key="model.dense_layers", value=m.dense_layers)
+    else:
+        for k in ("experts_per_token", "shared_experts", "expert_width", "dense_layers"):
+            if getattr(m, k):
+                raise ConfigError("set only on a mixture-of-experts model (give experts > 0)",
+                                  key=f"model.{k}", value=getattr(m, k))
+    if m.kv_lora_rank:
+        for k in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            if not getattr(m, k):
+                raise ConfigError("multi-head latent attention (kv_lora_rank > 0) needs it > 0",
+                                  key=f"model.{k}", value=getattr(m, k))
+    else:
+        for k in ("q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            if getattr(m, k):
+                raise ConfigError("an MLA field on a model without multi-head latent attention "
+                                  "(give kv_lora_rank > 0)", key=f"model.{k}", value=getattr(m, k))
 
 
 # --- the run ----------------------------------------------------------------------------

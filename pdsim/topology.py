@@ -102,18 +102,23 @@ def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
         return LinearCost(cm.base_s, cm.per_token_s, cm.per_kv_token_s, pool.tp)
     device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
     model.validate_tp(pool.tp, key=f"{key}.tp")
-    return RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype)
+    model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
+    if pool.expert_skew and not model.is_moe:
+        raise ConfigError(f"expert popularity skew needs a mixture-of-experts model; {model.name} is dense",
+                          key=f"{key}.expert_skew", value=pool.expert_skew)
+    return RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep, pool.expert_skew)
 
 
 def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir, key: str) -> tuple[int, float]:
     """(blocks, bytes per block per GPU): device memory x utilisation - weights/tp - activation reserve."""
-    # KV heads split across the tp GPUs; with tp > kv_heads each GPU keeps one (replicated) head
-    kv_tok_shard = model.kv_bytes_per_token(kv_dtype) * max(1, model.kv_heads // pool.tp) / model.kv_heads
+    # KV heads split across the tp GPUs; with tp > kv_heads each GPU keeps one (replicated) head; MLA: the whole latent
+    model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
+    kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, pool.tp)
     block_bytes = pool.block_size * kv_tok_shard
     if pool.kv_blocks is not None:
         return pool.kv_blocks, block_bytes
     device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
-    weights = model.weight_bytes(weight_dtype) / pool.tp
+    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep)
     free = device.memory_bytes * pool.gpu_memory_utilization - weights - pool.activation_reserve_GiB * GiB
     if pool.engine is not None:       # sized as the engine sizes it (pdsim/engines.py)
         from .engines import kv_cache_bytes

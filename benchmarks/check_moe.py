@@ -1,0 +1,116 @@
+"""MoE and MLA kernels of the cost model against NVIDIA aiconfigurator-core's measured H200 tables.
+
+Needs the optional ``aic`` extra (``pip install 'pdsim[aic]'``: aiconfigurator-core and pyarrow);
+reads its ``systems/data/h200_sxm`` TRT-LLM 1.3.0rc20 tables, nothing else.  Nothing here is fitted:
+the h200 preset's roofline (datasheet peaks x efficiencies fitted to dense GEMM/attention tables) is
+compared as it is.
+
+- MoE: pdsim's routed-expert part of one MoE layer (grouped GEMMs gate_up + down, activation,
+  routing and permutation) against ``moe_perf`` (one fused MoE layer, ``balanced`` routing, the
+  closest of its three distributions to pdsim's uniform one), for each model's (hidden, expert width,
+  top-k, experts), moe_tp = tp / ep and moe_ep = ep.  ASSUMPTION: the table's ``num_tokens`` are the
+  tokens entering the MoE layer of one instance (no attention data parallelism).
+- MLA: pdsim's absorbed decode attention of one layer against ``generation_mla_perf`` (heads per GPU =
+  128 / tp, ``step`` = context tokens).
+
+    .venv/bin/python benchmarks/check_moe.py            # prints per-config median / p90 APE and the sign
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pdsim.costmodel import RooflineCost  # noqa: E402
+from pdsim.devices import get_device  # noqa: E402
+from pdsim.models import get_model  # noqa: E402
+from pdsim.profile_import import aic_systems_dir  # noqa: E402
+
+DEV = get_device("h200")
+DTYPE = {"fp8": "fp8_block", "bf16": "bfloat16"}     # DeepSeek-style fp8 checkpoints are block-scaled
+DECODE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PREFILL_TOKENS = (1024, 2048, 4096, 8192, 16384)
+# (model, tp, ep, weight dtype)
+MOE_CONFIGS = [("deepseek-v3", 8, 8, "fp8"), ("deepseek-v3", 8, 1, "fp8"), ("qwen3-235b-a22b", 8, 8, "fp8"),
+               ("qwen3-235b-a22b", 4, 1, "bf16"), ("qwen3-30b-a3b", 1, 1, "bf16"), ("qwen3-30b-a3b", 2, 2, "fp8"),
+               ("mixtral-8x7b", 2, 1, "bf16"), ("gpt-oss-120b", 4, 4, "bf16")]
+
+
+def _ape(pred, meas):
+    return np.abs(np.asarray(pred) / np.asarray(meas) - 1.0)
+
+
+def _summary(label, pred, meas):
+    ape = _ape(pred, meas)
+    bias = np.median(np.asarray(pred) / np.asarray(meas))
+    print(f"  {label:44s} n={len(ape):3d}  median APE {np.median(ape) * 100:5.1f}%  p90 {np.quantile(ape, .9) * 100:5.1f}%"
+          f"  median pdsim/measured {bias:4.2f}")
+    return ape
+
+
+def moe_layer_s(cm: RooflineCost, tokens: int) -> float:
+    bd = cm.breakdown(tokens, float(tokens), tokens, 0, tokens)
+    names = [k for k in bd if k.startswith("experts_") or k == "moe_route"]
+    return sum(bd[k]["time_s"] for k in names) / cm.moe_layers
+
+
+def check_moe(root: Path, distribution: str = "balanced", skew: float = 0.0) -> list[float]:
+    d = pd.read_parquet(root / "moe/trtllm/1.3.0rc20/moe_perf.parquet")
+    d = d[(d.distribution == distribution) & (d.kernel_source == "moe_torch_flow_cutlass")]
+    print(f"MoE layer (routed experts) vs aiconfigurator-core moe_perf, H200 TRT-LLM 1.3.0rc20, {distribution} "
+          f"routing (pdsim expert_skew {skew})")
+    out = {"decode": [], "prefill": []}
+    for name, tp, ep, wd in MOE_CONFIGS:
+        m = get_model(name)
+        cm = RooflineCost(m, DEV, tp, wd, "bf16", ep, skew)
+        sel = d[(d.hidden_size == m.hidden) & (d.inter_size == m.expert_width) & (d.topk == m.experts_per_token)
+                & (d.num_experts == m.experts) & (d.moe_tp_size == tp // ep) & (d.moe_ep_size == ep)
+                & (d.moe_dtype == DTYPE[wd])]
+        if sel.empty:
+            print(f"  {name} tp{tp} ep{ep} {wd}: no table rows")
+            continue
+        meas = sel.groupby("num_tokens").latency.median() * 1e-3
+        for phase, toks in (("decode", DECODE_TOKENS), ("prefill", PREFILL_TOKENS)):
+            t = [x for x in toks if x in meas.index]
+            pred = [moe_layer_s(cm, x) for x in t]
+            out[phase] += list(_summary(f"{name} tp{tp} ep{ep} {wd} {phase} T={t[0]}..{t[-1]}", pred,
+                                        meas.loc[t].to_numpy()))
+    for phase in out:
+        a = np.asarray(out[phase])
+        print(f"  ALL {phase}: median APE {np.median(a) * 100:.1f}%  p90 {np.quantile(a, .9) * 100:.1f}%  (n={len(a)})")
+    return out["decode"]
+
+
+def check_mla(root: Path) -> None:
+    d = pd.read_parquet(root / "mla/trtllm/1.3.0rc20/generation_mla_perf.parquet")
+    ds = get_model("deepseek-v3")
+    print("MLA decode attention (one layer, absorbed) vs aiconfigurator-core generation_mla_perf, H200")
+    for tp in (1, 8):
+        for kvd, tab in (("bf16", "bfloat16"), ("fp8", "fp8")):
+            cm = RooflineCost(ds, DEV, tp, "fp8", kvd)
+            sel = d[(d.num_heads == 128 // tp) & (d.kv_cache_dtype == tab) & (d.batch_size <= 256)
+                    & (d.step >= 127) & (d.step <= 32767)]
+            sel = sel.groupby(["batch_size", "step"]).latency.median().reset_index()
+            pred = [cm._attention_op(b, float(b * c), b * (c + 1), b, False) for b, c in zip(sel.batch_size, sel.step)]
+            pred = [float(cm.op_time(op)[0]) for op in pred]
+            _summary(f"deepseek-v3 tp{tp} kv {kvd} batch 1..256 ctx 127..32767", pred, sel.latency.to_numpy() * 1e-3)
+
+
+def main() -> int:
+    root, version = aic_systems_dir()
+    root = Path(root) / "data" / "h200_sxm"
+    print(f"aiconfigurator-core {version}: {root}")
+    check_moe(root)
+    # the table's power-law distributions against pdsim's Zipf skew of the same exponent (the collector's
+    # exact placement of hot experts on ranks is not known here)
+    for exponent in (1.01, 1.2):
+        check_moe(root, f"power_law_{exponent}", exponent)
+    check_mla(root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

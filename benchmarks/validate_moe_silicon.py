@@ -1,0 +1,119 @@
+"""MoE/MLA end to end: pdsim against the measured MoE serving runs of aiconfigurator-core's silicon sample.
+
+``pdsim validate`` leaves MoE rows out (pdsim/validate.py); this script takes the MoE rows pdsim can now
+express -- DeepSeek-V3/R1, Qwen3-235B-A22B, gpt-oss-120b with fp8 or bf16 weights on H100/H200,
+aggregated serving, no attention data parallelism or pipeline parallelism, attention TP = moe_tp x moe_ep
+-- and simulates each as ``pdsim validate`` does (closed loop at the row's concurrency, the engine preset,
+all clients starting together), with ``ep`` = the row's moe_ep_size.  Nothing is fitted.
+
+Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTFT and TPOT per group.
+
+    .venv/bin/python benchmarks/validate_moe_silicon.py [--sample N (default 150, about 100 s)] [--seed S]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pdsim import validate as V  # noqa: E402
+from pdsim.errors import ConfigError  # noqa: E402
+from pdsim.metrics import requests_frame  # noqa: E402
+from pdsim.profile_import import aic_systems_dir  # noqa: E402
+from pdsim.simulation import simulate  # noqa: E402
+
+MOE_MODELS = {"deepseek-v3": "deepseek-v3", "deepseek-r1": "deepseek-r1", "qwen3-235b-a22b-fp8": "qwen3-235b-a22b",
+              "qwen3-235b-a22b": "qwen3-235b-a22b", "qwen3-30b-a3b": "qwen3-30b-a3b",
+              "qwen3-30b-a3b-fp8": "qwen3-30b-a3b", "gpt-oss-120b": "gpt-oss-120b", "mixtral-8x7b-v0.1": "mixtral-8x7b"}
+
+
+def _rows(path: Path) -> tuple[list[dict], dict]:
+    d = pd.read_csv(path)
+    out, skipped = [], {}
+
+    def skip(why):
+        skipped[why] = skipped.get(why, 0) + 1
+
+    for _, x in d.iterrows():
+        base = str(x.model_path).split("/")[-1].lower()
+        model = MOE_MODELS.get(base)
+        if model is None:
+            continue
+        gpu = V.GPUS.get(str(x.system).lower())
+        prec = str(x.moe_quant_mode if x.moe_quant_mode == x.moe_quant_mode else x.gemm_quant_mode).lower()
+        if x["mode"] != "agg":
+            skip("disaggregated_row")
+            continue
+        tp, mtp, mep = (int(v) if v == v else 1 for v in (x.tp_size, x.moe_tp_size, x.moe_ep_size))
+        if gpu is None:
+            skip("gpu_without_preset")
+        elif prec not in ("fp8", "fp8_block", "bf16", "bfloat16"):
+            skip("unsupported_precision")
+        elif (x.attention_dp_size == x.attention_dp_size and x.attention_dp_size > 1) \
+                or (x.pp_size == x.pp_size and x.pp_size > 1) or tp != mtp * mep:
+            skip("dp_attention_or_pp")
+        elif tp > 8:
+            skip("multi_node_tp")       # pdsim's instance is one NVLink domain of up to 8 GPUs here
+        elif not (x.silicon_ttft_ms > 0 and x.silicon_tpot_ms > 0):
+            skip("missing_measurement")
+        else:
+            src = str(x.silicon_data_source)
+            conc = int(src.split("silicon_concurrency=")[1].split(";")[0].split(",")[0]) \
+                if "silicon_concurrency=" in src else int(x.batch_size)
+            wd = "fp8" if prec.startswith("fp8") else "bf16"
+            out.append({"id": x.id, "model": model, "device": gpu, "engine": V._engine(x.backend, str(x.backend_version)),
+                        "tp": tp, "ep": mep, "isl": int(x.isl), "osl": int(x.osl), "concurrency": conc,
+                        "weight_dtype": wd, "kv_dtype": wd, "ttft_ms": float(x.silicon_ttft_ms),
+                        "tpot_ms": float(x.silicon_tpot_ms)})
+    return out, skipped
+
+
+def simulate_row(r: dict) -> tuple[float, float]:
+    sc = V.row_scenario(r, True, 10)
+    sc.topologies["t"].ep = r["ep"]
+    res = simulate(sc)
+    df = requests_frame(res, sc.client)
+    fin = df[df.status == "finished"]
+    return float(fin.ttft_s.mean() * 1e3), float(fin.tpot_s.mean() * 1e3)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sample", type=int, default=150, help="seeded random sample of this many rows (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    root, version = aic_systems_dir()
+    rows, skipped = _rows(Path(root) / "silicon_sample.csv")
+    print(f"aiconfigurator-core {version} silicon sample: {len(rows)} MoE rows pdsim can express; skipped {skipped}")
+    if args.sample and len(rows) > args.sample:
+        idx = np.random.default_rng(args.seed).choice(len(rows), args.sample, replace=False)
+        rows = [rows[i] for i in sorted(idx)]
+    res = []
+    for r in rows:
+        try:
+            ttft, tpot = simulate_row(r)
+        except ConfigError as exc:
+            print(f"  skip {r['id']}: {exc}")
+            continue
+        res.append({**r, "sim_ttft_ms": ttft, "sim_tpot_ms": tpot,
+                    "ttft_ape": abs(ttft / r["ttft_ms"] - 1) * 100, "tpot_ape": abs(tpot / r["tpot_ms"] - 1) * 100,
+                    "tpot_ratio": tpot / r["tpot_ms"], "ttft_ratio": ttft / r["ttft_ms"]})
+    df = pd.DataFrame(res)
+    g = df.groupby(["model", "device", "engine", "tp", "ep", "weight_dtype"]).agg(
+        rows=("id", "size"), ttft_mape=("ttft_ape", "mean"), ttft_median_ape=("ttft_ape", "median"),
+        tpot_mape=("tpot_ape", "mean"), tpot_median_ape=("tpot_ape", "median"),
+        tpot_sim_over_meas=("tpot_ratio", "median"), ttft_sim_over_meas=("ttft_ratio", "median"))
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(g.round(2).to_string())
+    print(f"ALL {len(df)} rows: TTFT MAPE {df.ttft_ape.mean():.1f}% (median {df.ttft_ape.median():.1f}%), "
+          f"TPOT MAPE {df.tpot_ape.mean():.1f}% (median {df.tpot_ape.median():.1f}%), "
+          f"median TPOT sim/measured {df.tpot_ratio.median():.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
