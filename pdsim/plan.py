@@ -503,7 +503,7 @@ def evaluate(task: dict) -> dict:
     early = task.get("early") if sc.slo.mode == "attainment" else None
     sink = _JudgeSink(env, len(stream), first, sc.slo, early, spec.kind == "disaggregated", sc.client)
     topo = build(name, spec, env, Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir),
-                                          default_bin_s(sc, stream)), sink)
+                                          default_bin_s(sc, stream), seed=sc.seed), sink)
     topo.sink = sink
     env.process(_open_loop(env, topo, stream, model, sc.workload.timeout_s))
     try:
