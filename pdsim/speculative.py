@@ -171,6 +171,7 @@ class Speculator:
         """(StepCost, drafts per plan item: -1 for a prefill item, else d >= 0).  Grows the
         verifying requests' blocks for their lookahead slots."""
         k = self.k
+        bs = kv.block_size
         drafts = []
         T, attn, kvr, S = plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled
         pure = True
@@ -179,7 +180,7 @@ class Speculator:
             c = req.computed
             if n == 1 and req.generated >= 1 and c + 1 == req.known:
                 d = min(k, req.output_tokens - req.generated - 1)
-                while d > 0 and not kv.grow(req, c + 1 + d):
+                while d > 0 and -(-(c + 1 + d) // bs) > req.blocks and not kv.grow(req, c + 1 + d):
                     d -= 1
                 if d > 0:
                     T += d
@@ -222,23 +223,28 @@ class Speculator:
         return StepCost(float(t), float(f), float(b))
 
     def _draft_cost(self, ds: list, cs: list) -> tuple[float, float, float]:
-        d = np.asarray(ds)
-        c = np.asarray(cs, np.float64)
+        """Draft step j (1-based) holds the requests with d >= j, one token each at context c + j - 1."""
+        model = self.target if self.draft is None else self.draft
+        scale = self.fraction if self.draft is None else 1.0
+        ovh = 0.0 if self.draft is None else self.draft_overhead_s
+        dmax = max(ds)
+        if min(ds) == dmax:        # the usual case: every request drafts k; the k steps at once
+            B, c = len(ds), float(sum(cs))
+            ts, fs, bs = model.decode_steps(B, c + 0.5 * B, c + B, dmax)
+            return (scale * float(np.maximum(ts - ovh, 0.0).sum()), scale * float(fs.sum()),
+                    scale * float(bs.sum()))
         t = f = b = 0.0
-        for j in range(1, int(d.max()) + 1):
-            m = d >= j
-            B = int(m.sum())
-            ctx = float(c[m].sum()) + B * (j - 1)          # tokens cached before draft step j
-            if self.draft is None:
-                s = self.target.step(B, ctx + 0.5 * B, ctx + B, B, B)
-                t += self.fraction * s.time_s
-                f += self.fraction * s.flops
-                b += self.fraction * s.bytes
-            else:
-                s = self.draft.step(B, ctx + 0.5 * B, ctx + B, B, B)
-                t += max(0.0, s.time_s - self.draft_overhead_s)
-                f += s.flops
-                b += s.bytes
+        for j in range(1, dmax + 1):
+            B, ctx = 0, 0.0
+            for d, c in zip(ds, cs):
+                if d >= j:
+                    B += 1
+                    ctx += c
+            ctx += B * (j - 1)                      # tokens cached before draft step j
+            s = model.step(B, ctx + 0.5 * B, ctx + B, B, B)
+            t += scale * max(0.0, s.time_s - ovh)
+            f += scale * s.flops
+            b += scale * s.bytes
         return t, f, b
 
     def apply(self, inst, plan, drafts, t0: float) -> None:
