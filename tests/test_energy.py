@@ -157,3 +157,21 @@ def test_device_without_power_model_reports_no_energy():
                   prompt_tokens=10, output_tokens=2)
     _, s = _summary(sc)
     assert s["c"]["energy"] is None
+
+
+def test_report_shows_the_energy_of_summary_json(tmp_path):
+    from pdsim.__main__ import main
+    from pdsim.charts import num
+    from conftest import REPO
+    out = tmp_path / "run"
+    rc = main(["run", str(REPO / "scenarios/quickstart.yaml"), "--out", str(out), "--quiet",
+               "--set", "workload.num_requests=40"])
+    assert rc in (0, 1)
+    s = json.loads((out / "summary.json").read_text())["topologies"]
+    html = (out / "report.html").read_text()
+    assert "Energy (estimated" in html
+    for t in s.values():
+        e = t["energy"]
+        assert e["energy_J"] > 0
+        assert f">{num(e['J_per_output_token'])}<" in html
+        assert f">{num(e['output_tokens_per_s_per_kW'])}<" in html

@@ -245,3 +245,18 @@ def test_bad_speculative_config_is_one_line(topos, key):
         simulate(scenario(topos, num_requests=2))
     msg = str(e.value)
     assert "\n" not in msg and key in msg
+
+
+def test_readme_snippet_parses_and_builds():
+    # the README's speculative-decoding example is a valid pool (parsed and built, not simulated)
+    import re
+    import yaml
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"## Speculative decoding and energy\n\n```yaml\n(.*?)```", text, re.S).group(1)
+    topos = yaml.safe_load(block)["topologies"]
+    sc = scenario(topos, num_requests=2)
+    sc.model = "llama-3.1-70b"
+    res = simulate(sc)
+    pool = res[0].topology.pools[1]
+    assert pool.spec_dec is not None and pool.spec_dec.k == 3 and pool.power.cap_W == 500
