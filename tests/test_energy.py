@@ -7,6 +7,7 @@ hand; the cube-law clock fraction computed here; the roofline stretch max(c / f,
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -170,8 +171,11 @@ def test_report_shows_the_energy_of_summary_json(tmp_path):
     s = json.loads((out / "summary.json").read_text())["topologies"]
     html = (out / "report.html").read_text()
     assert "Energy (estimated" in html
-    for t in s.values():
+    cards = re.findall(r"<dt>J per output token \(est\.\)</dt><dd>([^<]*)</dd><dt>out tok/s per kW \(est\.\)</dt>"
+                       r"<dd>([^<]*)</dd>", html)
+    assert len(cards) == len(s)
+    for t, (j_tok, tok_kw) in zip(s.values(), cards):      # cards in summary order
         e = t["energy"]
         assert e["energy_J"] > 0
-        assert f">{num(e['J_per_output_token'])}<" in html
-        assert f">{num(e['output_tokens_per_s_per_kW'])}<" in html
+        assert (j_tok, tok_kw) == (num(e["J_per_output_token"]), num(e["output_tokens_per_s_per_kW"]))
+        assert f">{num(e['J_per_request'])}<" in html        # the energy table
