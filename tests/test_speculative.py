@@ -91,6 +91,27 @@ def test_verify_step_cost_by_hand_linear_model():
     assert _groups(r.token_s) == [1, 4]
 
 
+def test_mixed_draft_lengths_in_one_step_by_hand():
+    # two requests arrive together (prompt 100 each; 3 and 13 output tokens), every draft accepted.
+    # Step 1 prefills both (T = 200).  Step 2 verifies A with d = 1 (2 tokens left) and B with d = 3:
+    # T = 2 + 4, KV read (100 + 2) + (100 + 4); draft step 1 holds both (contexts 100, 100), draft
+    # steps 2 and 3 only B (contexts 101, 102).  A finishes at the end of step 2.
+    base, pt, pk = 1e-3, 1e-4, 1e-6
+    topos = _colocated({"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.5},
+                       cost_model={"kind": "linear", "base_s": base, "per_token_s": pt, "per_kv_token_s": pk})
+    sc = scenario(topos, num_requests=2)
+    from pdsim.simulation import resolve_model, run_topology
+    from pdsim.workload import Request
+    stream = [Request(0, 0.0, 100, 3), Request(1, 0.0, 100, 13)]      # a hand-made stream, both at t = 0
+    r = run_topology(sc, "c", sc.topologies["c"], stream, resolve_model(sc), 1.0)
+    ra, rb = r.requests
+    prefill = base + 200 * pt + 200 * pk
+    verify = base + 6 * pt + 206 * pk
+    drafts = 0.5 * ((base + 2 * pt + 202 * pk) + (base + pt + 102 * pk) + (base + pt + 103 * pk))
+    assert ra.finish_s == pytest.approx(prefill + verify + drafts, abs=1e-12)
+    assert ra.generated == 3 and rb.generated == 13
+
+
 def test_verify_step_roofline_more_flops_same_weight_bytes():
     # a verify step of B requests with k drafts computes B(k+1) tokens: the linear layers' FLOPs grow
     # (k+1)x, their weight bytes stay (read once); worked from the model shape, not the cost model
