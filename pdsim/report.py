@@ -558,7 +558,7 @@ def _speculative_section(topos) -> dict:
             busy = (p.get("busy_fraction") or 0.0) * (t.get("sim_end_s") or 0.0) * (p.get("instances") or 0)
             share = s.get("draft_time_s") / busy if busy else None
             rows.append([f"{n} / {pool}", (num(s.get("tokens_per_verify_step")), s.get("tokens_per_verify_step")),
-                         (pct(s.get("acceptance_rate")), s.get("acceptance_rate")),
+                         (pct(s.get("draft_acceptance_rate")), s.get("draft_acceptance_rate")),
                          (num(s.get("verify_request_steps")), s.get("verify_request_steps")),
                          (pct(share), share)])
     if not rows:

@@ -305,7 +305,9 @@ class Speculator:
         """What the pool's verify steps did (summary.json ``speculative``)."""
         n = self.verify_steps
         return {"verify_request_steps": n, "drafted_tokens": self.drafted, "accepted_tokens": self.accepted_total,
-                "acceptance_rate": self.accepted_total / self.drafted if self.drafted else None,
+                # accepted / drafted (vLLM's draft acceptance rate); below the per-position rate: drafts after a
+                # rejection count as drafted, never accepted
+                "draft_acceptance_rate": self.accepted_total / self.drafted if self.drafted else None,
                 "tokens_per_verify_step": (n + self.accepted_total) / n if n else None,
                 "draft_time_s": self.draft_time_s}
 

@@ -56,7 +56,7 @@ def test_acceptance_one_gives_k_plus_one_tokens_per_step(draft_frac):
     # each verify step: the target step (constant) + 3 draft steps of 0.5 x a target step
     assert r.finish_s - r.arrival_s == pytest.approx(STEP + 3 * (STEP + 3 * draft_frac * STEP), abs=1e-12)
     s = res[0].topology.pools[0].spec_dec.summary()
-    assert s["tokens_per_verify_step"] == 4.0 and s["acceptance_rate"] == 1.0
+    assert s["tokens_per_verify_step"] == 4.0 and s["draft_acceptance_rate"] == 1.0
 
 
 def test_acceptance_one_last_step_truncates():
