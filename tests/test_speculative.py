@@ -281,3 +281,30 @@ def test_readme_snippet_parses_and_builds():
     res = simulate(sc)
     pool = res[0].topology.pools[1]
     assert pool.spec_dec is not None and pool.spec_dec.k == 3 and pool.power.cap_W == 500
+
+
+def test_plan_bounds_leave_room_for_speculation():
+    # every plain decode step takes >= 10 ms, so a 9 ms TPOT bound is infeasible without speculation;
+    # drafting 3 tokens that are always accepted brings TPOT near 2.6 ms: the plan must not prune it
+    from pdsim.plan import parse_plan
+    linear = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}
+
+    def plan(pool_extra):
+        return parse_plan({
+            "name": "spec", "model": "llama-3.1-8b", "seed": 0,
+            "workload": {"arrival": "poisson", "num_requests": 100, "prompt_tokens": 100, "output_tokens": 40},
+            "slo": {"ttft_s": 0.5, "tpot_s": 0.009, "attainment_target": 0.9}, "target": {"rate": 5},
+            "search": {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                       "colocated": {"replicas": [1]},
+                       "pool": {"kv_blocks": 2000, "cost_model": linear, **pool_extra}}})
+    plain = plan({})
+    assert all(c.infeasible for c in plain.configs)
+    spec = plan({"speculative": {"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.01}})
+    assert spec.configs and not any(c.infeasible for c in spec.configs)
+    assert all(s.bound_rate > p.bound_rate for s, p in zip(spec.configs, plain.configs))
+    # and the simulation agrees: TPOT = (10 ms verify + 3 x 0.1 ms drafts + small terms) / 4 tokens
+    sc = scenario({"c": {"kind": "colocated", "kv_blocks": 2000, "cost_model": linear,
+                         "speculative": {"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.01}}},
+                  num_requests=1, prompt_tokens=100, output_tokens=41)
+    (r,) = simulate(sc)[0].requests
+    assert (r.finish_s - r.first_token_s) / 40 < 0.003
