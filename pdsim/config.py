@@ -104,6 +104,47 @@ class PrefixCacheSpec(_Strict):
     host: HostTierSpec | None = None
 
 
+class AcceptanceDistSpec(_Strict):
+    """Per-request acceptance rate drawn once per request: ``uniform`` in [low, high], or ``beta``
+    with the given mean and std (std**2 < mean*(1-mean))."""
+    dist: Literal["uniform", "beta"]
+    low: float | None = Field(None, ge=0, le=1)
+    high: float | None = Field(None, ge=0, le=1)
+    mean: float | None = Field(None, gt=0, lt=1)
+    std: float | None = Field(None, gt=0, lt=0.5)
+
+    @model_validator(mode="after")
+    def _need(self):
+        if self.dist == "uniform":
+            if self.low is None or self.high is None or self.high < self.low:
+                raise ValueError(f"dist: uniform needs 0 <= low <= high <= 1 (got low={self.low}, high={self.high})")
+        elif self.mean is None or self.std is None or self.std ** 2 >= self.mean * (1 - self.mean):
+            raise ValueError(f"dist: beta needs mean in (0, 1) and std**2 < mean*(1-mean) "
+                             f"(got mean={self.mean}, std={self.std})")
+        return self
+
+
+class SpeculativeSpec(_Strict):
+    """Speculative decoding of a decode-capable pool (pdsim/speculative.py): each decode step drafts
+    ``k`` tokens and verifies them in one (k+1)-token-per-request step of the target model."""
+    method: Literal["draft", "mtp"] = "draft"
+    k: Annotated[int, Field(ge=1, le=32)] = 3
+    # probability that each drafted token is accepted, i.i.d. per position (a constant, or per request)
+    acceptance: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | AcceptanceDistSpec = 0.7
+    draft_model: str | InlineModel | None = None    # a model preset or an inline shape (method: draft)
+    # one draft step costs this fraction of a plain target decode step of the same batch
+    # (instead of pricing the draft model / MTP head on the device)
+    draft_cost_fraction: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] | None = None
+
+    @model_validator(mode="after")
+    def _need(self):
+        if self.method == "draft" and self.draft_model is None and self.draft_cost_fraction is None:
+            raise ValueError("method: draft needs draft_model (a model preset) or draft_cost_fraction")
+        if self.method == "mtp" and self.draft_model is not None:
+            raise ValueError("method: mtp drafts with the target's own MTP head: leave draft_model out")
+        return self
+
+
 class PoolSpec(_Strict):
     """One kind of serving instance: device, tensor parallelism, batching limits, memory."""
     instances: Instances = 1
@@ -131,6 +172,9 @@ class PoolSpec(_Strict):
     step_overhead: StepOverheadSpec | None = None
     cuda_graph_GiB: NonNegFloat | None = None
     prefix_cache: PrefixCacheSpec | None = None
+    speculative: SpeculativeSpec | None = None     # decode-capable pools only
+    # per-GPU power limit (W): SM clocks, hence compute throughput, scale down (pdsim/energy.py)
+    power_cap_W: PosFloat | None = None
 
     @model_validator(mode="after")
     def _engine_preset(self):
@@ -457,13 +501,14 @@ def _vocabulary() -> set[str]:
     names: set[str] = set()
     for cls in (InlineModel, CostModelSpec, ChunkedPrefillSpec, StepOverheadSpec, ClientSpec, PoolSpec,
                 ColocatedSpec, KVLinkSpec, DisaggregatedSpec, TraceSpec, LengthSpec, HostTierSpec, PrefixCacheSpec,
-                PrefixRoutingSpec, ConversationSpec, WorkloadSpec, SLOSpec, Scenario, InstanceFaultSpec,
+                PrefixRoutingSpec, SpeculativeSpec, AcceptanceDistSpec, ConversationSpec, WorkloadSpec, SLOSpec, Scenario, InstanceFaultSpec,
                 RandomFaultsSpec, LinkFaultSpec, FaultsSpec):
         names.update(cls.model_fields)
     return names
 
 
-_TAGS = {"colocated", "disaggregated", "str", "InlineModel", "function-after[_need(), LengthSpec]"}
+_TAGS = {"colocated", "disaggregated", "str", "InlineModel", "function-after[_need(), LengthSpec]",
+         "constrained-float", "AcceptanceDistSpec"}
 
 
 def _key(loc) -> str:

@@ -180,6 +180,20 @@ class MeasuredSpec(_Strict):
     holdout: HoldoutSpec | None = None
 
 
+class PowerSpec(_Strict):
+    """Power draw of one device (pdsim/energy.py): ``idle_W`` with no step running, ``max_W`` at full
+    utilisation; ``source`` says where the numbers come from (datasheet TDP, measured, estimate)."""
+    idle_W: float = Field(ge=0, allow_inf_nan=False)
+    max_W: float = Field(gt=0, allow_inf_nan=False)
+    source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.max_W <= self.idle_W:
+            raise ValueError(f"max_W (={self.max_W}) must exceed idle_W (={self.idle_W})")
+        return self
+
+
 class ProfileSpec(_Strict):
     """The on-disk schema of a device profile."""
     schema_version: Literal[1] = 1
@@ -193,6 +207,7 @@ class ProfileSpec(_Strict):
     price_per_hour_usd: float = Field(0.0, ge=0, allow_inf_nan=False)
     efficiency: EfficiencySpec = EfficiencySpec()
     measured: MeasuredSpec | None = None
+    power: PowerSpec | None = None
     fitted: dict[str, Any] | None = None
     meta: dict[str, Any] | None = None
 

@@ -169,6 +169,10 @@ def _exact_delay(now: float, target: float) -> float:
 
 
 class Instance:
+    spec = None         # a speculative pool's speculative.Speculator (set by the topology; fast path off)
+    power = None        # (1 / peak FLOP/s, 1 / peak B/s) per GPU when the device has a power model
+    active_s = 0.0      # sum over steps of min(step time, max(FLOPs / peak, bytes / bandwidth)): energy.py
+
     def __init__(self, env, name: str, pool: str, role: str, cost: CostModel, kv: KVCache, policy,
                  limits: Limits, gpus: int, sink, bin_s: float, fast: bool = True, max_window: int = 4096):
         self.env, self.name, self.pool, self.role = env, name, pool, role
@@ -254,7 +258,10 @@ class Instance:
                 if w is not None:
                     yield from self._run_window(w)
                     continue
-            c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled, len(plan.items))
+            if self.spec is not None:       # speculative decoding: verify steps (pdsim/speculative.py)
+                c, drafts = self.spec.plan_step(plan, self.kv)
+            else:
+                c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled, len(plan.items))
             if self.kv.load_s:   # prefix blocks from the host tier are copied in before the step runs
                 c = StepCost(c.time_s + self.kv.take_load_s(), c.flops, c.bytes)
             t0 = env.now
@@ -262,10 +269,15 @@ class Instance:
             self.busy_s += c.time_s
             self.flops += c.flops
             self.bytes += c.bytes
+            if self.power is not None:
+                self.active_s += min(c.time_s, max(c.flops * self.power[0], c.bytes * self.power[1]))
             self.steps += 1
             self.series.record(t0, c.time_s, c.flops, c.bytes, len(plan.items), len(self.waiting),
                                self.kv.used_blocks)
-            self._apply(plan, t0)
+            if self.spec is not None:
+                self.spec.apply(self, plan, drafts, t0)
+            else:
+                self._apply(plan, t0)
 
     # --- failure -------------------------------------------------------------------------
     def fail(self) -> list[Request]:
@@ -421,6 +433,8 @@ class Instance:
         self.busy_s += dur
         self.flops += float(w.flops[j])
         self.bytes += float(w.bytes[j])
+        if self.power is not None:
+            self.active_s += min(dur, max(float(w.flops[j]) * self.power[0], float(w.bytes[j]) * self.power[1]))
         self.steps += 1
         self.series.record(t0, dur, float(w.flops[j]), float(w.bytes[j]), len(w.reqs), len(self.waiting),
                            self.kv.used_blocks)
@@ -457,6 +471,8 @@ class Instance:
             self.busy_s += sums[0]
             self.flops += sums[1]
             self.bytes += sums[2]
+            if self.power is not None:
+                self.active_s += float(np.minimum(durs, np.maximum(fl * self.power[0], by * self.power[1])).sum())
             self.steps += d
             base = self.kv.used_blocks - w.extra
             c0, blk1 = w.c0, w.blk1

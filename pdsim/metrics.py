@@ -315,6 +315,11 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
         }
         if any(p.spec.prefix_on for p in topo.pools):
             out[res.name]["prefix_cache"] = prefix_summary(res)
+        from .energy import topology_energy       # None when a pool's device has no power model
+        out[res.name]["energy"] = topology_energy(topo, res.sim_end_s, len(fin), out_tokens)
+        if any(getattr(p, "spec_dec", None) is not None for p in topo.pools):
+            out[res.name]["speculative"] = {p.name: p.spec_dec.summary() for p in topo.pools
+                                            if getattr(p, "spec_dec", None) is not None}
     return out
 
 

@@ -219,6 +219,9 @@ PRESETS: dict[str, ModelShape] = {m.name: m for m in [
     _m("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
     _m("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
     _m("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
+    # small models used as speculative-decoding drafts (shapes from their public config.json)
+    _m("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, head_dim=64, tied=True),
+    _m("llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256, 131072, head_dim=128, tied=True),
     _m("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
     _m("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768),
     _m("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, 32768),

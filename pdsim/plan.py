@@ -366,12 +366,18 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
             best = min(best, cm.step(T, 0.0, 0, 0, 1).time_s / T)
         return best
 
+    def tokens_per_step(pool) -> int:
+        """Most tokens a decode step emits per request: k + 1 with speculative decoding (a verify step
+        costs at least a plain decode step), so the bounds below stay optimistic."""
+        sd = getattr(pool, "spec_dec", None)
+        return 1 if sd is None else sd.k + 1
+
     def decode_s_per_token(pool) -> float:
         """Least time per output token: the largest batch its KV cache and max_running allow."""
         cm, spec, kv = pool.cost, pool.spec, pool.instances[0].kv
         per_req_blocks = kv.blocks_for(int(p_mean) + 1)
         b = max(1, min(spec.max_running, kv.total_blocks // max(1, per_req_blocks)))
-        return cm.step(b, 0.0, 0, b, b).time_s / b
+        return cm.step(b, 0.0, 0, b, b).time_s / b / tokens_per_step(pool)
 
     if topo.kind == "colocated":
         p = topo.pools[0]
@@ -393,7 +399,7 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     first = topo.pools[0].cost
     last = topo.pools[-1].cost
     lone_ttft = np.array([first.step(int(pt), pt * pt / 2.0, int(pt), 1, 1).time_s for pt in prompt[:400]])
-    lone_tpot = np.array([last.decode_time(1, int(pt)) for pt in prompt[:400]])
+    lone_tpot = np.array([last.decode_time(1, int(pt)) for pt in prompt[:400]]) / tokens_per_step(topo.pools[-1])
     ok = (lone_ttft <= slo.ttft_s) & ((out[:400] <= 1) | (lone_tpot <= slo.tpot_s))
     if ok.mean() < need:
         which = []
@@ -503,7 +509,7 @@ def evaluate(task: dict) -> dict:
     early = task.get("early") if sc.slo.mode == "attainment" else None
     sink = _JudgeSink(env, len(stream), first, sc.slo, early, spec.kind == "disaggregated", sc.client)
     topo = build(name, spec, env, Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir),
-                                          default_bin_s(sc, stream)), sink)
+                                          default_bin_s(sc, stream), seed=sc.seed), sink)
     topo.sink = sink
     env.process(_open_loop(env, topo, stream, model, sc.workload.timeout_s))
     try:

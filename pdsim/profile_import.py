@@ -305,6 +305,10 @@ def _base_profile(system: str, sys_yaml: Path) -> tuple[dict, str | None]:
     }
     if base:
         spec["efficiency"] = base["efficiency"]
+    if gpu.get("power") and base and base.get("power"):      # energy (pdsim/energy.py): TDP from the system file
+        spec["power"] = {"idle_W": base["power"]["idle_W"], "max_W": float(gpu["power"]),
+                         "source": f"max_W: TDP in aiconfigurator-core's {system} system file; idle_W: pdsim preset "
+                                   f"{preset}'s estimate, NOT measured"}
     return spec, preset if base else None
 
 
@@ -552,6 +556,7 @@ def import_vidur(path: str | Path, gpu: str) -> dict:
                 if not have] + ["gemm: shapes of other models and lm_head", "kv_transfer (device_copy, h2d, d2h)"]
     spec = {**{k: base[k] for k in ("kind", "memory_GiB", "memory_bandwidth_GBps", "peak_tflops", "interconnect",
                                     "price_per_hour_usd", "efficiency")},
+            **({"power": base["power"]} if base.get("power") else {}),     # the preset's (datasheet TDP)
             "name": f"{gpu}-vidur",
             "source": (f"measured: Vidur profiling data (microsoft/vidur, MIT), GPU {gpu}, fp16, one layer, "
                        f"Sarathi-Serve kernels; peaks/memory/price from pdsim preset {VIDUR_PRESETS[gpu]} (datasheet); "

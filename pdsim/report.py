@@ -522,6 +522,61 @@ def _prefix_section(topos) -> dict:
                             "prefill FLOPs saved", "KV transfer saved"], rows, "prefix")}
 
 
+def _energy_section(topos) -> dict:
+    """One row per topology whose devices have a power model: energy, mean power, J per request and
+    per output token, output tokens/s per kW drawn and per provisioned (TDP) kW."""
+    rows = []
+    for n, t in topos.items():
+        e = t.get("energy")
+        if not isinstance(e, dict):
+            continue
+        caps = [f"{pn}: {num(p.get('power_cap_W'))} W cap, clock x{num(p.get('clock_fraction'))}"
+                for pn, p in (e.get("pools") or {}).items() if p.get("power_cap_W") is not None]
+        rows.append([n, (num(e.get("energy_kWh")), e.get("energy_kWh")),
+                     (num(e.get("mean_power_kW")), e.get("mean_power_kW")),
+                     (num(e.get("provisioned_kW")), e.get("provisioned_kW")),
+                     (num(e.get("J_per_request")), e.get("J_per_request")),
+                     (num(e.get("J_per_output_token")), e.get("J_per_output_token")),
+                     (num(e.get("output_tokens_per_s_per_kW")), e.get("output_tokens_per_s_per_kW")),
+                     (num(e.get("output_tokens_per_s_per_provisioned_kW")),
+                      e.get("output_tokens_per_s_per_provisioned_kW")),
+                     "; ".join(caps) or "–"])
+    if not rows:
+        return {}
+    return {"title": "Energy (estimated: idle + (TDP - idle) x max(MFU, MBU) per step; not measured)",
+            "id": "energy", "chart": "", "table": table(
+                ["topology", "energy kWh", "mean kW", "provisioned kW (TDP)", "J / request", "J / output token",
+                 "out tok/s per kW", "per TDP kW", "power caps"], rows, "energy")}
+
+
+def _speculative_section(topos) -> dict:
+    """One row per speculative pool: tokens per verify step, draft acceptance, time spent drafting."""
+    rows = []
+    for n, t in topos.items():
+        for pool, s in (t.get("speculative") or {}).items():
+            p = (t.get("pools") or {}).get(pool) or {}
+            busy = (p.get("busy_fraction") or 0.0) * (t.get("sim_end_s") or 0.0) * (p.get("instances") or 0)
+            share = s.get("draft_time_s") / busy if busy else None
+            rows.append([f"{n} / {pool}", (num(s.get("tokens_per_verify_step")), s.get("tokens_per_verify_step")),
+                         (pct(s.get("draft_acceptance_rate")), s.get("draft_acceptance_rate")),
+                         (num(s.get("verify_request_steps")), s.get("verify_request_steps")),
+                         (pct(share), share)])
+    if not rows:
+        return {}
+    return {"title": "Speculative decoding", "id": "speculative", "chart": "", "table": table(
+        ["topology / pool", "tokens per verify step", "drafts accepted", "request verify steps",
+         "busy time drafting"], rows, "speculative")}
+
+
+def _energy_items(t: dict) -> list:
+    """Card lines: energy per output token and output tokens/s per kW (when the devices have power models)."""
+    e = t.get("energy")
+    if not isinstance(e, dict):
+        return []
+    return [("J per output token (est.)", num(e.get("J_per_output_token"))),
+            ("out tok/s per kW (est.)", num(e.get("output_tokens_per_s_per_kW")))]
+
+
 def _engine_items(t: dict) -> list:
     """Card lines: each pool's engine and KV capacity per instance (tokens, requests of the run's mean
     size), the recorded ITL, and the error band measured against real benchmark runs for each pool's
@@ -595,7 +650,9 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
         _kv_section(frames, topos, names),
         _workload_section(first, wl) if first is not None else {},
         _faults_section(topos),
-        _prefix_section(topos)) if s]
+        _prefix_section(topos),
+        _speculative_section(topos),
+        _energy_section(topos)) if s]
 
     keys = list(SUMMARY_KEYS)
     if any(isinstance(t.get("itl_s"), dict) for t in topos.values()):      # the engine branch's ITL stats
@@ -647,6 +704,7 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
                    " / ".join(num(_get(t, f"requests.{k}")) for k in ("finished", "rejected", "abandoned",
                                                                       "unfinished")))]
         items += _engine_items(t)
+        items += _energy_items(t)
         cards.append({"name": n, "best": n == best, "passes": a["passes"], "items": items,
                       "why": "; ".join(a["reasons"]) if a["reasons"] and not a["passes"] else ""})
 

@@ -23,6 +23,7 @@ class Context:
     base_dir: Path
     bin_s: float
     fast: bool = True        # multi-step decode windows (False: one event per step, the reference)
+    seed: int = 0            # the scenario's seed (speculative decoding's per-request draws)
 
 
 def resolve_model(sc: Scenario) -> ModelShape:
@@ -152,7 +153,7 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     when ``reuse`` (the last topology of a run: a million requests are not held twice)."""
     env = simpy.Environment()
     sink = Sink(env, len(stream))
-    ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s, fast)
+    ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s, fast, sc.seed)
     topo = build(name, spec, env, ctx, sink)
     topo.sink = sink
     reqs = stream if reuse else [r.clone() for r in stream]

@@ -148,6 +148,27 @@ class Pool:
         if price is None:
             price = self.device.price_per_hour_usd if self.device else 0.0
         self.price_per_gpu_hour_usd = price
+        # energy (pdsim/energy.py): the device's power model; a power cap slows compute-bound steps
+        from . import energy
+        self.power = energy.power_model(self.device, self.cost, spec.power_cap_W, key) \
+            if self.device is not None else None
+        if self.power is None and spec.power_cap_W is not None:
+            raise ConfigError("a power cap needs a device profile with a power model",
+                              key=f"{key}.power_cap_W", value=spec.power_cap_W)
+        if self.power is not None and self.power.clock_fraction < 1.0:
+            self.cost = energy.CappedCost(self.cost, self.power)
+        self.spec_dec = None               # speculative decoding (pdsim/speculative.py)
+        if spec.speculative is not None:
+            if role == "prefill":
+                raise ConfigError("a prefill pool does not decode: put speculative on the decode pool",
+                                  key=f"{key}.speculative", value=spec.speculative.method)
+            from . import speculative
+            if spec.kv_blocks is None:
+                blocks = speculative.kv_blocks(spec.speculative, model, blocks, self.block_bytes, spec.tp,
+                                               ctx.weight_dtype, ctx.kv_dtype, key)
+            self.spec_dec = speculative.build(spec.speculative, spec, self.cost, model, ctx.weight_dtype,
+                                              ctx.kv_dtype, self.device, getattr(ctx, "seed", 0), key,
+                                              self.power)
         limits = Limits(spec.max_running, spec.token_budget)
         policy = SCHEDULERS[spec.scheduler_name]
         make_kv = self._prefix_kv(spec, blocks, key) if spec.prefix_on else \
@@ -162,6 +183,11 @@ class Pool:
             inst.reserved_count = 0
             inst.block_bytes = self.block_bytes
             inst.pool_spec = spec
+            if self.power is not None:
+                inst.power = (1.0 / self.power.peak_flops, 1.0 / self.power.peak_Bps)
+            if self.spec_dec is not None:
+                inst.spec = self.spec_dec       # one Speculator per pool: draws are per request, not per instance
+                inst.fast = False               # token counts depend on each step's draws: no multi-step windows
 
     @property
     def gpus(self) -> int:

@@ -1,0 +1,181 @@
+"""Energy (pdsim/energy.py): idle pools, busy runs worked out by hand, the power-cap law, bad input.
+
+Oracles: idle power x time for a pool that never runs a step; for a cost model whose every step
+takes a known time at known FLOPs and bytes, idle x span + (max - idle) x u x busy time summed by
+hand; the cube-law clock fraction computed here; the roofline stretch max(c / f, m) / max(c, m).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from pdsim import topology
+from pdsim.costmodel import CostModel, StepCost
+from pdsim.devices import get_device
+from pdsim.energy import CappedCost, PowerModel, clock_fraction
+from pdsim.errors import ConfigError
+from pdsim.metrics import requests_frame, summarize
+from pdsim.simulation import simulate
+
+from conftest import scenario
+
+H100 = get_device("h100-sxm")
+IDLE, MAX = H100.spec.power.idle_W, H100.spec.power.max_W
+PF, PB = H100.peak_flops("bf16"), H100.mem_bw_Bps
+
+
+class FixedCost(CostModel):
+    """Every step takes ``step_s`` at a fraction ``mfu`` of peak FLOP/s and ``mbu`` of bandwidth (per GPU)."""
+
+    def __init__(self, step_s, mfu, mbu, tp=1):
+        self.step_s, self.tp = step_s, tp
+        self.flops, self.bytes = mfu * PF * step_s, mbu * PB * step_s
+        self.compute_dtype = "bf16"
+
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+        return StepCost(self.step_s, self.flops, self.bytes)
+
+    def decode_steps(self, batch, attn0, kv0, k):
+        return np.full(k, self.step_s), np.full(k, self.flops), np.full(k, self.bytes)
+
+    def weight_bytes_per_gpu(self):
+        return 0.0
+
+
+def _fixed(monkeypatch, step_s, mfu, mbu):
+    monkeypatch.setattr(topology, "make_cost", lambda pool, *a, **k: FixedCost(step_s, mfu, mbu, pool.tp))
+
+
+def _summary(sc, fast=True):
+    res = simulate(sc, fast=fast)
+    return res, summarize(res, requests_frame(res), sc)
+
+
+def test_idle_pool_energy_is_idle_power_times_time():
+    # one-token outputs finish at the prefill instance: the decode pool (2 instances x tp 2) never runs a step
+    topos = {"pd": {"kind": "disaggregated", "prefill": {"device": "h100-sxm"},
+                    "decode": {"instances": 2, "tp": 2, "device": "h100-sxm"}}}
+    res, s = _summary(scenario(topos, num_requests=5, output_tokens=1))
+    span = res[0].sim_end_s
+    assert span > 0
+    dec = s["pd"]["energy"]["pools"]["decode"]
+    assert dec["energy_J"] == 4 * IDLE * span          # exactly: 4 GPUs at idle power for the whole run
+    assert dec["active_energy_J"] == 0.0
+    assert s["pd"]["energy"]["pools"]["prefill"]["active_energy_J"] > 0
+
+
+def test_busy_constant_cost_energy_by_hand(monkeypatch):
+    # one request, prompt 100, 10 output tokens, FCFS: 1 prefill + 9 decode steps of 10 ms each at
+    # MFU 0.3, MBU 0.1: the step draws idle + (max - idle) x 0.3
+    _fixed(monkeypatch, 0.01, 0.3, 0.1)
+    sc = scenario({"c": {"kind": "colocated", "device": "h100-sxm", "tp": 2}}, num_requests=1, arrival="constant",
+                  rate=1.0, prompt_tokens=100, output_tokens=10)
+    res, s = _summary(sc)
+    span = res[0].sim_end_s
+    assert span == pytest.approx(1.0 + 10 * 0.01, abs=1e-12)        # arrives at 1 s, 10 steps
+    e = s["c"]["energy"]
+    expect = 2 * (IDLE * span + (MAX - IDLE) * 0.3 * 10 * 0.01)
+    assert e["energy_J"] == pytest.approx(expect, rel=1e-12)
+    assert e["J_per_request"] == pytest.approx(expect, rel=1e-12)
+    assert e["J_per_output_token"] == pytest.approx(expect / 10, rel=1e-12)
+    assert e["output_tokens_per_s_per_kW"] == pytest.approx((10 / span) / (expect / span / 1e3), rel=1e-12)
+    assert e["provisioned_kW"] == 2 * MAX / 1e3
+
+
+@pytest.mark.parametrize("mfu,mbu,u", [(0.2, 0.6, 0.6), (2.0, 0.1, 1.0)])
+def test_busy_energy_uses_the_busier_unit_and_fast_path_agrees(monkeypatch, mfu, mbu, u):
+    # 300 output tokens: the decode steps run in fast-path windows; u = min(1, max(MFU, MBU))
+    _fixed(monkeypatch, 0.005, mfu, mbu)
+    sc = scenario({"c": {"kind": "colocated", "device": "h100-sxm"}}, num_requests=1, arrival="constant", rate=1.0,
+                  prompt_tokens=50, output_tokens=300)
+    res, s = _summary(sc)
+    assert res[0].topology.instances[0].windows > 0
+    span = res[0].sim_end_s
+    expect = IDLE * span + (MAX - IDLE) * u * 300 * 0.005
+    assert s["c"]["energy"]["energy_J"] == pytest.approx(expect, rel=1e-9)
+    _, slow = _summary(sc, fast=False)
+    assert slow["c"]["energy"]["energy_J"] == pytest.approx(expect, rel=1e-9)
+
+
+def test_clock_fraction_cube_law():
+    assert clock_fraction(70, 700, 700) == 1.0 == clock_fraction(70, 700, 900)
+    assert clock_fraction(70, 700, 385) == pytest.approx(0.5 ** (1 / 3))      # half the dynamic power
+    assert clock_fraction(70, 700, 148.75) == pytest.approx(0.5)             # 1/8 of it: half the clock
+
+
+def test_capped_cost_slows_compute_not_memory():
+    f = 0.5
+    pm = PowerModel(70, 148.75, "test", PF * f, PB, f, 148.75)
+    compute = FixedCost(0.01, 0.8, 0.1)          # roofline: c = 8 ms, m = 1 ms
+    memory = FixedCost(0.01, 0.05, 0.8)          # c = 0.5 ms, m = 8 ms
+    assert CappedCost(compute, pm).step(1, 0, 0, 1, 1).time_s == pytest.approx(0.01 * (0.008 / f) / 0.008)
+    assert CappedCost(memory, pm).step(1, 0, 0, 1, 1).time_s == pytest.approx(0.01)   # max(1 ms, 8 ms) unchanged
+    balanced = FixedCost(0.01, 0.6, 0.5)         # c = 6 ms -> 12 ms, m = 5 ms: 12/6
+    t, _, _ = CappedCost(balanced, pm).decode_steps(1, 0, 0, 3)
+    assert np.allclose(t, 0.02)
+
+
+def test_power_cap_in_a_run_lowers_power_and_slows_prefill():
+    topos = {"full": {"kind": "colocated", "device": "h100-sxm"},
+             "capped": {"kind": "colocated", "device": "h100-sxm", "power_cap_W": 300}}
+    sc = scenario(topos, num_requests=1, arrival="constant", rate=1.0, prompt_tokens=4000, output_tokens=2)
+    res, s = _summary(sc)
+    ttft = {r.name: r.requests[0].first_token_s - r.requests[0].arrival_s for r in res}
+    f = ((300 - IDLE) / (MAX - IDLE)) ** (1 / 3)
+    assert s["capped"]["energy"]["pools"]["replica"]["clock_fraction"] == pytest.approx(f)
+    # a 4000-token prefill is compute-bound: slower by up to 1/f (kernel overheads and memory-bound ops do not stretch)
+    assert ttft["full"] < ttft["capped"] <= ttft["full"] / f * (1 + 1e-9)
+    assert ttft["capped"] > ttft["full"] * (1 + 0.5 * (1 / f - 1))
+    assert s["capped"]["energy"]["pools"]["replica"]["max_W_per_gpu"] == 300
+
+
+@pytest.mark.parametrize("pool,key", [
+    ({"device": "h100-sxm", "power_cap_W": 50}, "power_cap_W"),           # below idle
+    ({"device": "cpu-epyc-2c", "power_cap_W": 100}, "power_cap_W"),        # no power model
+    ({"device": "h100-sxm", "power_cap_W": -1}, "power_cap_W"),
+])
+def test_bad_power_cap_is_one_line(pool, key):
+    with pytest.raises(ConfigError) as e:
+        simulate(scenario({"c": {"kind": "colocated", **pool}}, num_requests=2))
+    assert "\n" not in str(e.value) and key in str(e.value)
+
+
+def test_profile_power_max_below_idle_is_rejected(tmp_path):
+    raw = H100.spec.model_dump(exclude_none=True)
+    raw["power"] = {"idle_W": 500, "max_W": 400, "source": "test"}
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError) as e:
+        get_device(str(p))
+    assert "power" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_device_without_power_model_reports_no_energy():
+    sc = scenario({"c": {"kind": "colocated", "device": "cpu-epyc-2c", "kv_blocks": 200}}, num_requests=1,
+                  prompt_tokens=10, output_tokens=2)
+    _, s = _summary(sc)
+    assert s["c"]["energy"] is None
+
+
+def test_report_shows_the_energy_of_summary_json(tmp_path):
+    from pdsim.__main__ import main
+    from pdsim.charts import num
+    from conftest import REPO
+    out = tmp_path / "run"
+    rc = main(["run", str(REPO / "scenarios/quickstart.yaml"), "--out", str(out), "--quiet",
+               "--set", "workload.num_requests=40"])
+    assert rc in (0, 1)
+    s = json.loads((out / "summary.json").read_text())["topologies"]
+    html = (out / "report.html").read_text()
+    assert "Energy (estimated" in html
+    cards = re.findall(r"<dt>J per output token \(est\.\)</dt><dd>([^<]*)</dd><dt>out tok/s per kW \(est\.\)</dt>"
+                       r"<dd>([^<]*)</dd>", html)
+    assert len(cards) == len(s)
+    for t, (j_tok, tok_kw) in zip(s.values(), cards):      # cards in summary order
+        e = t["energy"]
+        assert e["energy_J"] > 0
+        assert (j_tok, tok_kw) == (num(e["J_per_output_token"]), num(e["output_tokens_per_s_per_kW"]))
+        assert f">{num(e['J_per_request'])}<" in html        # the energy table

@@ -1,0 +1,310 @@
+"""Speculative decoding (pdsim/speculative.py) against hand-worked timings and the acceptance process.
+
+Oracles: finish times summed by hand from the constant / linear cost models; tokens per verify step
+from the definition (1 + leading accepted drafts, i.i.d. per position); the mean
+(1 - p^(k+1)) / (1 - p) and the variance of that distribution (worked out here by enumeration)
+for a statistical bound; output-token conservation; the step-by-step loop.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pdsim import metrics
+from pdsim.config import SpeculativeSpec
+from pdsim.costmodel import RooflineCost
+from pdsim.devices import get_device
+from pdsim.errors import ConfigError
+from pdsim.models import get_model
+from pdsim.simulation import simulate
+from pdsim.speculative import Speculator, mean_tokens_per_step
+
+from conftest import scenario
+
+STEP = 0.01
+
+
+def _colocated(spec: dict, **pool) -> dict:
+    base = {"kind": "colocated", "replicas": 1, "kv_blocks": 10000,
+            "cost_model": {"kind": "constant", "step_s": STEP}, "speculative": spec}
+    base.update(pool)
+    return {"c": base}
+
+
+def _one(topos, output_tokens: int, prompt_tokens: int = 100, **wl):
+    sc = scenario(topos, num_requests=1, arrival="constant", rate=1.0, prompt_tokens=prompt_tokens,
+                  output_tokens=output_tokens, **wl)
+    sc.client.itl = "on"
+    res = simulate(sc)
+    (r,) = res[0].requests
+    return res, r
+
+
+def _groups(token_s) -> list[int]:
+    """Tokens streamed at each distinct instant (one verify step streams its tokens at once)."""
+    t = np.asarray(token_s)
+    return np.diff(np.flatnonzero(np.r_[True, np.diff(t) != 0, True])).tolist()
+
+
+@pytest.mark.parametrize("draft_frac", [0.5])
+def test_acceptance_one_gives_k_plus_one_tokens_per_step(draft_frac):
+    # k=3, every draft accepted: after the prefill's token each verify step streams 4 tokens
+    res, r = _one(_colocated({"k": 3, "acceptance": 1.0, "draft_cost_fraction": draft_frac}), 13)
+    assert _groups(r.token_s) == [1, 4, 4, 4]
+    # each verify step: the target step (constant) + 3 draft steps of 0.5 x a target step
+    assert r.finish_s - r.arrival_s == pytest.approx(STEP + 3 * (STEP + 3 * draft_frac * STEP), abs=1e-12)
+    s = res[0].topology.pools[0].spec_dec.summary()
+    assert s["tokens_per_verify_step"] == 4.0 and s["draft_acceptance_rate"] == 1.0
+
+
+def test_acceptance_one_last_step_truncates():
+    # 11 tokens: 1 + 4 + 4, then 2 left: the last step drafts 1 and streams 2 (never more than asked)
+    res, r = _one(_colocated({"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.5}), 11)
+    assert _groups(r.token_s) == [1, 4, 4, 2]
+    assert r.generated == 11 and len(r.token_s) == 11
+    assert r.finish_s - r.arrival_s == pytest.approx(STEP + 2 * 0.025 + (STEP + 0.5 * STEP), abs=1e-12)
+
+
+def test_acceptance_zero_gives_one_token_per_step():
+    res, r = _one(_colocated({"k": 3, "acceptance": 0.0, "draft_cost_fraction": 0.5}), 11)
+    assert _groups(r.token_s) == [1] * 11
+    # 10 verify steps; drafts d = min(3, left - 1) for left = 10..1: 3 (x7), 2, 1, 0
+    drafts = [min(3, left - 1) for left in range(10, 0, -1)]
+    assert drafts == [3] * 7 + [2, 1, 0]
+    assert r.finish_s - r.arrival_s == pytest.approx(STEP + sum(STEP + 0.5 * d * STEP for d in drafts), abs=1e-12)
+
+
+def test_verify_step_cost_by_hand_linear_model():
+    # linear model: base + per_token x T + per_kv x KV tokens read.  Prompt 100, 5 output tokens:
+    # prefill (T=100, KV 100), then one verify step with 3 drafts (T = 1 + 3, KV = 100 + 4) that
+    # streams the other 4, plus 3 draft steps at 0.5 x a one-token decode at contexts 100, 101, 102
+    base, pt, pk = 1e-3, 1e-4, 1e-6
+    topos = _colocated({"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.5},
+                       cost_model={"kind": "linear", "base_s": base, "per_token_s": pt, "per_kv_token_s": pk})
+    _, r = _one(topos, 5)
+    prefill = base + 100 * pt + 100 * pk
+    verify = base + 4 * pt + 104 * pk
+    drafts = 0.5 * sum(base + pt + (101 + j) * pk for j in range(3))
+    assert r.finish_s - r.arrival_s == pytest.approx(prefill + verify + drafts, abs=1e-12)
+    assert _groups(r.token_s) == [1, 4]
+
+
+def test_mixed_draft_lengths_in_one_step_by_hand():
+    # two requests arrive together (prompt 100 each; 3 and 13 output tokens), every draft accepted.
+    # Step 1 prefills both (T = 200).  Step 2 verifies A with d = 1 (2 tokens left) and B with d = 3:
+    # T = 2 + 4, KV read (100 + 2) + (100 + 4); draft step 1 holds both (contexts 100, 100), draft
+    # steps 2 and 3 only B (contexts 101, 102).  A finishes at the end of step 2.
+    base, pt, pk = 1e-3, 1e-4, 1e-6
+    topos = _colocated({"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.5},
+                       cost_model={"kind": "linear", "base_s": base, "per_token_s": pt, "per_kv_token_s": pk})
+    sc = scenario(topos, num_requests=2)
+    from pdsim.simulation import resolve_model, run_topology
+    from pdsim.workload import Request
+    stream = [Request(0, 0.0, 100, 3), Request(1, 0.0, 100, 13)]      # a hand-made stream, both at t = 0
+    r = run_topology(sc, "c", sc.topologies["c"], stream, resolve_model(sc), 1.0)
+    ra, rb = r.requests
+    prefill = base + 200 * pt + 200 * pk
+    verify = base + 6 * pt + 206 * pk
+    drafts = 0.5 * ((base + 2 * pt + 202 * pk) + (base + pt + 102 * pk) + (base + pt + 103 * pk))
+    assert ra.finish_s == pytest.approx(prefill + verify + drafts, abs=1e-12)
+    assert ra.generated == 3 and rb.generated == 13
+
+
+def test_verify_step_roofline_more_flops_same_weight_bytes():
+    # a verify step of B requests with k drafts computes B(k+1) tokens: the linear layers' FLOPs grow
+    # (k+1)x, their weight bytes stay (read once); worked from the model shape, not the cost model
+    m, dev = get_model("llama-3.1-8b"), get_device("h100-sxm")
+    cost = RooflineCost(m, dev)
+    spec = Speculator(SpeculativeSpec(k=3, acceptance=0.5, draft_cost_fraction=1e-9), cost, None, 0)
+    B, c = 8, 1000
+    plain = cost.step(B, B * (c + 0.5), B * (c + 1), B, B)
+    verify = spec._verify_cost(B * 4, B * 4 * (c + 2.0), B * (c + 4), B * 4, B, True)
+    linear_flops = 2.0 * m.layers * m.params_per_layer
+    lm_head = 2.0 * m.vocab * m.hidden
+    # attention (DESIGN.md): 4 n_h d per unit of work per layer; work c + 0.5 -> 4 (c + 2) per request
+    attention = 4.0 * m.heads * m.head_dim * m.layers * B * (4 * (c + 2.0) - (c + 0.5))
+    assert verify.flops - plain.flops == pytest.approx(B * 3 * (linear_flops + lm_head) + attention, rel=1e-3)
+    weight_bytes = m.weight_bytes("bf16") - m.vocab * m.hidden * 2      # the input embedding is gathered
+    extra_bytes = verify.bytes - plain.bytes
+    # only activations (about 11 MB per extra token for this shape) and 3 more KV tokens per request:
+    # reading the weights once more per query token would add 3 x 15 GB
+    assert 0 < extra_bytes < 0.05 * weight_bytes
+    assert plain.time_s < verify.time_s < 1.5 * plain.time_s      # decode is memory-bound: 4x tokens, not 4x time
+
+
+def _distribution(p: float, k: int) -> np.ndarray:
+    """P(tokens = 1 + j), j = 0..k: j leading acceptances then a rejection, or all k accepted."""
+    probs = np.array([p ** j * (1 - p) for j in range(k)] + [p ** k])
+    assert math.isclose(probs.sum(), 1.0)
+    return probs
+
+
+@pytest.mark.parametrize("p,k", [(0.7, 3), (0.4, 5), (0.9, 2)])
+def test_mean_tokens_per_step_matches_formula(p, k):
+    probs = _distribution(p, k)
+    tokens = np.arange(1, k + 2)
+    mu = float(probs @ tokens)
+    assert mu == pytest.approx((1 - p ** (k + 1)) / (1 - p)) == mean_tokens_per_step(p, k)
+    sd = math.sqrt(float(probs @ (tokens - mu) ** 2))
+    spec = Speculator(SpeculativeSpec(k=k, acceptance=p, draft_cost_fraction=1.0), None, None, seed=3)
+    draws = np.array([1 + spec.accepted(rid) for rid in range(200) for _ in range(100)])
+    n = len(draws)
+    assert abs(draws.mean() - mu) < 4 * sd / math.sqrt(n)
+    # and the shape: each count's frequency within 4 binomial standard errors
+    freq = np.bincount(draws - 1, minlength=k + 1) / n
+    assert np.all(np.abs(freq - probs) < 4 * np.sqrt(probs * (1 - probs) / n) + 1e-12)
+
+
+def test_simulated_tokens_per_step_match_formula():
+    # through the simulator: long outputs (truncated last steps are a small share), p = 0.6, k = 3
+    p, k = 0.6, 3
+    sc = scenario(_colocated({"k": k, "acceptance": p, "draft_cost_fraction": 0.2}), num_requests=30, rate=50,
+                  prompt_tokens=50, output_tokens=400)
+    s = simulate(sc)[0].topology.pools[0].spec_dec.summary()
+    mu = mean_tokens_per_step(p, k)
+    probs = _distribution(p, k)
+    sd = math.sqrt(float(probs @ (np.arange(1, k + 2) - mu) ** 2))
+    n = s["verify_request_steps"]
+    # truncated steps (d < k) only lower the mean; at most 2 per request of ~190 steps
+    assert mu - 4 * sd / math.sqrt(n) - 2 * 30 * k / n < s["tokens_per_verify_step"] < mu + 4 * sd / math.sqrt(n)
+
+
+def test_draws_depend_on_request_and_step_only():
+    spec = SpeculativeSpec(k=4, acceptance=0.5, draft_cost_fraction=1.0)
+    a, b = Speculator(spec, None, None, seed=7), Speculator(spec, None, None, seed=7)
+    seq_a = {rid: [a.accepted(rid) for _ in range(150)] for rid in range(5)}
+    seq_b = {rid: [] for rid in range(5)}
+    for _ in range(150):                   # interleaved in another order: the same per-request sequences
+        for rid in reversed(range(5)):
+            seq_b[rid].append(b.accepted(rid))
+    assert seq_a == seq_b
+    c = Speculator(spec, None, None, seed=8)
+    assert [c.accepted(0) for _ in range(150)] != seq_a[0]
+
+
+def test_per_request_acceptance_distribution():
+    spec = SpeculativeSpec(k=3, acceptance={"dist": "beta", "mean": 0.6, "std": 0.1}, draft_cost_fraction=1.0)
+    s = Speculator(spec, None, None, seed=1)
+    rates = np.array([s.rate(i) for i in range(4000)])
+    assert abs(rates.mean() - 0.6) < 4 * 0.1 / math.sqrt(4000)
+    assert abs(rates.std() - 0.1) < 0.01
+    u = Speculator(SpeculativeSpec(k=3, acceptance={"dist": "uniform", "low": 0.2, "high": 0.4},
+                                   draft_cost_fraction=1.0), None, None, seed=1)
+    r = np.array([u.rate(i) for i in range(2000)])
+    assert r.min() >= 0.2 and r.max() <= 0.4 and abs(r.mean() - 0.3) < 0.01
+
+
+SPEC_TOPOS = {
+    "colo": {"kind": "colocated", "replicas": 2, "device": "h100-sxm", "kv_blocks": 120, "max_running": 8,
+             "chunked_prefill": {"token_budget": 64},
+             "speculative": {"method": "draft", "k": 3, "acceptance": 0.7, "draft_model": "llama-3.2-1b"}},
+    "pd": {"kind": "disaggregated", "prefill": {"instances": 1, "device": "h100-sxm"},
+           "decode": {"instances": 2, "device": "h100-sxm", "kv_blocks": 80,
+                      "speculative": {"method": "mtp", "k": 2, "acceptance": {"dist": "uniform", "low": 0.3,
+                                                                               "high": 0.9}}},
+           "kv_link": {"bandwidth_GBps": 5}},
+    "plain": {"kind": "colocated", "replicas": 1, "device": "h100-sxm"},
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_output_tokens_conserved_and_fast_equals_step_by_step(seed):
+    sc = scenario(SPEC_TOPOS, num_requests=40, rate=30, prompt_tokens={"dist": "uniform", "low": 10, "high": 300},
+                  output_tokens={"dist": "uniform", "low": 1, "high": 60})
+    sc.seed = seed
+    sc.client.itl = "on"
+    fast, slow = simulate(sc), simulate(sc, fast=False)
+    for res in fast:
+        for r in res.requests:           # every request streams exactly the tokens it asked for
+            assert r.status == "finished" and r.generated == r.output_tokens == len(r.token_s), (res.name, r.id)
+        for inst in res.topology.instances:
+            assert inst.kv.used_blocks == 0
+            if inst.spec is not None:
+                assert inst.windows == 0          # the fast path is off in speculative pools
+    assert fast[-1].topology.instances[0].windows > 0    # ... and still on in the plain pool
+    a, b = metrics.requests_frame(fast), metrics.requests_frame(slow)
+    for col in ("first_token_s", "finish_s", "ttft_s", "tpot_s"):
+        assert np.allclose(a[col].to_numpy(float), b[col].to_numpy(float), rtol=0, atol=1e-9, equal_nan=True), col
+    # the speculative pools really verified drafts
+    spec_pools = [p for res in fast for p in res.topology.pools if p.spec_dec is not None]
+    assert len(spec_pools) == 2 and all(p.spec_dec.drafted > 0 for p in spec_pools)
+
+
+def test_speculation_lowers_tpot_and_draft_takes_kv_memory():
+    topos = {"spec": {"kind": "colocated", "device": "h100-sxm",
+                      "speculative": {"k": 3, "acceptance": 0.8, "draft_model": "llama-3.2-1b"}},
+             "plain": {"kind": "colocated", "device": "h100-sxm"}}
+    sc = scenario(topos, num_requests=20, rate=2, prompt_tokens=200, output_tokens=100)
+    res = {r.name: r for r in simulate(sc)}
+    df = metrics.requests_frame(list(res.values()))
+    tpot = df.groupby("topology").tpot_s.median()
+    assert tpot["spec"] < 0.75 * tpot["plain"]
+    # the draft's weights (1.24 B params x 2 bytes) and KV (32 of 128 KiB per token) share the memory
+    spec_blocks = res["spec"].topology.instances[0].kv.total_blocks
+    plain_blocks = res["plain"].topology.instances[0].kv.total_blocks
+    d, t = get_model("llama-3.2-1b"), get_model("llama-3.1-8b")
+    block_bytes = 16 * t.kv_bytes_per_token()
+    expect = int((plain_blocks * block_bytes - d.weight_bytes()) // (block_bytes * (1 + 32 / 128)))
+    assert d.kv_bytes_per_token() / t.kv_bytes_per_token() == 32 / 128
+    assert spec_blocks == expect
+
+
+@pytest.mark.parametrize("topos,key", [
+    ({"pd": {"kind": "disaggregated", "prefill": {"speculative": {"draft_cost_fraction": 0.1}}, "decode": {}}},
+     "speculative"),
+    ({"c": {"kind": "colocated", "speculative": {"k": 3}}}, "speculative"),
+    ({"c": {"kind": "colocated", "speculative": {"draft_model": "llama-9b"}}}, "draft_model"),
+    ({"c": {"kind": "colocated", "speculative": {"method": "mtp", "draft_model": "llama-3.2-1b"}}}, "speculative"),
+    ({"c": {"kind": "colocated", "speculative": {"acceptance": 1.5, "draft_cost_fraction": 0.1}}}, "acceptance"),
+    ({"c": {"kind": "colocated", "cost_model": {"kind": "constant", "step_s": 0.01},
+            "speculative": {"method": "mtp"}}}, "speculative"),
+])
+def test_bad_speculative_config_is_one_line(topos, key):
+    with pytest.raises(ConfigError) as e:
+        simulate(scenario(topos, num_requests=2))
+    msg = str(e.value)
+    assert "\n" not in msg and key in msg
+
+
+def test_readme_snippet_parses_and_builds():
+    # the README's speculative-decoding example is a valid pool (parsed and built, not simulated)
+    import re
+    import yaml
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"## Speculative decoding and energy\n\n```yaml\n(.*?)```", text, re.S).group(1)
+    topos = yaml.safe_load(block)["topologies"]
+    sc = scenario(topos, num_requests=2)
+    sc.model = "llama-3.1-70b"
+    res = simulate(sc)
+    pool = res[0].topology.pools[1]
+    assert pool.spec_dec is not None and pool.spec_dec.k == 3 and pool.power.cap_W == 500
+
+
+def test_plan_bounds_leave_room_for_speculation():
+    # every plain decode step takes >= 10 ms, so a 9 ms TPOT bound is infeasible without speculation;
+    # drafting 3 tokens that are always accepted brings TPOT near 2.6 ms: the plan must not prune it
+    from pdsim.plan import parse_plan
+    linear = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}
+
+    def plan(pool_extra):
+        return parse_plan({
+            "name": "spec", "model": "llama-3.1-8b", "seed": 0,
+            "workload": {"arrival": "poisson", "num_requests": 100, "prompt_tokens": 100, "output_tokens": 40},
+            "slo": {"ttft_s": 0.5, "tpot_s": 0.009, "attainment_target": 0.9}, "target": {"rate": 5},
+            "search": {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                       "colocated": {"replicas": [1]},
+                       "pool": {"kv_blocks": 2000, "cost_model": linear, **pool_extra}}})
+    plain = plan({})
+    assert all(c.infeasible for c in plain.configs)
+    spec = plan({"speculative": {"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.01}})
+    assert spec.configs and not any(c.infeasible for c in spec.configs)
+    assert all(s.bound_rate > p.bound_rate for s, p in zip(spec.configs, plain.configs))
+    # and the simulation agrees: TPOT = (10 ms verify + 3 x 0.1 ms drafts + small terms) / 4 tokens
+    sc = scenario({"c": {"kind": "colocated", "kv_blocks": 2000, "cost_model": linear,
+                         "speculative": {"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.01}}},
+                  num_requests=1, prompt_tokens=100, output_tokens=41)
+    (r,) = simulate(sc)[0].requests
+    assert (r.finish_s - r.first_token_s) / 40 < 0.003
