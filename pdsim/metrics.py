@@ -226,8 +226,9 @@ def timeseries_frame(results) -> pd.DataFrame:
             if n == 0:
                 continue
             dev = getattr(inst.cost, "device", None)
-            peak = dev.peak_flops(inst.cost.compute_dtype) * inst.gpus if dev else math.nan
-            bw = dev.mem_bw_Bps * inst.gpus if dev else math.nan
+            # the cost model prices a step per GPU (each GPU's shard): one GPU's peak and bandwidth
+            peak = dev.peak_flops(inst.cost.compute_dtype) if dev else math.nan
+            bw = dev.mem_bw_Bps if dev else math.nan
             steps = np.asarray(s.steps, float)
             frames.append(pd.DataFrame({
                 "topology": res.name, "instance": inst.name, "pool": inst.pool,
@@ -274,8 +275,9 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
                 "instances": len(p.instances), "tp": p.spec.tp, "gpus": p.gpus,
                 "device": p.spec.device, "device_source": dev.source if dev else "n/a (constant/linear cost model)",
                 "busy_fraction": busy / (span * len(p.instances)),
-                "mfu": flops / (span * dev.peak_flops(p.cost.compute_dtype) * p.gpus) if dev else None,
-                "mbu": bytes_ / (span * dev.mem_bw_Bps * p.gpus) if dev else None,
+                # instance FLOPs and bytes are per GPU (the cost model prices one GPU's shard of a step)
+                "mfu": flops / (span * dev.peak_flops(p.cost.compute_dtype) * len(p.instances)) if dev else None,
+                "mbu": bytes_ / (span * dev.mem_bw_Bps * len(p.instances)) if dev else None,
                 "kv_peak_bytes": max(i.kv.peak_used for i in p.instances) * p.block_bytes,
                 "kv_capacity_bytes": p.instances[0].kv.total_blocks * p.block_bytes,
                 "weights_bytes_per_gpu": p.cost.weight_bytes_per_gpu() if dev else None,
