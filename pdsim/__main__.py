@@ -282,7 +282,7 @@ def _plan(args, plan, out: Path, jobs: int | None) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .validate import read_measured, silicon_sample_path, validate, write_outputs
+    from .validate import parse_profiles, read_measured, silicon_sample_path, validate, write_outputs
     files = list(args.measured)
     if args.silicon:
         files.append(silicon_sample_path())
@@ -295,8 +295,9 @@ def cmd_validate(args) -> int:
         import numpy as np
         keep = sorted(np.random.default_rng(args.seed).choice(len(rows), args.sample, replace=False).tolist())
         rows = [rows[i] for i in keep]
+    profiles = parse_profiles(args.profile, args.profiles, {r.get("device") for r, why in rows if why is None})
     res = validate(rows, engine_presets=not args.no_engine, requests_per_client=args.requests_per_client,
-                   progress=None if args.quiet else
+                   profiles=profiles, progress=None if args.quiet else
                    lambda i, n, r: print(f"pdsim validate: {i}/{n} {r['id']}", file=sys.stderr, flush=True))
     out = Path(args.out or "reports/validate")
     write_outputs(res, out)
@@ -395,6 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--tp", type=int, help="tensor parallelism of JSON results that do not give it")
     va.add_argument("--engine", help="engine of JSON results that do not give it (vllm-v1, vllm-v0, sglang, trtllm)")
     va.add_argument("--no-engine", action="store_true", help="simulate with the idealised engine (no presets)")
+    va.add_argument("--profile", action="append", metavar="DEVICE=PATH",
+                    help="price this GPU's rows with a profile file (e.g. an imported measured one); repeatable")
+    va.add_argument("--profiles", metavar="PATTERN", help="price each GPU's rows with the profile whose file name "
+                    "starts with the GPU, from a folder or glob (e.g. 'calibration/profiles/*-aic.yaml')")
     va.add_argument("--sample", type=int, help="simulate a seeded random sample of this many rows")
     va.add_argument("--seed", type=int, default=0)
     va.add_argument("--requests-per-client", type=int, default=10)

@@ -222,14 +222,52 @@ def silicon_sample_path() -> Path:
     return p
 
 
+def parse_profiles(pairs: list[str] | None = None, pattern: str | None = None,
+                   devices: set[str] | None = None) -> dict[str, str]:
+    """{device preset: profile path} from ``--profile DEVICE=PATH`` pairs and/or ``--profiles PATTERN``.
+
+    PATTERN is a folder (every .yaml in it) or a glob (``calibration/profiles/*-aic.yaml``); a profile
+    belongs to the GPU its file name starts with (``h100_sxm-trtllm-aic.yaml`` -> h100-sxm, by the
+    GPU names of the measured files).  A GPU with two candidate files among ``devices`` (the GPUs the
+    rows use) is an error naming both: narrow the pattern or use ``--profile``.  Pairs win."""
+    import glob as _glob
+    out: dict[str, str] = {}
+    if pattern is not None:
+        files = (sorted(Path(pattern).glob("*.y*ml")) if Path(pattern).is_dir()
+                 else sorted(Path(f) for f in _glob.glob(pattern)))
+        found: dict[str, list[Path]] = {}
+        for f in files:
+            dev = GPUS.get(f.stem.split("-")[0].lower())
+            if dev is not None:
+                found.setdefault(dev, []).append(f)
+        if not found:
+            raise ConfigError("no profile file whose name starts with a known GPU (h100_sxm-..., h200_sxm-...)",
+                              key="--profiles", value=pattern)
+        for dev, fs in found.items():
+            if len(fs) > 1 and (devices is None or dev in devices):
+                raise ConfigError(f"{len(fs)} profiles for {dev} ({', '.join(f.name for f in fs)}); narrow the "
+                                  f"pattern or use --profile {dev}=PATH", key="--profiles", value=pattern)
+            out[dev] = str(fs[0])
+    for pair in pairs or []:
+        dev, sep, path = pair.partition("=")
+        if not sep or not path:
+            raise ConfigError("expected DEVICE=PATH", key="--profile", value=pair)
+        dev = GPUS.get(dev.strip().lower(), dev.strip())
+        if not Path(path).is_file():
+            raise ConfigError("profile file not found", key="--profile", value=path)
+        out[dev] = path
+    return out
+
+
 # --- simulate a row ------------------------------------------------------------------------------
 def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 10, min_requests: int = 16,
-                 client: dict | None = None, step_overhead: dict | None = None):
+                 client: dict | None = None, step_overhead: dict | None = None, profiles: dict | None = None):
     """The closed-loop scenario of one measured row (``engine_presets=False``: the idealised engine);
-    ``client``: Scenario.client keys (ramp-up, jitter, warm-up)."""
+    ``client``: Scenario.client keys (ramp-up, jitter, warm-up); ``profiles``: {device preset: profile
+    path} to price the row's GPU with a measured profile instead of its datasheet preset."""
     from . import config
     c = r["concurrency"]
-    pool = {"kind": "colocated", "replicas": 1, "tp": r["tp"], "device": r["device"]}
+    pool = {"kind": "colocated", "replicas": 1, "tp": r["tp"], "device": (profiles or {}).get(r["device"], r["device"])}
     if engine_presets:
         pool["engine"] = r["engine"]
         if step_overhead and r["engine"] in step_overhead:     # fitted overhead (calibration) over the preset's
@@ -252,15 +290,16 @@ CLIENT_MODES = ("sync", "stagger")
 
 
 def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 10,
-                 client_mode: str = "sync", step_overhead: dict | None = None) -> dict:
+                 client_mode: str = "sync", step_overhead: dict | None = None, profiles: dict | None = None) -> dict:
     """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them."""
     from .metrics import requests_frame
     from .simulation import simulate
     client = None
     if client_mode == "stagger":
-        lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1))[0].requests[0]
+        lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1, profiles=profiles))[0].requests[0]
         client = {"start_jitter_s": float(lone.finish_s - lone.arrival_s), "warmup_requests": r["concurrency"]}
-    sc = row_scenario(r, engine_presets, requests_per_client, client=client, step_overhead=step_overhead)
+    sc = row_scenario(r, engine_presets, requests_per_client, client=client, step_overhead=step_overhead,
+                      profiles=profiles)
     res = simulate(sc)
     df = requests_frame(res, sc.client)
     fin = df[(df.status == "finished") & ~df.warmup.astype(bool)]
@@ -281,21 +320,26 @@ GROUP = ("model", "device", "engine", "mode")
 
 
 def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 10,
-             progress=None, client_mode: str = "sync", step_overhead: dict | None = None) -> dict:
-    """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}."""
+             progress=None, client_mode: str = "sync", step_overhead: dict | None = None,
+             profiles: dict | None = None) -> dict:
+    """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}.
+
+    ``profiles``: {device preset: profile path}; rows on those GPUs are priced with that profile
+    (e.g. an imported measured kernel profile), the others with their datasheet preset."""
     usable, skipped = [], []
     for r, why in rows:
         (skipped if why else usable).append((r, why))
     out_rows = []
     for i, (r, _) in enumerate(usable):
         try:
-            sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead)
+            sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead, profiles)
         except ConfigError as exc:          # e.g. weights do not fit the GPU at this TP
             skipped.append((r, "does_not_fit: " + str(exc)[:160]))
             continue
         row = {**{k: r.get(k) for k in ("source", "id", "model", "device", "engine", "mode", "tp", "isl", "osl",
                                       "concurrency", "weight_dtype")}, "ttft_ms": r["ttft_ms"],
-               "tpot_ms": r["tpot_ms"], "throughput_tok_s": r.get("throughput_tok_s"), **sim}
+               "tpot_ms": r["tpot_ms"], "throughput_tok_s": r.get("throughput_tok_s"), **sim,
+               "cost": Path((profiles or {}).get(r["device"], "datasheet")).stem}
         row["ttft_ape"] = _ape(sim["sim_ttft_ms"], r["ttft_ms"])
         row["tpot_ape"] = _ape(sim["sim_tpot_ms"], r["tpot_ms"])
         row["throughput_ape"] = _ape(sim["sim_throughput_tok_s"], r.get("throughput_tok_s"))
@@ -354,7 +398,8 @@ def fit_step_overhead(rows: list[dict]) -> dict:
 def write_outputs(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = result["rows"]
-    cols = ["source", "id", "model", "device", "engine", "mode", "tp", "isl", "osl", "concurrency", "weight_dtype",
+    cols = ["source", "id", "model", "device", "cost", "engine", "mode", "tp", "isl", "osl", "concurrency",
+            "weight_dtype",
             "ttft_ms", "sim_ttft_ms", "ttft_ape", "tpot_ms", "sim_tpot_ms", "tpot_ape", "throughput_tok_s",
             "sim_throughput_tok_s", "throughput_ape", "sim_finished", "sim_requests"]
     with open(out / "validate.csv", "w", newline="") as f:
