@@ -295,9 +295,11 @@ def cmd_validate(args) -> int:
         import numpy as np
         keep = sorted(np.random.default_rng(args.seed).choice(len(rows), args.sample, replace=False).tolist())
         rows = [rows[i] for i in keep]
+    if args.range_ratio is not None and not 0 < args.range_ratio <= 1:
+        raise ConfigError("must be in (0, 1]", key="--range-ratio", value=args.range_ratio)
     profiles = parse_profiles(args.profile, args.profiles, {r.get("device") for r, why in rows if why is None})
     res = validate(rows, engine_presets=not args.no_engine, requests_per_client=args.requests_per_client,
-                   profiles=profiles, progress=None if args.quiet else
+                   profiles=profiles, length_ratio=args.range_ratio, progress=None if args.quiet else
                    lambda i, n, r: print(f"pdsim validate: {i}/{n} {r['id']}", file=sys.stderr, flush=True))
     out = Path(args.out or "reports/validate")
     write_outputs(res, out)
@@ -400,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="price this GPU's rows with a profile file (e.g. an imported measured one); repeatable")
     va.add_argument("--profiles", metavar="PATTERN", help="price each GPU's rows with the profile whose file name "
                     "starts with the GPU, from a folder or glob (e.g. 'calibration/profiles/*-aic.yaml')")
+    va.add_argument("--range-ratio", type=float, help="the benchmark's --random-range-ratio for every row: lengths "
+                    "uniform in [int(L x R), L] (default: recognised harnesses' own, else fixed lengths)")
     va.add_argument("--sample", type=int, help="simulate a seeded random sample of this many rows")
     va.add_argument("--seed", type=int, default=0)
     va.add_argument("--requests-per-client", type=int, default=10)
