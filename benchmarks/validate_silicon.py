@@ -47,6 +47,7 @@ def main() -> None:
                     help="how the measured clients are assumed to send (pdsim.validate.CLIENT_MODES)")
     ap.add_argument("--requests-per-client", type=int, default=10)
     ap.add_argument("--only-after", action="store_true", help="skip the idealised-engine (no presets) variants")
+    ap.add_argument("--only-before", action="store_true", help="only the idealised-engine (no presets) variants")
     ap.add_argument("--profiles", default=str(Path(__file__).parent.parent / "calibration/profiles/*-aic.yaml"),
                     help="measured profiles per GPU (pdsim validate --profiles); '' for the datasheet only")
     ap.add_argument("--fit-overhead", action="store_true",
@@ -76,6 +77,8 @@ def main() -> None:
                 ("measured", True, profiles)]
     if args.only_after:
         variants = [v for v in variants if v[1]]
+    if args.only_before:
+        variants = [v for v in variants if not v[1]]
     if not profiles:
         variants = [v for v in variants if v[2] is None]
     res = {}
@@ -101,7 +104,12 @@ def main() -> None:
     if args.write_error_table:
         if args.split != "test":
             raise SystemExit("--write-error-table stores held-out figures: use it with --split test")
-        bands: dict[str, dict] = {}
+        # variants run separately (--only-after / --only-before) add their keys to the stored table
+        try:
+            old = json.loads(ERROR_TABLE.read_text())
+            bands = old["bands"] if old.get("split", {}).get("by") == "zlib.crc32(id) % 2" else {}
+        except (OSError, ValueError, KeyError):
+            bands = {}
         for label, (presets, prof, r) in res.items():
             for eng, dev in {(x["engine"] if presets else "none", x["device"]) for x in r["rows"]}:
                 rs = [x for x in r["rows"] if (x["engine"] if presets else "none", x["device"]) == (eng, dev)]
@@ -109,7 +117,8 @@ def main() -> None:
                 bands[key] = {**stats(rs), "rows": len(rs)}
         ERROR_TABLE.write_text(json.dumps({
             "source": f"benchmarks/validate_silicon.py --split test{' --sample %d' % args.sample if args.sample else ''}"
-                      f" --client {args.client} (git {git_head()}): pdsim vs aiconfigurator-core 0.12.0 "
+                      f" --client {args.client} [--only-after | --only-before] (git {git_head()}): pdsim vs "
+                      "aiconfigurator-core 0.12.0 "
                       "silicon_sample.csv, dense aggregated closed-loop rows (mean TTFT/TPOT per row, absolute "
                       "percentage error; bias = mean of simulated/measured - 1). Rows are split by the CRC32 of "
                       "their id: odd = held-out (these figures), even = train. Nothing in pdsim was fitted on the "
