@@ -249,3 +249,30 @@ def test_error_band_per_engine_gpu_and_profile(tmp_path, monkeypatch):
     assert V.error_band("trtllm", "calibration/profiles/h200_sxm-trtllm-aic.yaml")["tpot_mape_pct"] == 7.0
     assert V.error_band("trtllm", "h200") == "unvalidated"
     assert V.error_band("vllm-v0", "a100-80gb-sxm") == "unvalidated"
+
+
+def test_run_prints_the_stored_band_of_each_pools_engine_and_gpu(tmp_path, capsys):
+    """`pdsim run`: each pool's line carries the held-out band stored for its (engine, GPU) in
+    pdsim/data/validation_error.json, the idealised pool the `none` band, and a pair nobody measured
+    (vLLM v0 on A100) `unvalidated`; the report card says the same."""
+    import yaml
+    from pdsim.validate import ERROR_TABLE
+    bands = json.loads(ERROR_TABLE.read_text())["bands"]
+    sc = {"name": "bands", "model": "llama-3.1-8b", "seed": 0,
+          "workload": {"arrival": "poisson", "rate": 2, "num_requests": 3, "prompt_tokens": 64, "output_tokens": 4},
+          "topologies": {"v1": {"kind": "colocated", "device": "h200", "engine": "vllm-v1"},
+                         "idealised": {"kind": "colocated", "device": "h200"},
+                         "v0": {"kind": "colocated", "device": "a100-80gb-sxm", "engine": "vllm-v0"}}}
+    f = tmp_path / "bands.yaml"
+    f.write_text(yaml.safe_dump(sc))
+    assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    lines = {ln.split(":")[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("expected error")}
+    b = bands["vllm-v1|h200"]
+    assert f"TTFT ±{b['ttft_mape_pct']}%, TPOT ±{b['tpot_mape_pct']}%" in lines["expected error v1/replica"]
+    assert f"over {b['rows']} measured runs" in lines["expected error v1/replica"]
+    b = bands["none|h200"]
+    assert f"TTFT ±{b['ttft_mape_pct']}%, TPOT ±{b['tpot_mape_pct']}%" in lines["expected error idealised/replica"]
+    assert lines["expected error v0/replica"].endswith("unvalidated")
+    page = (tmp_path / "out" / "report.html").read_text()
+    from pdsim.charts import num
+    assert "unvalidated" in page and f"±{num(bands['vllm-v1|h200']['ttft_mape_pct'])}%" in page
