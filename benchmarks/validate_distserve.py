@@ -59,6 +59,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--step", type=float, default=0.25, help="rate grid step (req/s)")
+    ap.add_argument("--overhead-us", type=float, nargs="*", default=[],
+                    help="sensitivity: also run colocated vllm-v0 with these per-step base overheads (us)")
     args = ap.parse_args()
     base = yaml.safe_load(SCENARIO.read_text())
     base["workload"]["num_requests"] = 600
@@ -71,6 +73,9 @@ def main() -> None:
                      "decode": {**pools["disagg-2p1d"]["decode"], "engine": "vllm-v0"}}})]
     print(f"{SCENARIO.name}: SLO TTFT <= {base['slo']['ttft_s']} s, TPOT <= {base['slo']['tpot_s']} s, 90% of "
           f"requests; 600 requests per rate, first 20% warm-up, seeds {list(range(args.seeds))}")
+    for us in args.overhead_us:
+        cases.append(("colocated", f"vllm-v0, base {us:g} us", 1,
+                      {"t": {**pools["colocated-1"], "engine": "vllm-v0", "step_overhead": {"base_us": us}}}))
     got = {}
     for topo, label, gpus, t in cases:
         t0 = time.perf_counter()
@@ -79,7 +84,7 @@ def main() -> None:
         g, curve = goodput({**base, "topologies": t}, rates, range(args.seeds))
         got[(topo, label)] = g / gpus
         paper = PAPER_RPS_PER_GPU[topo]
-        print(f"  {topo:9s} {label:22s} goodput {g:5.2f} req/s = {g / gpus:5.2f} per GPU; paper {paper:.1f} "
+        print(f"  {topo:9s} {label:24s} goodput {g:5.2f} req/s = {g / gpus:5.2f} per GPU; paper {paper:.1f} "
               f"-> x{g / gpus / paper:.2f}  ({len(curve)} rates, {time.perf_counter() - t0:.0f} s; "
               f"attainment near the knee: {', '.join(f'{r:g}:{a:.2f}' for r, a in curve[-3:])})")
     for label in ("idealised (no engine)", "engine: vllm-v0"):

@@ -47,6 +47,8 @@ def main() -> None:
                     help="how the measured clients are assumed to send (pdsim.validate.CLIENT_MODES)")
     ap.add_argument("--requests-per-client", type=int, default=10)
     ap.add_argument("--only-after", action="store_true", help="skip the idealised-engine (no presets) variants")
+    ap.add_argument("--range-ratio", type=float,
+                    help="force every row's length range ratio (1: fixed lengths, the pre-harness behaviour)")
     ap.add_argument("--only-before", action="store_true", help="only the idealised-engine (no presets) variants")
     ap.add_argument("--profiles", default=str(Path(__file__).parent.parent / "calibration/profiles/*-aic.yaml"),
                     help="measured profiles per GPU (pdsim validate --profiles); '' for the datasheet only")
@@ -86,7 +88,8 @@ def main() -> None:
         label = f"{cost}{'+presets' if presets else ' (no engine)'}"
         t0 = time.perf_counter()
         res[label] = (presets, prof, validate(usable, engine_presets=presets, requests_per_client=args.requests_per_client,
-                                              client_mode=args.client, profiles=prof))
+                                              client_mode=args.client, profiles=prof,
+                                              length_ratio=args.range_ratio))
         print(f"  {label}: {res[label][2]['counts']['simulated']} simulated in {time.perf_counter() - t0:.0f} s")
     if profiles:
         print("  measured = " + ", ".join(f"{d}: {Path(p).name}" for d, p in sorted(profiles.items())))
@@ -102,6 +105,8 @@ def main() -> None:
                   f"{s_['ttft_bias_pct']:+6.0f}  {s_['tpot_mape_pct']:9.1f} {s_['tpot_median_ape_pct']:7.1f} "
                   f"{s_['tpot_bias_pct']:+6.0f}")
     if args.write_error_table:
+        if args.range_ratio is not None:
+            raise SystemExit("--write-error-table stores the harness-aware figures: drop --range-ratio")
         if args.split != "test":
             raise SystemExit("--write-error-table stores held-out figures: use it with --split test")
         # variants run separately (--only-after / --only-before) add their keys to the stored table
