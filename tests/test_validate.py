@@ -231,7 +231,13 @@ def test_a_profile_replaces_the_datasheet_preset_of_its_gpu(tmp_path):
     assert parse_profiles(None, str(tmp_path), {"h200"})["h100-sxm"]       # not in use: no error
     with pytest.raises(ConfigError, match="DEVICE=PATH"):
         parse_profiles(["h100-sxm"], None)
-    # the CLI: a bad ratio is one line
+    # the CLI: --profile DEVICE=PATH reaches the simulation (validate.csv names the profile); a bad ratio is one line
+    out = tmp_path / "out"
+    assert main(["validate", str(path), "--no-engine", "--profile", f"h100_sxm={prof}", "--out", str(out),
+                 "--quiet"]) == 0
+    with open(out / "validate.csv") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert row["cost"] == "h100_sxm-slow" and float(row["sim_ttft_ms"]) == pytest.approx(slow["sim_ttft_ms"])
     assert main(["validate", str(path), "--range-ratio", "1.5", "--quiet"]) == 2
 
 
