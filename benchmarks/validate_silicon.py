@@ -127,9 +127,11 @@ def main() -> None:
                       "silicon_sample.csv, dense aggregated closed-loop rows (mean TTFT/TPOT per row, absolute "
                       "percentage error; bias = mean of simulated/measured - 1). Rows are split by the CRC32 of "
                       "their id: odd = held-out (these figures), even = train. Nothing in pdsim was fitted on the "
-                      "held-out rows; the datasheet GPU presets are fitted to aiconfigurator's kernel tables, the "
-                      "'-aic' keys use the imported measured profiles of calibration/profiles. Key: engine|device "
-                      "(engine 'none' = no engine preset).",
+                      "held-out rows: the vllm-v1/sglang/trtllm step overheads were fitted on the train half "
+                      "(--fit-overhead), the datasheet GPU presets to aiconfigurator's kernel tables; InferenceMAX "
+                      "rows use its published length draw (validate.silicon_harness). The '-aic' keys use the "
+                      "imported measured profiles of calibration/profiles. Key: engine|device (engine 'none' = "
+                      "no engine preset).",
             "split": {"by": "zlib.crc32(id) % 2", "held_out": 1, "train": 0},
             "bands": dict(sorted(bands.items()))}, indent=1) + "\n")
         print(f"wrote {ERROR_TABLE}")
