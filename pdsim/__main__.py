@@ -100,12 +100,20 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
         print("  ".join(v.ljust(w[i]) for i, v in enumerate(r)), file=out)
 
 
-def print_error_bands(summary: dict, out=sys.stdout) -> None:
+def _bias(band: dict) -> str:
+    """', simulated TTFT +12% / TPOT -3% on average': the sign says which way pdsim errs."""
+    if band.get("ttft_bias_pct") is None or band.get("tpot_bias_pct") is None:
+        return ""
+    return f"; pdsim's mean bias TTFT {band['ttft_bias_pct']:+.0f}%, TPOT {band['tpot_bias_pct']:+.0f}%"
+
+
+def print_error_bands(summary: dict, out=None) -> None:
     """The TTFT/TPOT error measured against real runs for each pool's engine and GPU (pdsim validate)."""
+    out = out or sys.stdout          # looked up per call: a stream swapped after import is honoured
     for name, s in summary.items():
         for pool, band in (s.get("expected_error") or {}).items():
             text = band if isinstance(band, str) else (f"TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}% "
-                                                       f"(MAPE over {band['rows']} measured runs)")
+                                                       f"(MAPE over {band['rows']} measured runs{_bias(band)})")
             print(f"expected error {name}/{pool}: {text}", file=out)
 
 
@@ -311,7 +319,7 @@ def _plan(args, plan, out: Path, jobs: int | None) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .validate import read_measured, silicon_sample_path, validate, write_outputs
+    from .validate import parse_profiles, read_measured, silicon_sample_path, validate, write_outputs
     files = list(args.measured)
     if args.silicon:
         files.append(silicon_sample_path())
@@ -324,8 +332,11 @@ def cmd_validate(args) -> int:
         import numpy as np
         keep = sorted(np.random.default_rng(args.seed).choice(len(rows), args.sample, replace=False).tolist())
         rows = [rows[i] for i in keep]
+    if args.range_ratio is not None and not 0 < args.range_ratio <= 1:
+        raise ConfigError("must be in (0, 1]", key="--range-ratio", value=args.range_ratio)
+    profiles = parse_profiles(args.profile, args.profiles, {r.get("device") for r, why in rows if why is None})
     res = validate(rows, engine_presets=not args.no_engine, requests_per_client=args.requests_per_client,
-                   progress=None if args.quiet else
+                   profiles=profiles, length_ratio=args.range_ratio, progress=None if args.quiet else
                    lambda i, n, r: print(f"pdsim validate: {i}/{n} {r['id']}", file=sys.stderr, flush=True))
     out = Path(args.out or "reports/validate")
     write_outputs(res, out)
@@ -431,6 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--tp", type=int, help="tensor parallelism of JSON results that do not give it")
     va.add_argument("--engine", help="engine of JSON results that do not give it (vllm-v1, vllm-v0, sglang, trtllm)")
     va.add_argument("--no-engine", action="store_true", help="simulate with the idealised engine (no presets)")
+    va.add_argument("--profile", action="append", metavar="DEVICE=PATH",
+                    help="price this GPU's rows with a profile file (e.g. an imported measured one); repeatable")
+    va.add_argument("--profiles", metavar="PATTERN", help="price each GPU's rows with the profile whose file name "
+                    "starts with the GPU, from a folder or glob (e.g. 'calibration/profiles/*-aic.yaml')")
+    va.add_argument("--range-ratio", type=float, help="the benchmark's --random-range-ratio for every row: lengths "
+                    "uniform in [int(L x R), L] (default: recognised harnesses' own, else fixed lengths)")
     va.add_argument("--sample", type=int, help="simulate a seeded random sample of this many rows")
     va.add_argument("--seed", type=int, default=0)
     va.add_argument("--requests-per-client", type=int, default=10)

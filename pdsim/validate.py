@@ -108,6 +108,25 @@ def _row(source, rid, model, gpu, backend, version, mode, tp, isl, osl, conc, pr
     return r, None
 
 
+#: Benchmark harnesses recognised in the silicon sample, and how their clients draw request lengths.
+#: ``inferencemax``: SemiAnalysis InferenceMAX (its README and benchmarks/*_slurm.sh): ISL/OSL grid
+#: (1024, 1024), (1024, 8192), (8192, 1024), concurrency 4..64, ``bench_serving/benchmark_serving.py
+#: --random-range-ratio 0.8 --num-prompts CONC*10 --max-concurrency CONC --ignore-eos``, whose
+#: random dataset draws each prompt and output length uniformly from [int(L x 0.8), L].  The silicon
+#: sample's dated dump (not NVIDIA's aic-auto-gap-analysis sweeps) holds rows on exactly that grid.
+INFERENCEMAX_GRID = {(1024, 1024), (1024, 8192), (8192, 1024)}
+INFERENCEMAX_RANGE_RATIO = 0.8
+
+
+def silicon_harness(source: str, isl: int | None, osl: int | None) -> tuple[str, float]:
+    """(harness, length range ratio) of a silicon row: ``inferencemax`` (0.8) when the row is on the
+    InferenceMAX grid and not from NVIDIA's aic-auto-gap-analysis sweeps, else ``unknown`` with fixed
+    lengths (1.0: every request exactly ISL/OSL, as ``vllm bench serve``'s default)."""
+    if (isl, osl) in INFERENCEMAX_GRID and "aic-auto-gap-analysis" not in source:
+        return "inferencemax", INFERENCEMAX_RANGE_RATIO
+    return "unknown", 1.0
+
+
 def read_silicon(path: Path) -> list[tuple[dict, str | None]]:
     out = []
     with open(path, newline="", encoding="utf-8") as f:
@@ -115,11 +134,13 @@ def read_silicon(path: Path) -> list[tuple[dict, str | None]]:
             src = line.get("silicon_data_source", "")
             m = re.search(r"silicon_concurrency=(\d+)", src)
             conc = int(m.group(1)) if m else _int(line.get("batch_size"))
+            harness, ratio = silicon_harness(src, _int(line.get("isl")), _int(line.get("osl")))
             r, why = _row("silicon", line.get("id", ""), line.get("model_path", ""), line.get("system", ""),
                           line.get("backend", ""), line.get("backend_version", ""), line.get("mode", ""),
                           _int(line.get("tp_size")), _int(line.get("isl")), _int(line.get("osl")), conc,
                           line.get("gemm_quant_mode") or line.get("precision"),
-                          _float(line.get("silicon_ttft_ms")), _float(line.get("silicon_tpot_ms")))
+                          _float(line.get("silicon_ttft_ms")), _float(line.get("silicon_tpot_ms")),
+                          extra={"harness": harness, "length_ratio": ratio})
             if why is None:
                 if (_int(line.get("pp_size")) or 1) > 1:
                     why = "pipeline_parallel"
@@ -222,14 +243,62 @@ def silicon_sample_path() -> Path:
     return p
 
 
+def parse_profiles(pairs: list[str] | None = None, pattern: str | None = None,
+                   devices: set[str] | None = None) -> dict[str, str]:
+    """{device preset: profile path} from ``--profile DEVICE=PATH`` pairs and/or ``--profiles PATTERN``.
+
+    PATTERN is a folder (every .yaml in it) or a glob (``calibration/profiles/*-aic.yaml``); a profile
+    belongs to the GPU its file name starts with (``h100_sxm-trtllm-aic.yaml`` -> h100-sxm, by the
+    GPU names of the measured files).  A GPU with two candidate files among ``devices`` (the GPUs the
+    rows use) is an error naming both: narrow the pattern or use ``--profile``.  Pairs win."""
+    import glob as _glob
+    out: dict[str, str] = {}
+    if pattern is not None:
+        files = (sorted(Path(pattern).glob("*.y*ml")) if Path(pattern).is_dir()
+                 else sorted(Path(f) for f in _glob.glob(pattern)))
+        found: dict[str, list[Path]] = {}
+        for f in files:
+            dev = GPUS.get(f.stem.split("-")[0].lower())
+            if dev is not None:
+                found.setdefault(dev, []).append(f)
+        if not found:
+            raise ConfigError("no profile file whose name starts with a known GPU (h100_sxm-..., h200_sxm-...)",
+                              key="--profiles", value=pattern)
+        for dev, fs in found.items():
+            if len(fs) > 1 and (devices is None or dev in devices):
+                raise ConfigError(f"{len(fs)} profiles for {dev} ({', '.join(f.name for f in fs)}); narrow the "
+                                  f"pattern or use --profile {dev}=PATH", key="--profiles", value=pattern)
+            out[dev] = str(fs[0])
+    for pair in pairs or []:
+        dev, sep, path = pair.partition("=")
+        if not sep or not path:
+            raise ConfigError("expected DEVICE=PATH", key="--profile", value=pair)
+        dev = GPUS.get(dev.strip().lower(), dev.strip())
+        if not Path(path).is_file():
+            raise ConfigError("profile file not found", key="--profile", value=path)
+        out[dev] = path
+    return out
+
+
 # --- simulate a row ------------------------------------------------------------------------------
 def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 10, min_requests: int = 16,
-                 client: dict | None = None, step_overhead: dict | None = None):
+                 client: dict | None = None, step_overhead: dict | None = None, profiles: dict | None = None,
+                 cost_model: dict | None = None):
     """The closed-loop scenario of one measured row (``engine_presets=False``: the idealised engine);
-    ``client``: Scenario.client keys (ramp-up, jitter, warm-up)."""
+    ``client``: Scenario.client keys (ramp-up, jitter, warm-up); ``profiles``: {device preset: profile
+    path} to price the row's GPU with a measured profile instead of its datasheet preset;
+    ``cost_model``: a pool ``cost_model`` (constant / linear what-if models, for tests)."""
     from . import config
     c = r["concurrency"]
-    pool = {"kind": "colocated", "replicas": 1, "tp": r["tp"], "device": r["device"]}
+    ratio = r.get("length_ratio", 1.0)
+
+    def lengths(n: int):
+        # the benchmark's random dataset: uniform integers in [int(n x ratio), n] (ratio 1: exactly n)
+        return n if ratio >= 1.0 or int(n * ratio) >= n else {"dist": "uniform", "low": max(1, int(n * ratio)),
+                                                                  "high": n}
+    pool = {"kind": "colocated", "replicas": 1, "tp": r["tp"], "device": (profiles or {}).get(r["device"], r["device"])}
+    if cost_model:
+        pool["cost_model"] = cost_model
     if engine_presets:
         pool["engine"] = r["engine"]
         if step_overhead and r["engine"] in step_overhead:     # fitted overhead (calibration) over the preset's
@@ -237,7 +306,7 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
     raw = {"name": str(r["id"])[:80], "model": r["model"], "weight_dtype": r["weight_dtype"],
            "kv_dtype": r["kv_dtype"],
            "workload": {"arrival": "closed", "clients": c, "num_requests": max(min_requests, requests_per_client * c),
-                        "prompt_tokens": r["isl"], "output_tokens": r["osl"]},
+                        "prompt_tokens": lengths(r["isl"]), "output_tokens": lengths(r["osl"])},
            "topologies": {"t": pool}}
     if client:
         raw["client"] = client
@@ -252,15 +321,17 @@ CLIENT_MODES = ("sync", "stagger")
 
 
 def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 10,
-                 client_mode: str = "sync", step_overhead: dict | None = None) -> dict:
+                 client_mode: str = "sync", step_overhead: dict | None = None, profiles: dict | None = None,
+                 cost_model: dict | None = None) -> dict:
     """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them."""
     from .metrics import requests_frame
     from .simulation import simulate
     client = None
     if client_mode == "stagger":
-        lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1))[0].requests[0]
+        lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1, profiles=profiles))[0].requests[0]
         client = {"start_jitter_s": float(lone.finish_s - lone.arrival_s), "warmup_requests": r["concurrency"]}
-    sc = row_scenario(r, engine_presets, requests_per_client, client=client, step_overhead=step_overhead)
+    sc = row_scenario(r, engine_presets, requests_per_client, client=client, step_overhead=step_overhead,
+                      profiles=profiles, cost_model=cost_model)
     res = simulate(sc)
     df = requests_frame(res, sc.client)
     fin = df[(df.status == "finished") & ~df.warmup.astype(bool)]
@@ -281,21 +352,31 @@ GROUP = ("model", "device", "engine", "mode")
 
 
 def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 10,
-             progress=None, client_mode: str = "sync", step_overhead: dict | None = None) -> dict:
-    """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}."""
+             progress=None, client_mode: str = "sync", step_overhead: dict | None = None,
+             profiles: dict | None = None, length_ratio: float | None = None) -> dict:
+    """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}.
+
+    ``length_ratio``: the benchmark's random range ratio for every row (lengths uniform in
+    [int(L x ratio), L]); None: each row's own (:func:`silicon_harness`; 1.0 = fixed lengths).
+    ``profiles``: {device preset: profile path}; rows on those GPUs are priced with that profile
+    (e.g. an imported measured kernel profile), the others with their datasheet preset."""
     usable, skipped = [], []
     for r, why in rows:
         (skipped if why else usable).append((r, why))
     out_rows = []
     for i, (r, _) in enumerate(usable):
+        if length_ratio is not None:
+            r = {**r, "length_ratio": length_ratio}
         try:
-            sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead)
+            sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead, profiles)
         except ConfigError as exc:          # e.g. weights do not fit the GPU at this TP
             skipped.append((r, "does_not_fit: " + str(exc)[:160]))
             continue
         row = {**{k: r.get(k) for k in ("source", "id", "model", "device", "engine", "mode", "tp", "isl", "osl",
-                                      "concurrency", "weight_dtype")}, "ttft_ms": r["ttft_ms"],
-               "tpot_ms": r["tpot_ms"], "throughput_tok_s": r.get("throughput_tok_s"), **sim}
+                                      "concurrency", "weight_dtype", "harness")},
+               "length_ratio": r.get("length_ratio", 1.0), "ttft_ms": r["ttft_ms"],
+               "tpot_ms": r["tpot_ms"], "throughput_tok_s": r.get("throughput_tok_s"), **sim,
+               "cost": Path((profiles or {}).get(r["device"], "datasheet")).stem}
         row["ttft_ape"] = _ape(sim["sim_ttft_ms"], r["ttft_ms"])
         row["tpot_ape"] = _ape(sim["sim_tpot_ms"], r["tpot_ms"])
         row["throughput_ape"] = _ape(sim["sim_throughput_tok_s"], r.get("throughput_tok_s"))
@@ -354,7 +435,8 @@ def fit_step_overhead(rows: list[dict]) -> dict:
 def write_outputs(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = result["rows"]
-    cols = ["source", "id", "model", "device", "engine", "mode", "tp", "isl", "osl", "concurrency", "weight_dtype",
+    cols = ["source", "id", "model", "device", "cost", "engine", "mode", "tp", "isl", "osl", "concurrency",
+            "weight_dtype", "harness", "length_ratio",
             "ttft_ms", "sim_ttft_ms", "ttft_ape", "tpot_ms", "sim_tpot_ms", "tpot_ape", "throughput_tok_s",
             "sim_throughput_tok_s", "throughput_ape", "sim_finished", "sim_requests"]
     with open(out / "validate.csv", "w", newline="") as f:
@@ -405,15 +487,19 @@ ERROR_TABLE = Path(__file__).parent / "data" / "validation_error.json"
 
 
 def error_band(engine: str | None, device: str, tp: int | None = None) -> dict | str:
-    """MAPE of TTFT and TPOT measured by ``benchmarks/validate_silicon.py`` for this engine and GPU
-    (pooled over models and TP), or ``"unvalidated"``."""
-    if engine is None:
-        engine = "none"
+    """The held-out error measured by ``benchmarks/validate_silicon.py`` for this engine and GPU
+    (pooled over models and TP): TTFT/TPOT MAPE, median APE, p90 APE and bias, or ``"unvalidated"``.
+
+    ``device`` is a preset name or a profile path; a profile is looked up by its file stem (the
+    imported ``h100_sxm-trtllm-aic.yaml`` has its own band), ``engine`` None by ``none`` (the
+    idealised engine).  A pair nobody measured (vllm-v0, A100, L40S, a profile of your own) is
+    ``unvalidated``."""
+    key_dev = Path(device).stem if ("/" in device or device.endswith((".yaml", ".yml", ".json"))) else device
     try:
         table = json.loads(ERROR_TABLE.read_text())
     except (OSError, ValueError):
         return "unvalidated"
-    hit = table.get("bands", {}).get(f"{engine}|{device}")
+    hit = table.get("bands", {}).get(f"{engine or 'none'}|{key_dev}")
     if not hit:
         return "unvalidated"
     return {**hit, "source": table.get("source", "")}

@@ -12,6 +12,7 @@ from pdsim.costmodel import RooflineCost
 from pdsim.devices import get_device
 from pdsim.engines import PRESETS
 from pdsim.models import get_model
+from pdsim.errors import ConfigError
 from pdsim.validate import read_measured, validate
 
 COLS = ["id", "silicon_data_source", "backend", "backend_version", "model_path", "system", "precision", "mode",
@@ -153,3 +154,131 @@ def test_fit_step_overhead_recovers_a_known_residual():
     # a simulation already slower than measured cannot get a negative overhead
     rows = [{**r, "tpot_ms": r["sim_tpot_ms"] / 2} for r in rows]
     assert fit_step_overhead(rows)["vllm-v1"] == {"base_us": 0.0, "per_seq_us": 0.0}
+
+
+# --- harness, range ratio, profiles, error bands (validate2) ------------------------------------------
+def test_inferencemax_rows_get_its_length_range_and_others_stay_fixed(tmp_path):
+    from pdsim.validate import silicon_harness
+    # InferenceMAX's published client: --random-range-ratio 0.8 on the (1024,1024)/(1024,8192)/(8192,1024) grid
+    assert silicon_harness("source_file=2026-04-06.csv; silicon_concurrency=4", 1024, 8192) == ("inferencemax", 0.8)
+    assert silicon_harness("source_file=/x/aic-auto-gap-analysis/data/h100_sxm/vllm/q.csv", 1024, 1024) == \
+        ("unknown", 1.0)
+    assert silicon_harness("source_file=2026-04-06.csv", 1024, 128) == ("unknown", 1.0)
+    path = _silicon(tmp_path / "s.csv", [{"id": "imax", "isl": 1024, "osl": 1024,
+                                         "silicon_data_source": "source_file=2026-04-06.csv; silicon_concurrency=4"},
+                                        {"id": "fixed", "isl": 1024, "osl": 1024,
+                                         "silicon_data_source": "x/aic-auto-gap-analysis/y; silicon_concurrency=4"}])
+    (a, _), (b, _) = read_measured(path)
+    assert (a["harness"], a["length_ratio"], b["harness"], b["length_ratio"]) == ("inferencemax", 0.8, "unknown", 1.0)
+
+
+def test_range_ratio_draws_lengths_as_the_benchmark_does_and_apes_follow_by_hand(tmp_path):
+    """Linear cost (per_token_s per token, no overhead), one client: each prefill step takes
+    per_token x prompt tokens and each decode step per_token, so the mean TTFT is per_token x the
+    mean prompt, (819 + 1024) / 2 = 921.5 tokens for uniform integers in [int(1024 x 0.8), 1024],
+    and TPOT is exactly per_token.  APEs against measured 100 ms / 0.1 ms by hand."""
+    from pdsim.simulation import simulate
+    from pdsim.validate import row_scenario, simulate_row
+    per_token = 1e-4
+    path = _silicon(tmp_path / "s.csv", [{"id": "imax", "isl": 1024, "osl": 64, "silicon_ttft_ms": 100.0,
+                                         "silicon_tpot_ms": 0.1}])
+    (r0, why), = read_measured(path)
+    assert r0["length_ratio"] == 1.0                    # off the InferenceMAX grid: fixed lengths by default
+    r = {**r0, "length_ratio": 0.8}
+    cost = {"kind": "linear", "per_token_s": per_token}
+    reqs = simulate(row_scenario(r, requests_per_client=400, cost_model=cost))[0].requests
+    prompts = np.array([q.prompt_tokens for q in reqs])
+    outputs = np.array([q.output_tokens for q in reqs])
+    assert prompts.min() >= 819 and prompts.max() <= 1024 and prompts.min() < 830 and prompts.max() > 1015
+    assert outputs.min() >= 51 and outputs.max() <= 64        # int(64 x 0.8) = 51
+    sim = simulate_row(r, requests_per_client=400, cost_model=cost)
+    assert sim["sim_ttft_ms"] == pytest.approx(per_token * 921.5 * 1e3, rel=0.015)
+    assert sim["sim_tpot_ms"] == pytest.approx(per_token * 1e3, rel=1e-9)
+    res = validate([(r0, why)], length_ratio=0.8)        # roofline: only the bookkeeping is checked here
+    assert res["rows"][0]["length_ratio"] == 0.8 and res["rows"][0]["harness"] == "unknown"   # off the grid
+    # the APE arithmetic on the linear run, by hand: |92.15 - 100| / 100 and |0.1 - 0.1| / 0.1
+    from pdsim.validate import _ape
+    assert _ape(per_token * 921.5 * 1e3, 100.0) == pytest.approx(7.85)
+    assert _ape(sim["sim_tpot_ms"], 0.1) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_profile_replaces_the_datasheet_preset_of_its_gpu(tmp_path):
+    """A copy of the H100 preset with 2 ms more flat step overhead: with no engine preset (the device's
+    flat overhead counts), a lone request's TTFT (one prefill step) and TPOT (one decode step per
+    token) grow by exactly 2 ms; rows on other GPUs keep their preset."""
+    import yaml
+    from pdsim.devices import DATA_DIR
+    from pdsim.validate import parse_profiles
+    raw = yaml.safe_load((DATA_DIR / "h100-sxm.yaml").read_text())
+    raw["efficiency"]["step_overhead_us"] += 2000
+    raw["name"] = "h100_sxm-slow"
+    prof = tmp_path / "h100_sxm-slow.yaml"
+    prof.write_text(yaml.safe_dump(raw))
+    path = _silicon(tmp_path / "s.csv", [{"id": "h100"}])
+    rows = read_measured(path)
+    base = validate(rows, engine_presets=False)["rows"][0]
+    slow = validate(rows, engine_presets=False, profiles={"h100-sxm": str(prof)})["rows"][0]
+    assert (base["cost"], slow["cost"]) == ("datasheet", "h100_sxm-slow")
+    assert slow["sim_ttft_ms"] - base["sim_ttft_ms"] == pytest.approx(2.0, abs=1e-6)
+    assert slow["sim_tpot_ms"] - base["sim_tpot_ms"] == pytest.approx(2.0, abs=1e-6)
+    assert slow["ttft_ape"] == pytest.approx(abs(slow["sim_ttft_ms"] - 30) / 30 * 100)
+    # --profiles: a folder or glob, one file per GPU by its name; two candidates for a GPU in use: one line
+    assert parse_profiles(None, str(tmp_path)) == {"h100-sxm": str(prof)}
+    assert parse_profiles([f"h200={prof}"], None) == {"h200": str(prof)}
+    (tmp_path / "h100-other.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="2 profiles for h100-sxm"):
+        parse_profiles(None, str(tmp_path), {"h100-sxm"})
+    assert parse_profiles(None, str(tmp_path), {"h200"})["h100-sxm"]       # not in use: no error
+    with pytest.raises(ConfigError, match="DEVICE=PATH"):
+        parse_profiles(["h100-sxm"], None)
+    # the CLI: --profile DEVICE=PATH reaches the simulation (validate.csv names the profile); a bad ratio is one line
+    out = tmp_path / "out"
+    assert main(["validate", str(path), "--no-engine", "--profile", f"h100_sxm={prof}", "--out", str(out),
+                 "--quiet"]) == 0
+    with open(out / "validate.csv") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert row["cost"] == "h100_sxm-slow" and float(row["sim_ttft_ms"]) == pytest.approx(slow["sim_ttft_ms"])
+    assert main(["validate", str(path), "--range-ratio", "1.5", "--quiet"]) == 2
+
+
+def test_error_band_per_engine_gpu_and_profile(tmp_path, monkeypatch):
+    import pdsim.validate as V
+    table = {"source": "test", "bands": {"vllm-v1|h200": {"ttft_mape_pct": 11.0, "tpot_mape_pct": 5.0, "rows": 3},
+                                         "none|h200": {"ttft_mape_pct": 99.0, "tpot_mape_pct": 9.0, "rows": 3},
+                                         "trtllm|h200_sxm-trtllm-aic": {"ttft_mape_pct": 22.0, "tpot_mape_pct": 7.0,
+                                                                        "rows": 4}}}
+    f = tmp_path / "bands.json"
+    f.write_text(json.dumps(table))
+    monkeypatch.setattr(V, "ERROR_TABLE", f)
+    assert V.error_band("vllm-v1", "h200")["ttft_mape_pct"] == 11.0
+    assert V.error_band(None, "h200")["ttft_mape_pct"] == 99.0
+    assert V.error_band("trtllm", "calibration/profiles/h200_sxm-trtllm-aic.yaml")["tpot_mape_pct"] == 7.0
+    assert V.error_band("trtllm", "h200") == "unvalidated"
+    assert V.error_band("vllm-v0", "a100-80gb-sxm") == "unvalidated"
+
+
+def test_run_prints_the_stored_band_of_each_pools_engine_and_gpu(tmp_path, capsys):
+    """`pdsim run`: each pool's line carries the held-out band stored for its (engine, GPU) in
+    pdsim/data/validation_error.json, the idealised pool the `none` band, and a pair nobody measured
+    (vLLM v0 on A100) `unvalidated`; the report card says the same."""
+    import yaml
+    from pdsim.validate import ERROR_TABLE
+    bands = json.loads(ERROR_TABLE.read_text())["bands"]
+    sc = {"name": "bands", "model": "llama-3.1-8b", "seed": 0,
+          "workload": {"arrival": "poisson", "rate": 2, "num_requests": 3, "prompt_tokens": 64, "output_tokens": 4},
+          "topologies": {"v1": {"kind": "colocated", "device": "h200", "engine": "vllm-v1"},
+                         "idealised": {"kind": "colocated", "device": "h200"},
+                         "v0": {"kind": "colocated", "device": "a100-80gb-sxm", "engine": "vllm-v0"}}}
+    f = tmp_path / "bands.yaml"
+    f.write_text(yaml.safe_dump(sc))
+    assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    lines = {ln.split(":")[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("expected error")}
+    b = bands["vllm-v1|h200"]
+    assert f"TTFT ±{b['ttft_mape_pct']}%, TPOT ±{b['tpot_mape_pct']}%" in lines["expected error v1/replica"]
+    assert f"over {b['rows']} measured runs" in lines["expected error v1/replica"]
+    b = bands["none|h200"]
+    assert f"TTFT ±{b['ttft_mape_pct']}%, TPOT ±{b['tpot_mape_pct']}%" in lines["expected error idealised/replica"]
+    assert lines["expected error v0/replica"].endswith("unvalidated")
+    page = (tmp_path / "out" / "report.html").read_text()
+    from pdsim.charts import num
+    assert "unvalidated" in page and f"±{num(bands['vllm-v1|h200']['ttft_mape_pct'])}%" in page
