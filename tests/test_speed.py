@@ -1,0 +1,70 @@
+"""The speed work keeps results exact: column-wise outputs equal the per-row/pandas originals, shared
+streams equal freshly generated ones.  (Speed itself is measured by benchmarks/, never asserted here.)"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pdsim import metrics
+from pdsim.output import write_csv
+
+
+class _Req:
+    def __init__(self, token_s):
+        self.token_s = token_s
+
+
+def test_itl_columns_hand_worked():
+    # tokens at 0, 1, 3, 6 s: gaps 1, 2, 3; p99 at index (3 - 1) * 0.99 = 1.98 of the sorted gaps:
+    # 2 + 0.98 * (3 - 2) = 2.98.  A request with one token has no gap; None: not recorded.
+    rs = [_Req([0.0, 1.0, 3.0, 6.0]), _Req([5.0]), _Req(None), _Req([2.0, 2.5])]
+    mean, p99, mx = metrics.itl_columns(rs, np.zeros(4, np.int64))
+    assert mean[0] == pytest.approx(2.0) and p99[0] == pytest.approx(2.98) and mx[0] == 3.0
+    assert np.isnan([mean[1], p99[1], mx[1], mean[2], p99[2], mx[2]]).all()
+    assert (mean[3], p99[3], mx[3]) == (0.5, 0.5, 0.5)
+    # the client's first token is the second one (k0 = 1): gaps 2, 3 only
+    mean, p99, mx = metrics.itl_columns(rs, np.array([1, 0, 0, 1]))
+    assert mean[0] == pytest.approx(2.5) and p99[0] == pytest.approx(2.99) and mx[0] == 3.0
+    assert np.isnan(mean[3])          # one token left after the first: no gap
+
+
+def test_itl_columns_bit_exact_against_per_request_numpy():
+    """The oracle is numpy applied to each request alone (what the per-request loop computed)."""
+    rng = np.random.default_rng(3)
+    rs = []
+    for i in range(400):
+        n = int(rng.integers(0, 300))
+        scale = rng.choice([1e-3, 1.0, 1e3])
+        rs.append(_Req(None if i % 13 == 0 else np.cumsum(rng.exponential(scale, n)).tolist()))
+    k0 = rng.integers(0, 2, len(rs))
+    mean, p99, mx = metrics.itl_columns(rs, k0)
+    for i, r in enumerate(rs):
+        if r.token_s is None or len(r.token_s) - k0[i] < 2:
+            assert np.isnan(mean[i]) and np.isnan(p99[i]) and np.isnan(mx[i])
+            continue
+        g = np.diff(np.asarray(r.token_s[k0[i]:]))
+        assert (mean[i], p99[i], mx[i]) == (g.mean(), np.percentile(g, 99), g.max()), i
+    keep = rng.random(len(rs)) < 0.5
+    want = [np.diff(np.asarray(r.token_s[k0[i]:])) for i, r in enumerate(rs)
+            if keep[i] and r.token_s is not None and len(r.token_s) - k0[i] >= 2]
+    assert np.array_equal(metrics.itl_gaps(rs, k0, keep), np.concatenate(want))
+
+
+@pytest.mark.parametrize("frame", [
+    pd.DataFrame({"topology": np.array(["a", "b,c", 'q"x', None, float("nan"), "line\nbreak"], dtype=object),
+                  "x_s": [np.inf, -np.inf, np.nan, 1e-300, -0.0, 123456789.123456],
+                  "n": np.arange(6) - 3, "warmup": [True, False] * 3}),
+    pd.DataFrame({"topology": np.array(["a", "b", None], dtype=object), "x_s": [0.1, 2.0 / 3.0, np.nan],
+                  "n": [1, 2, 3]}),
+    pd.DataFrame({"topology": np.array(['q"x', "line\nbreak", "cr\r"], dtype=object), "x_s": [1.0, 2.0, 3.0]}),
+    pd.DataFrame({"only": ["", "", ""]}),
+    pd.DataFrame({"a,b": [1.0, 2.5], "c": [1, 2]}),
+    pd.DataFrame(columns=metrics.REQUEST_COLUMNS),
+    pd.DataFrame(),
+], ids=["awkward", "plain", "quotes-no-comma", "one-empty-column", "comma-header", "no-rows", "no-columns"])
+@pytest.mark.parametrize("fmt", ["%.9g", "%.6g"])
+def test_write_csv_same_bytes_as_pandas(tmp_path, frame, fmt):
+    frame.to_csv(tmp_path / "pandas.csv", index=False, float_format=fmt)
+    write_csv(frame, tmp_path / "ours.csv", fmt)
+    assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
