@@ -68,3 +68,26 @@ def test_write_csv_same_bytes_as_pandas(tmp_path, frame, fmt):
     frame.to_csv(tmp_path / "pandas.csv", index=False, float_format=fmt)
     write_csv(frame, tmp_path / "ours.csv", fmt)
     assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+def test_gemm_roofline_scalar_path_matches_formula_and_array_path():
+    """The scalar fast path of kernels.gemm_roofline: a hand-computed roofline, and bit-equality with
+    the array path (which the k-step decode evaluation uses) over many shapes and dtypes."""
+    from pdsim import kernels
+    from pdsim.devices import get_device
+    dev = get_device("h100-sxm")
+    e = dev.spec.efficiency
+    m, n, k = 1000, 4096, 4096
+    flops, bytes_ = 2.0 * m * n * k, n * k * 2.0 + (m * k + m * n) * 2.0
+    want = max(flops * (m + e.gemm_m_half) / (m * dev.peak_flops("bf16") * e.gemm_max),
+               bytes_ / (dev.mem_bw_Bps * e.memory)) + e.kernel_overhead_us * 1e-6
+    got = kernels.gemm_roofline(dev, m, n, k, 2.0)
+    assert isinstance(got, float) and got == pytest.approx(want, rel=1e-12)
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        m = int(rng.integers(1, 20000)) if rng.random() < 0.7 else float(rng.uniform(0.5, 5000))
+        n, k = int(rng.integers(1, 60000)), int(rng.integers(1, 20000))
+        wb, wo = float(rng.choice([2.0, 1.0, 0.5])), rng.choice([None, "int4", "int8"])
+        dt = str(rng.choice(["bf16", "fp8"]))
+        arr = kernels.gemm_roofline(dev, np.array([m], float), n, k, wb, 2.0, dt, wo)
+        assert kernels.gemm_roofline(dev, m, n, k, wb, 2.0, dt, wo) == arr[0]
