@@ -91,3 +91,45 @@ def test_gemm_roofline_scalar_path_matches_formula_and_array_path():
         dt = str(rng.choice(["bf16", "fp8"]))
         arr = kernels.gemm_roofline(dev, np.array([m], float), n, k, wb, 2.0, dt, wo)
         assert kernels.gemm_roofline(dev, m, n, k, wb, 2.0, dt, wo) == arr[0]
+
+
+def _fields(r):
+    return (r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.computed, r.generated, r.blocks, r.status,
+            r.hash_ids, r.hash_block_tokens, r.hash_tokens)
+
+
+def test_shared_stream_equals_a_fresh_generation_and_hands_out_independent_copies(tmp_path):
+    from pdsim import config
+    from pdsim.simulation import generate, resolve_model, shared_stream
+    raw = {"seed": 4, "model": "llama-3.1-8b",
+           "workload": {"arrival": "poisson", "rate": 5, "num_requests": 50,
+                        "prompt_tokens": {"dist": "lognormal", "mean": 300, "cv": 1.0},
+                        "output_tokens": {"dist": "uniform", "low": 2, "high": 40},
+                        "conversation": {"turns": 3, "think_s": 2.0, "system_prompts": 2, "system_tokens": 64}},
+           "topologies": {"c": {"kind": "colocated"}}}
+    sc = config.parse(raw, "t.yaml")
+    model = resolve_model(sc)
+    a = shared_stream(sc, model)
+    assert [_fields(r) for r in a] == [_fields(r) for r in generate(sc, model)]
+    a[0].computed, a[0].generated, a[0].status = 7, 3, "finished"     # what a simulation does to its copy
+    b = shared_stream(sc, model)
+    assert b[0] is not a[0] and _fields(b[0]) == _fields(generate(sc, model)[0])
+    # another seed is another stream
+    other = shared_stream(config.parse({**raw, "seed": 5}, "t.yaml"), model)
+    assert [r.arrival_s for r in other] != [r.arrival_s for r in b]
+
+
+def test_shared_stream_rereads_a_trace_that_changed(tmp_path):
+    from pdsim import config
+    from pdsim.simulation import resolve_model, shared_stream
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.0,100,10\n"
+                     "2023-11-16 18:17:04.0,200,20\n")
+    raw = {"model": "llama-3.1-8b", "workload": {"arrival": "trace", "trace": {"path": "t.csv"}},
+           "topologies": {"c": {"kind": "colocated"}}}
+    sc = config.parse(raw, str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    model = resolve_model(sc)
+    assert [r.prompt_tokens for r in shared_stream(sc, model)] == [100, 200]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.0,100,10\n"
+                     "2023-11-16 18:17:04.0,200,20\n2023-11-16 18:17:05.0,3000,30\n")
+    assert [r.prompt_tokens for r in shared_stream(sc, model)] == [100, 200, 3000]
