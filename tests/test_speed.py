@@ -133,3 +133,17 @@ def test_shared_stream_rereads_a_trace_that_changed(tmp_path):
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.0,100,10\n"
                      "2023-11-16 18:17:04.0,200,20\n2023-11-16 18:17:05.0,3000,30\n")
     assert [r.prompt_tokens for r in shared_stream(sc, model)] == [100, 200, 3000]
+
+
+def test_lazy_command_stubs_say_what_the_real_parsers_say():
+    """`pdsim run ...` builds calibrate/profile as help-only stubs; their help must stay the real one."""
+    import argparse
+
+    from pdsim.__main__ import _LAZY_COMMANDS, build_parser
+
+    def helps(ap):
+        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+        return {c.dest: c.help for c in sub._choices_actions}
+    full, lazy = helps(build_parser()), helps(build_parser(["run", "x.yaml"]))
+    assert lazy == full
+    assert {k: full[k] for k in _LAZY_COMMANDS} == _LAZY_COMMANDS
