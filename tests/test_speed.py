@@ -147,3 +147,22 @@ def test_lazy_command_stubs_say_what_the_real_parsers_say():
     full, lazy = helps(build_parser()), helps(build_parser(["run", "x.yaml"]))
     assert lazy == full
     assert {k: full[k] for k in _LAZY_COMMANDS} == _LAZY_COMMANDS
+
+
+def test_arrivals_that_only_queue_do_not_cut_the_window():
+    """A replica whose batch is full (max_running 2) while a queue waits: new arrivals cannot be admitted
+    before a running request finishes, so they must not end the decode window.  The oracle is the
+    step-by-step loop (one event per step): same requests, same counters; and fewer windows than
+    arrivals-while-queued would force."""
+    from conftest import scenario
+    from pdsim.simulation import simulate
+    from test_fastpath import _assert_same
+    topo = {"kind": "colocated", "replicas": 1, "device": "h100-sxm", "max_running": 2}
+    sc = scenario({"t": topo}, rate=200.0, num_requests=30, prompt_tokens=64,
+                  output_tokens={"dist": "uniform", "low": 200, "high": 400})
+    fast, slow = simulate(sc), simulate(sc, fast=False)
+    _assert_same(fast, slow)
+    inst = fast[0].topology.instances[0]
+    # 30 requests through a batch of 2: a window ends at each finish (a queued request is then admitted),
+    # so at most one window per request; arrivals that cut windows (the old behaviour) made it 45
+    assert inst.windows <= 30, inst.windows
