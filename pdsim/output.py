@@ -195,7 +195,8 @@ def _column_text(a, float_format: str) -> list[str]:
         return [float_format % v if v == v else "" for v in a.tolist()]
     if kind in "iub":
         return list(map(str, a.tolist()))
-    return ["" if v is None or (isinstance(v, float) and v != v) else str(v) for v in a.tolist()]
+    from pandas import isna       # None, NaN, pd.NA, NaT: empty fields, as pandas writes them
+    return ["" if m else str(v) for v, m in zip(a.tolist(), isna(a).tolist())]
 
 
 def write_csv(df, path: Path, float_format: str) -> None:

@@ -53,6 +53,7 @@ def test_itl_columns_bit_exact_against_per_request_numpy():
 
 @pytest.mark.parametrize("frame", [
     pd.DataFrame({"topology": np.array(["a", "b,c", 'q"x', None, float("nan"), "line\nbreak"], dtype=object),
+                  "mixed": np.array([pd.NA, 1.5, 0.1 + 0.2, True, pd.NaT, 7], dtype=object),
                   "x_s": [np.inf, -np.inf, np.nan, 1e-300, -0.0, 123456789.123456],
                   "n": np.arange(6) - 3, "warmup": [True, False] * 3}),
     pd.DataFrame({"topology": np.array(["a", "b", None], dtype=object), "x_s": [0.1, 2.0 / 3.0, np.nan],
