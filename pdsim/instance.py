@@ -204,7 +204,13 @@ class Instance:
     def submit(self, req: Request) -> None:
         """A new request (or one re-routed) joins the queue."""
         if self._win is not None:
-            self.cut()
+            # Behind a queue whose head did not fit when the window opened (or a full batch), it cannot be
+            # admitted before the window ends: free blocks only shrink and the batch stays until then.  So
+            # the window runs on; only the steps already ended are settled (they saw the shorter queue).
+            if (self.waiting or len(self.running) >= self.limits.max_running) and not self.kv.prefix_on:
+                self.sync()
+            else:
+                self.cut()
         req.instance = self.name
         self.waiting.append(req)
         self.outstanding_tokens += (req.known - req.computed) if self.role == "prefill" else req.remaining

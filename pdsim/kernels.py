@@ -75,6 +75,19 @@ def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float 
                   dtype: str = "bf16", weight_only: str | None = None):
     """One (m x k) @ (k x n) GEMM on the roofline (m may be an array)."""
     e = dev.spec.efficiency
+    if not isinstance(m, np.ndarray) and m > 0:
+        # one GEMM: the same arithmetic on Python floats (a prefill step misses the cost model's
+        # cache, and numpy's per-call overhead on 0-d arrays was most of its time)
+        m = float(m)
+        flops = 2.0 * m * n * k
+        bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
+        m_half = e.gemm_m_half if weight_only is None else min(e.gemm_m_half, WEIGHT_ONLY_M_HALF)
+        t = _max(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max),
+                 bytes_ / (dev.mem_bw_Bps * e.memory))
+        if weight_only is not None:
+            t = _max(t, n * k * DEQUANT_OPS[weight_only] * float(math.ceil(m / DEQUANT_M_TILE))
+                     / dev.peak_flops("fp32"))
+        return t + e.kernel_overhead_us * 1e-6
     m = np.asarray(m, dtype=float)
     flops = 2.0 * m * n * k
     bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes

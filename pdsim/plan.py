@@ -342,7 +342,7 @@ def plan_base_rate(plan: Plan, with_span: bool = False):
 def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     import simpy
 
-    from .simulation import Context, Sink, generate
+    from .simulation import Context, Sink, shared_stream
     from .topology import build
     env = simpy.Environment()
     ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), 1.0)
@@ -350,7 +350,7 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     gpus = sum(p.gpus for p in topo.pools)
     usd = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
     cfg = Config(name, t, gpus, usd)
-    reqs = generate(sc, model)
+    reqs = shared_stream(sc, model)        # the same workload for every config: generated (a trace read) once
     prompt = np.array([r.prompt_tokens for r in reqs], float)
     out = np.array([r.output_tokens for r in reqs], float)
     p_mean, d_mean = float(prompt.mean()), float(np.maximum(out - 1, 0).mean())
@@ -496,11 +496,12 @@ def evaluate(task: dict) -> dict:
     import simpy
 
     from . import metrics
-    from .simulation import Context, _open_loop, check_conservation, default_bin_s, generate, resolve_model
+    from .simulation import Context, _open_loop, check_conservation, default_bin_s, resolve_model, shared_stream
     from .topology import build
     sc = parse(task["scenario"], task.get("file", "plan"), base_dir=task["base_dir"])
     model = resolve_model(sc)
-    stream = generate(sc, model)                  # request ids are their indices, in arrival order
+    # request ids are their indices, in arrival order; configs at the same rate and seed share the stream
+    stream = shared_stream(sc, model)
     (name, spec), = sc.topologies.items()
     first = min(int(len(stream) * task.get("warmup_fraction", 0.0)), len(stream) - 1)
     env = simpy.Environment()

@@ -40,7 +40,7 @@ class StepPlan:
         self.tokens += n
         self.attn_work += n * (c + 0.5 * n)   # each new token attends to the cache before it
         self.kv_read_tokens += c + n
-        if c + n == req.known:
+        if c + n == req.prompt_tokens + req.generated:     # req.known, inlined: called per request per step
             self.sampled += 1
 
 
@@ -105,11 +105,15 @@ def fcfs(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan
         if plan.items:
             return plan
     scheduled: set = set()
+    # a decode that stays within the blocks it holds needs no growth (15 of 16 steps at 16-token blocks):
+    # skip the KV call for it (a prefix pool's grow also trims its cache, so it always goes through)
+    bs = 0 if kv.prefix_on else kv.block_size
     for req in list(running):
         if req.blocks == 0:   # preempted earlier in this loop (a running request always holds blocks)
             continue
-        n = req.known - req.computed
-        if _grow_running(req, n, kv, running, waiting, plan, scheduled):
+        c = req.computed
+        n = req.prompt_tokens + req.generated - c
+        if (bs and -(-(c + n) // bs) <= req.blocks) or _grow_running(req, n, kv, running, waiting, plan, scheduled):
             plan.add(req, n)
             scheduled.add(id(req))
     return plan
@@ -119,13 +123,15 @@ def chunked(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepP
     plan = StepPlan()
     budget = limits.max_batched_tokens
     scheduled: set = set()
+    bs = 0 if kv.prefix_on else kv.block_size     # as in fcfs: no KV call for a request that needs no block
     for req in list(running):
         if budget <= 0:
             break
         if req.blocks == 0:
             continue
-        n = min(req.known - req.computed, budget)
-        if _grow_running(req, n, kv, running, waiting, plan, scheduled):
+        c = req.computed
+        n = min(req.prompt_tokens + req.generated - c, budget)
+        if (bs and -(-(c + n) // bs) <= req.blocks) or _grow_running(req, n, kv, running, waiting, plan, scheduled):
             plan.add(req, n)
             scheduled.add(id(req))
             budget -= n

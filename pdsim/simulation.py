@@ -238,6 +238,44 @@ def check_conservation(name, topo, reqs, has_horizon: bool) -> None:
             raise SimulationInvariantError(f"{name}/{inst.name}: {inst.kv.used_blocks} KV blocks still in use")
 
 
+_STREAMS: dict = {}          # this process's recently generated streams (shared_stream)
+STREAMS_KEPT = 8
+
+
+def _stream_key(sc: Scenario, model: ModelShape) -> str:
+    """Everything ``generate`` reads: the workload, the seed, the model, where relative paths point,
+    and the size and modification time of every file the workload names (a trace edited in between
+    is read again)."""
+    import json
+    import os
+    w = sc.workload.model_dump(mode="json")
+    files = []
+    for part in (w.get("trace"), w.get("prompt_tokens"), w.get("output_tokens")):
+        path = part.get("path") if isinstance(part, dict) else None
+        if path:
+            p = sc.resolve(path)
+            try:
+                st = os.stat(p)
+                files.append([str(p), st.st_size, st.st_mtime_ns])
+            except OSError:
+                files.append([str(p), None, None])     # generate reports the missing file
+    return json.dumps([w, sc.seed, repr(model), str(sc.base_dir), files], sort_keys=True, default=str)
+
+
+def shared_stream(sc: Scenario, model: ModelShape) -> list[Request]:
+    """``generate(sc, model)`` as fresh requests, generated once per distinct workload in this process:
+    a plan's configs at the same rate and seed differ only in topology, so they share one stream (and a
+    trace is read and parsed once, not once per config).  Each call gets its own clones."""
+    key = _stream_key(sc, model)
+    hit = _STREAMS.get(key)
+    if hit is None:
+        hit = generate(sc, model)
+        if len(_STREAMS) >= STREAMS_KEPT:
+            _STREAMS.pop(next(iter(_STREAMS)))
+        _STREAMS[key] = hit
+    return [r.clone() for r in hit]
+
+
 def default_bin_s(sc: Scenario, stream: list[Request]) -> float:
     if sc.timeseries_bin_s:
         return sc.timeseries_bin_s

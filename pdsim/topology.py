@@ -37,8 +37,9 @@ def least_outstanding():
 
 
 def least_loaded():
-    return lambda insts, req: min(_synced(insts), key=lambda i: (i.kv.used_blocks + i.reserved_blocks,
-                                                                 len(i.running)))
+    # one candidate (a single decode instance): nothing to compare, so no window is settled for it
+    return lambda insts, req: insts[0] if len(insts) == 1 else min(
+        _synced(insts), key=lambda i: (i.kv.used_blocks + i.reserved_blocks, len(i.running)))
 
 
 def least_decode_work():

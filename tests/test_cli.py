@@ -134,15 +134,16 @@ def test_interrupt_while_writing_keeps_the_previous_run(tmp_path: Path, capsys, 
     assert main(["run", str(scen), "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
     before = _snapshot(out)
     assert set(before) == {"requests.csv", "summary.json", "timeseries.csv", "report.html"}
-    real_to_csv = pd.DataFrame.to_csv
+    from pdsim import output
+    real_write_csv = output.write_csv
 
-    def cut_after_header(self, path, *a, **k):
-        real_to_csv(self.head(0), path, *a, **k)     # what a Ctrl-C after the first write leaves
+    def cut_after_header(df, path, *a, **k):
+        real_write_csv(df.head(0), path, *a, **k)     # what a Ctrl-C after the first write leaves
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pd.DataFrame, "to_csv", cut_after_header)
+    monkeypatch.setattr(output, "write_csv", cut_after_header)
     assert main(["run", str(scen), "--out", str(out), "--quiet", "--set", "workload.num_requests=9"]) == 130
-    monkeypatch.setattr(pd.DataFrame, "to_csv", real_to_csv)
+    monkeypatch.setattr(output, "write_csv", real_write_csv)
     assert _snapshot(out) == before
     assert not [p for p in out.iterdir() if p.name.startswith(STAGING_PREFIX)]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(STAGING_PREFIX)]
