@@ -13,7 +13,10 @@ from pdsim import config
 # Hypothesis profiles: `ci` (default: few examples, the suite stays fast on 2 cores) and `deep`
 # (`make test-deep`, or HYPOTHESIS_PROFILE=deep): many more examples for the invariant tests.
 # Tests that leave max_examples unset take it from the profile; @example cases always run.
-settings.register_profile("ci", max_examples=25, deadline=None)
+# `ci` is derandomized (a fixed seed per test): a red CI is reproducible and says the change broke something,
+# not that the search happened on a rare case; `deep` keeps searching at random for new counterexamples,
+# and each one found is pinned as an explicit case (e.g. tests/test_prefix.py's known fast-path mismatch).
+settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.register_profile("deep", max_examples=400, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

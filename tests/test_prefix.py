@@ -337,6 +337,22 @@ def test_fast_path_equals_step_by_step_with_caching_and_faults(topo, seed, n, ra
     _assert_same(simulate(sc), simulate(sc, fast=False))
 
 
+@pytest.mark.xfail(strict=True, reason="known fast-path mismatch, not yet found: with prefix caching, chunked "
+                   "prefill, a tight KV pool (40 blocks) and a failure, the step-by-step loop preempts request 15 "
+                   "once and the fast path does not (its finish differs by 0.28 ms); found by hypothesis")
+def test_fast_path_equals_step_by_step_known_counterexample_chunked_prefix_fault():
+    from pdsim.config import FaultsSpec
+    topo = {"kind": "colocated", "replicas": 1, **ROOF, "kv_blocks": 40, "chunked_prefill": {"token_budget": 64},
+            "prefix_cache": {}}
+    sc = scenario({"t": topo}, rate=8.0, num_requests=19, timeout_s=None,
+                  prompt_tokens={"dist": "uniform", "low": 1, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 1, "high": 150},
+                  conversation={"turns": 3, "think_s": 0.3, "system_prompts": 2, "system_tokens": 48})
+    sc = sc.model_copy(update={"seed": 131071, "faults": FaultsSpec.model_validate(
+        {"instances": [{"at_s": 1.0, "instance": sc.instance_names("t")[-1], "down_s": 1.0}]})})
+    _assert_same(simulate(sc), simulate(sc, fast=False))
+
+
 def test_prefill_flops_saved_match_the_design_formulas():
     """Per DESIGN.md, per layer: linear FLOPs 2 T x params, attention 4 n_h d x attn_work.  A prompt of
     P tokens with h cached saves 2 h params L (linear) + 4 n_h d L (P^2/2 - (P-h)(P+h)/2) = ... + 2 n_h d L h^2."""
