@@ -56,6 +56,19 @@ def links() -> list[dict]:
     return [{"name": k, "bandwidth_GBps_per_gpu": bw, "latency_us": lat} for k, (bw, lat) in LINK_PRESETS.items()]
 
 
+def _overhead_kind(source: str) -> str:
+    """How an engine preset's step overhead was obtained, from its source note.
+
+    ``fitted-cpu``: fitted to measured CPU/scheduling overheads (a quantity one can profile);
+    ``fitted-residual``: fitted to end-to-end TPOT residuals, so it also absorbs cost-model error;
+    ``estimate``: neither."""
+    if "ESTIMATE" in source:
+        return "estimate"
+    if "residual" in source.lower():
+        return "fitted-residual"
+    return "fitted-cpu"
+
+
 def engines() -> list[dict]:
     """Serving-engine presets (pdsim/engines.py): scheduler defaults, KV sizing basis and the per-step
     CPU overhead base + per running sequence; ``overhead`` says whether that was measured."""
@@ -63,7 +76,7 @@ def engines() -> list[dict]:
     return [{"name": p.name, "scheduler": p.scheduler, "max_batched_tokens": p.max_batched_tokens,
              "max_running": p.max_running, "block_size_tokens": p.block_size, "memory_fraction": p.memory_fraction,
              "overhead_base_us": p.overhead_base_us, "overhead_per_seq_us": p.overhead_per_seq_us,
-             "overhead": "estimate" if "ESTIMATE" in p.source else "fitted", "source_note": p.source}
+             "overhead": _overhead_kind(p.source), "source_note": p.source}
             for p in PRESETS.values()]
 
 
