@@ -393,6 +393,12 @@ class Instance:
         c0 = np.fromiter((r.computed for r in reqs), np.int64, len(reqs))
         blk1 = np.fromiter((r.blocks for r in reqs), np.int64, len(reqs))
         free1 = self.kv.free_blocks
+        if self.kv.prefix_on and self.waiting:
+            # The queue's head did not fit, but evicting a cached page can make it fit under a token
+            # budget: a shorter cached prefix revives fewer evictable blocks while the chunk it computes
+            # stays budget-sized.  So the window ends before the first growth that evicts (cached
+            # blocks beyond the free ones); the next plan does that growth and retries the head.
+            free1 -= self.kv.lru_blocks
         # blocks the batch needs by step j (1-based): ceil((c0 + j) / bs) beyond what it holds after step 1
         need_k = int(np.maximum(0, -(-(c0 + k) // bs) - blk1).sum())
         if need_k > free1:
@@ -540,8 +546,8 @@ class Instance:
         w = self._win
         if w is not None:
             self.sync()
-            if w.need - w.extra > self.kv.free_blocks:
-                self.cut()
+            if w.need - w.extra > self.kv.free_blocks or (self.kv.prefix_on and self.waiting):
+                self.cut()      # (a reservation may have evicted cached pages: the queue's head may fit now)
 
     def cut(self) -> None:
         """An input arrived: sync, and end the window after the step in flight."""
