@@ -8,6 +8,7 @@ dotted key and the value.
 from __future__ import annotations
 
 import difflib
+import re
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -525,6 +526,10 @@ def validation_error(exc: ValidationError, file: str | None) -> ConfigError:
                 or (e["type"] == "string_type" and e["loc"][-1:] == ("[key]",))), errs[0])
     key = _key(err["loc"]) or (repr(str(err["loc"][-1])) if err["loc"] else "")   # '' is a key too
     msg = err["msg"].removeprefix("Value error, ")
+    if not err["loc"]:      # a whole-scenario check ("faults.instances[0].topology: no topology ..."): its key leads
+        m = re.match(r"([A-Za-z_][\w.\[\]-]*): (.+)", msg, re.S)
+        if m:
+            return ConfigError(m.group(2), file=file, key=m.group(1))
     if err["type"] == "invalid_key" or err["loc"][-1:] == ("[key]",):   # {1: ...}, {true: ...}, {null: ...}
         return ConfigError(f"a key must be a string, not {type(err['input']).__name__}", file=file, key=key)
     if err["type"] == "extra_forbidden":
@@ -662,8 +667,9 @@ def read_yaml(path: str | Path) -> Any:
     path = Path(path)
     try:
         if not path.is_file():
-            raise ConfigError("scenario file not found" if not path.is_dir() else "is a directory, not a file",
-                              file=str(path))
+            why = ("is a directory, not a file" if path.is_dir() else
+                   "not a regular file" if path.exists() else "scenario file not found")
+            raise ConfigError(why, file=str(path))
         if path.stat().st_size > MAX_YAML_BYTES:
             raise ConfigError(f"scenario file larger than {MAX_YAML_BYTES >> 20} MiB; is this the right file?",
                               file=str(path))

@@ -270,3 +270,17 @@ def test_overlapping_faults_extend_the_outage_and_admission_holds_while_all_down
     assert summ["faults"]["instance_down_s"]["replica-0"] == pytest.approx(3.5)
     assert summ["rejected_by_reason"].get("admission", 0) > 0
     assert max(res.topology.instances[0].series.queue_max) <= 2 + 1
+
+
+@pytest.mark.parametrize("fault, key, words", [
+    ({"at_s": 1, "instance": "replica-0", "topology": "zz", "down_s": 1}, "faults.instances[0].topology", "'zz'"),
+    ({"at_s": 1, "instance": "decode-7", "down_s": 1}, "faults.instances[0].instance", "'decode-7'"),
+])
+def test_a_fault_naming_nothing_is_an_error_with_its_key(tmp_path, fault, key, words):
+    """A whole-scenario check still names the key (found by the deep fuzz profile: the key was only in the text)."""
+    p = tmp_path / "s.yaml"
+    p.write_text("model: llama-3.1-8b\nworkload: {rate: 1, num_requests: 5}\ntopologies:\n  a: {kind: colocated}\n"
+                 f"faults: {{instances: [{json.dumps(fault)}]}}\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(p)
+    assert e.value.key == key and words in str(e.value) and str(p) in str(e.value)
