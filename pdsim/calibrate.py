@@ -148,35 +148,10 @@ def _busy_cores(window_s: float = 0.5) -> float | None:
     return round((os.cpu_count() or 1) * busy / max(busy + idle, 1), 2)
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled, self.t0 = max(total, 1), 0, enabled, time.perf_counter()
-
-        self.tty = enabled and sys.stderr.isatty()
-        self._last_pct = -1
-
-    def clear(self):
-        """Wipe the bar before a table row goes to the same terminal."""
-        if self.tty:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
-
-    def step(self, what: str):
-        self.done += 1
-        if not self.enabled:
-            return
-        w = 24
-        fill = int(w * self.done / self.total)
-        line = (f"[{'#' * fill}{'.' * (w - fill)}] {self.done}/{self.total} {time.perf_counter() - self.t0:5.1f}s "
-                f"{what[:40]}")
-        if self.tty:
-            print("\r" + line, end="", file=sys.stderr, flush=True)
-        elif (pct := 10 * self.done // self.total) != self._last_pct:   # a log file: one line per 10%
-            self._last_pct = pct
-            print(line, file=sys.stderr, flush=True)
-
-    def close(self):
-        if self.tty:
-            print(file=sys.stderr, flush=True)
+def _Progress(total: int, enabled: bool):
+    """The measurement's progress: a bar on a terminal, a line every 30 s in a log (pdsim.progress)."""
+    from .progress import Bar
+    return Bar(total, "calibrate", unit="shapes", enabled=enabled)
 
 
 class _Bench:
@@ -334,7 +309,7 @@ class _Measurer:
             times.append(_rnd(t))
             samples.append([_rnd(x) for x in s])
             self.row(op, f"M={m} N={n} K={k}", t, 2.0 * m * n * k, n * k * 2.0 + (m * k + m * n) * 2.0)
-            self.prog.step(f"gemm {op} M={m}")
+            self.prog.update(1, f"gemm {op} M={m}")
         del w, wT, a_buf, o_buf
         return {"n": n, "k": k, "m": list(ms), "time_s": times, "samples_s": samples}
 
@@ -353,7 +328,7 @@ class _Measurer:
             fl = 4.0 * qh * d * s * s / 2.0
             by = s * 2 * kvh * d * 2.0 + s * (qh + 2 * kvh) * d * 2.0
             self.row(op, f"seq={s} h={qh}/{kvh} d={d}", t, fl, by)
-            self.prog.step(f"prefill attn seq={s}")
+            self.prog.update(1, f"prefill attn seq={s}")
             del q, k, v
         return {"q_heads": qh, "kv_heads": kvh, "head_dim": d, "seq_len": list(seqs), "time_s": times,
                 "samples_s": samples}
@@ -377,7 +352,7 @@ class _Measurer:
                 fl = 4.0 * qh * d * bs * c
                 by = bs * c * 2 * kvh * d * 2.0 + bs * (qh + 2 * kvh) * d * 2.0
                 self.row(op, f"b={bs} ctx={c} h={qh}/{kvh}", t, fl, by)
-                self.prog.step(f"decode attn b={bs} ctx={c}")
+                self.prog.update(1, f"decode attn b={bs} ctx={c}")
                 del q, k, v
             grid.append(row)
             samples.append(srow)
@@ -403,7 +378,7 @@ class _Measurer:
             samples.append([_rnd(x) for x in st])
             moved = 2.0 * nbytes if kind == "device_copy" else float(nbytes)   # a device copy reads and writes
             self.row(kind, f"{nbytes / 2 ** 20:.0f} MiB", t, 0.0, moved)
-            self.prog.step(f"{kind} {nbytes >> 20} MiB")
+            self.prog.update(1, f"{kind} {nbytes >> 20} MiB")
             del src, dst
         return {"kind": kind, "bytes": [float(x) for x in sizes], "time_s": times, "samples_s": samples}
 

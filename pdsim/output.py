@@ -183,7 +183,7 @@ def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: 
         return summary
     if progress:
         print("pdsim: building report.html...", file=sys.stderr, flush=True)
-    build_report(out, progress=progress, df=df, summary=summary, ts=ts)   # in memory: no re-reading the CSVs
+    build_report(out, progress=False, df=df, summary=summary, ts=ts)   # in memory: no re-reading the CSVs
     return summary
 
 

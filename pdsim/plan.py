@@ -614,13 +614,27 @@ class LocalExecutor:
         self.jobs = jobs or os.cpu_count() or 1
         self._pool = None
 
-    def map(self, fn, tasks: list) -> list:
+    def map(self, fn, tasks: list, on_done=None) -> list:
+        """``fn`` over ``tasks``, results in order; ``on_done()`` after each one finishes (progress)."""
+        tick = on_done or (lambda: None)
         if self.jobs == 1 or len(tasks) == 1:
-            return [fn(t) for t in tasks]
+            out = []
+            for t in tasks:
+                out.append(fn(t))
+                tick()
+            return out
         if self._pool is None:
             from concurrent.futures import ProcessPoolExecutor
             self._pool = ProcessPoolExecutor(max_workers=self.jobs)
-        return list(self._pool.map(fn, tasks))
+        from concurrent.futures import as_completed
+        futures = [self._pool.submit(fn, t) for t in tasks]
+        try:
+            for _ in as_completed(futures):
+                tick()
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
 
     def close(self):
         if self._pool is not None:
@@ -655,17 +669,27 @@ class DaskExecutor:
                 raise ConfigError(f"cannot reach the Dask scheduler: {exc}", key="--scheduler",
                                   value=scheduler) from None
 
-    def map(self, fn, tasks: list) -> list:
+    def map(self, fn, tasks: list, on_done=None) -> list:
         from distributed import KilledWorker, wait
         futures = self.client.map(fn, tasks, pure=False)
         alone_since = None
+        seen = 0
+
+        def ticks():
+            nonlocal seen
+            if on_done is not None:
+                done = sum(1 for f in futures if f.done())
+                for _ in range(done - seen):
+                    on_done()
+                seen = done
         try:
             while True:
                 try:
                     wait(futures, timeout=self.poll_s)
+                    ticks()
                     break
                 except TimeoutError:
-                    pass
+                    ticks()
                 try:
                     workers = len(self.client.nthreads())
                 except (OSError, TimeoutError) as exc:
@@ -866,7 +890,10 @@ class _Runner:
             else:
                 todo.append(i)
         if todo:
-            for i, r in zip(todo, self.ex.map(evaluate, [tasks[i] for i in todo])):
+            from .progress import Bar
+            with Bar(len(todo), "plan", unit="sim", enabled=self.progress) as bar:
+                done = self.ex.map(evaluate, [tasks[i] for i in todo], on_done=bar.update)
+            for i, r in zip(todo, done):
                 results[i] = r
                 self._store(tasks[i], r)
                 if r.get("early"):

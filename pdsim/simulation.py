@@ -132,19 +132,13 @@ def _client(env, topo, sink, queue, think_s, model=None, timeout_s=None, start_s
             yield env.timeout(think_s)
 
 
-def _progress(env, sink, name: str, span_s: float, every_wall_s: float = 2.0):
-    """A line on stderr at most every ``every_wall_s`` of wall time: requests settled, clock, ETA."""
-    import time
-    t0 = last = time.perf_counter()
+def _progress(env, sink, bar, span_s: float):
+    """Requests settled so far on ``bar`` (pdsim.progress: a bar on a terminal, a line every 30 s in a log)."""
     step = max(span_s / 500, 1e-3)
     while sink.done < sink.expected:
         yield env.timeout(step)
-        now = time.perf_counter()
-        if now - last >= every_wall_s and sink.done:
-            last = now
-            left = (now - t0) * (sink.expected - sink.done) / sink.done
-            print(f"pdsim: {name}: {sink.done:,}/{sink.expected:,} requests settled, simulated {env.now:,.0f} s, "
-                  f"{now - t0:.0f} s wall, ~{left:.0f} s to go", file=sys.stderr, flush=True)
+        if sink.done > bar.done:
+            bar.update(sink.done - bar.done)
 
 
 def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: ModelShape,
@@ -170,14 +164,20 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     if sc.faults is not None:
         from .faults import schedule_faults
         schedule_faults(env, sc, name, topo)
+    bar = None
     if progress:
-        env.process(_progress(env, sink, name, bin_s * 200))
+        from .progress import Bar
+        bar = Bar(sink.expected, name, unit="req")
+        env.process(_progress(env, sink, bar, bin_s * 200))
     # stop when every request is settled (stale fast-path timers and fault processes may run on)
     try:
         env.run(until=sc.horizon_s if sc.horizon_s is not None else sink.all_done)
     except RuntimeError as exc:     # the queue ran dry first: a deadlock, reported by check_conservation
         if "until" not in str(exc):
             raise
+    finally:
+        if bar is not None:
+            bar.close()
     end = env.now
     for inst in topo.instances:     # apply the steps of open fast-path windows that ended by now
         inst.sync()

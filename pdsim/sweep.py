@@ -131,19 +131,20 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
         print(f"pdsim sweep: {len(tasks)} points x {len(sc.topologies)} topologies on {jobs} "
               f"process{'es' if jobs > 1 else ''}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    results = []
-    if jobs == 1:
-        for i, t in enumerate(tasks, 1):
-            results.append(run_point(t))
-            if progress:
-                print(f"pdsim sweep: {i}/{len(tasks)} {t['point']}", file=sys.stderr, flush=True)
-    else:
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
-            for i, r in enumerate(ex.map(run_point, tasks), 1):
-                results.append(r)
-                if progress:
-                    print(f"pdsim sweep: {i}/{len(tasks)} {r['point']}", file=sys.stderr, flush=True)
+    from .progress import Bar
+    with Bar(len(tasks), "sweep", unit="point", enabled=progress) as bar:
+        if jobs == 1:
+            results = []
+            for t in tasks:
+                results.append(run_point(t))
+                bar.update(1, str(t["point"]))
+        else:
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+            with ProcessPoolExecutor(max_workers=jobs) as ex:
+                futures = [ex.submit(run_point, t) for t in tasks]
+                for f in as_completed(futures):
+                    bar.update(1)
+                results = [f.result() for f in futures]
     rows = [row for r in results for row in r["rows"]]
     target = sc.slo.attainment_target
     # x axis: the first numeric axis; the other axes make separate series

@@ -346,7 +346,7 @@ class _ElsewhereExecutor:
     def __init__(self, cwd):
         self.cwd = cwd
 
-    def map(self, fn, tasks):
+    def map(self, fn, tasks, on_done=None):
         import os
         here = os.getcwd()
         os.chdir(self.cwd)
