@@ -53,7 +53,7 @@ def _summary(label, pred, meas):
 
 def moe_layer_s(cm: RooflineCost, tokens: int) -> float:
     bd = cm.breakdown(tokens, float(tokens), tokens, 0, tokens)
-    names = [k for k in bd if k.startswith("experts_") or k == "moe_route"]
+    names = [k for k in bd if k.startswith("experts") or k == "moe_route"]   # "experts": a measured table
     return sum(bd[k]["time_s"] for k in names) / cm.moe_layers
 
 
@@ -99,6 +99,33 @@ def check_mla(root: Path) -> None:
             _summary(f"deepseek-v3 tp{tp} kv {kvd} batch 1..256 ctx 127..32767", pred, sel.latency.to_numpy() * 1e-3)
 
 
+def check_imported(profile: Path) -> None:
+    """The imported profile's MoE tables (balanced routing): (1) the cost model serves the MoE layers of
+    MOE_CONFIGS from them (source and value at a table point); (2) interpolation between token counts,
+    held out: every odd interior point of every curve predicted from the others (log-log)."""
+    from pdsim.devices import load_profile_file
+    from pdsim.profile_tables import LogCurve
+    dev = load_profile_file(profile)
+    tabs = dev.tables
+    print(f"Imported profile {profile.name}: {len(tabs.moe)} MoE curves (balanced routing)")
+    for name, tp, ep, wd in MOE_CONFIGS:
+        cm = RooflineCost(get_model(name), dev, tp, wd, "bf16", ep)
+        bd = cm.breakdown(64, 64.0, 64, 0, 64)
+        src = bd["experts"]["source"] if "experts" in bd else "roofline (no table for this shape)"
+        print(f"  {name} tp{tp} ep{ep} {wd}: MoE layer at 64 tokens {moe_layer_s(cm, 64) * 1e6:8.1f} us  source {src}")
+    ape = []
+    for curve in tabs.moe.values():
+        xs, ys = curve.x, curve.y
+        if len(xs) < 3:
+            continue
+        keep = [i for i in range(len(xs)) if i % 2 == 0 or i == len(xs) - 1]
+        fit = LogCurve(tuple(xs[i] for i in keep), tuple(ys[i] for i in keep))
+        ape += [abs(fit(xs[i]) / ys[i] - 1.0) for i in range(1, len(xs) - 1) if i not in keep]
+    a = np.asarray(ape)
+    print(f"  interpolation between token counts, odd points held out: median APE {np.median(a) * 100:.1f}%  "
+          f"p90 {np.quantile(a, .9) * 100:.1f}%  (n={len(a)}; fitted on nothing, checked on the held-out points)")
+
+
 def main() -> int:
     root, version = aic_systems_dir()
     root = Path(root) / "data" / "h200_sxm"
@@ -109,6 +136,8 @@ def main() -> int:
     for exponent in (1.01, 1.2):
         check_moe(root, f"power_law_{exponent}", exponent)
     check_mla(root)
+    prof = Path(__file__).resolve().parents[1] / "calibration" / "profiles" / "h200_sxm-trtllm-aic.yaml"
+    check_imported(prof)
     return 0
 
 

@@ -247,6 +247,17 @@ class RooflineCost(CostModel):
             # the results (read and write k/ep copies of h, twice)
             self._elementwise += [("experts_act", 1, Lm, k * gates * w / t * 2.0),
                                   ("moe_route", 3, Lm, E * 4.0 + k * 8.0 + 2 * 2 * (k / self.ep) * h * 2.0)]
+            # a measured table of this very MoE layer (imported profiles) replaces the routed experts'
+            # grouped GEMMs, activation and routing; uniform routing only (a skew is a roofline what-if)
+            self.moe_table_key = None
+            moe_tabs = getattr(tabs, "moe", None) if tabs is not None else None
+            if moe_tabs and not self.expert_skew:
+                wdt = "bf16" if self.weight_dtype in ("bf16", "fp16", "fp32") else self.weight_dtype
+                for dt in ((wdt, "fp8_tensor") if wdt == "fp8" else (wdt,)):
+                    key = (h, w, k, E, self.moe_tp, self.ep, m.gated_mlp, dt)
+                    if key in moe_tabs:
+                        self.moe_table_key = key
+                        break
 
     # --- the one description of a step -------------------------------------
     def _static_ops(self, tokens: int, sampled: int) -> list[Op]:
@@ -267,12 +278,21 @@ class RooflineCost(CostModel):
             else:                                              # on the hottest GPU
                 pairs = T * float(self._hot_q.sum())
                 groups = float(np.sum(1.0 - (1.0 - self._hot_q) ** T)) if T > 0 else 0.0
-            for name, n, k in self.expert_gemms:
-                ops.append(Op(name, "grouped_gemm", Lm, 2.0 * pairs * n * k,
-                              groups * n * k * self.w_bytes + pairs * (n + k) * 2.0,
-                              (pairs, groups, n, k, self.w_bytes, self.compute_dtype, self.weight_only)))
-        ops += [Op(name, "elementwise", count, 0.0, T * per_token, (kernels,))
-                for name, kernels, count, per_token in self._elementwise]
+            gg = [Op(name, "grouped_gemm", Lm, 2.0 * pairs * n * k,
+                     groups * n * k * self.w_bytes + pairs * (n + k) * 2.0,
+                     (pairs, groups, n, k, self.w_bytes, self.compute_dtype, self.weight_only))
+                  for name, n, k in self.expert_gemms]
+            if self.moe_table_key is None:
+                ops += gg
+        table = Lm and self.moe_table_key is not None
+        ew = [Op(name, "elementwise", count, 0.0, T * per_token, (kernels,))
+              for name, kernels, count, per_token in self._elementwise]
+        if table:   # one measured op in place of the routed experts' kernels (FLOPs and bytes kept)
+            part = [o for o in ew if o.name in ("experts_act", "moe_route")]
+            ew = [o for o in ew if o.name not in ("experts_act", "moe_route")]
+            ops.append(Op("experts", "moe", Lm, sum(o.flops for o in gg), sum(o.bytes for o in gg + part),
+                          (T, self.moe_table_key)))
+        ops += ew
         # embedding gather (read, write h) and the final fused add + RMSNorm (read 2h, write h), once a step
         ops.append(Op("embed", "elementwise", 1, 0.0, T * 5 * h * 2.0, (2,)))
         if sampled:
@@ -325,6 +345,9 @@ class RooflineCost(CostModel):
             return kernels.gemm_time(dev, m, n, k, w, 2.0, dtype, wo, tdt)
         if op.kind == "grouped_gemm":
             return kernels.grouped_gemm_roofline(dev, *op.args), kernels.ROOFLINE
+        if op.kind == "moe":
+            hit = kernels.moe_time(dev, *op.args)
+            return hit if hit is not None else (0.0, kernels.EXACT)     # no token enters: no kernel
         if op.kind == "attention":
             tokens, attn_work, kv_read, batch, prefill = op.args
             if self.model.is_mla:      # no measured MLA tables: the roofline

@@ -157,6 +157,34 @@ class TransferTableSpec(_Strict):
         return self
 
 
+class MoeTableSpec(_Strict):
+    """One MoE layer's routed experts (routing, permutation, grouped GEMMs, activation: one fused
+    kernel flow) for a shape, timed over the tokens entering the layer on one GPU (imported databases).
+    ``inter`` is one expert's MLP width; ``moe_tp`` x ``moe_ep`` is how the experts are split."""
+    hidden: int = Field(gt=0)
+    inter: int = Field(gt=0)
+    topk: int = Field(gt=0)
+    experts: int = Field(gt=0)
+    moe_tp: int = Field(1, ge=1)
+    moe_ep: int = Field(1, ge=1)
+    gated: bool = True
+    dtype: str = "bf16"
+    distribution: str = "balanced"
+    tokens: list[int] = Field(min_length=1)
+    time_s: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shape(self):
+        _check_increasing("tokens", self.tokens)
+        if self.tokens[0] < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens[0]}")
+        if len(self.time_s) != len(self.tokens):
+            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.tokens)} tokens values")
+        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
+            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        return self
+
+
 class HoldoutSpec(_Strict):
     """Shapes measured in the same run but kept out of the tables and the fit (the leave-out split)."""
     gemm: list[GemmTableSpec] = []
@@ -177,6 +205,7 @@ class MeasuredSpec(_Strict):
     attention_prefill: list[AttentionPrefillTableSpec] = []
     attention_decode: list[AttentionDecodeTableSpec] = []
     transfers: list[TransferTableSpec] = []
+    moe: list[MoeTableSpec] = []
     holdout: HoldoutSpec | None = None
 
 

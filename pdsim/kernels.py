@@ -255,6 +255,15 @@ def gemm_time(dev, m: float, n: int, k: int, weight_bytes: float, act_bytes: flo
     return float(gemm_roofline(dev, m, n, k, weight_bytes, act_bytes, dtype, weight_only)), ROOFLINE
 
 
+def moe_time(dev, tokens: float, key: tuple) -> tuple[float, int] | None:
+    """(time_s, code) of one MoE layer's routed experts from the profile's ``moe`` table for ``key``
+    (see :meth:`pdsim.profile_tables.MeasuredTables.moe_lookup`), or None where it has none."""
+    tabs = dev.tables
+    f = getattr(tabs, "moe_lookup", None) if tabs is not None else None
+    r = f(tokens, key) if f is not None else None
+    return None if r is None else (r.time_s, _how(r.how))
+
+
 def _attn_fb(qh, kvh, d, kv_bytes, tokens, attn_work, kv_read):
     return 4.0 * qh * d * attn_work, kv_read * 2 * kvh * d * kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0
 

@@ -14,6 +14,7 @@ AIConfigurator layout (per system, op family, backend, version)::
     systems/data/<system>/attention/<backend>/<ver>/generation_attention_perf.parquet batch_size, step (KV)...
     systems/data/<system>/comm/nccl/<ver>/nccl_perf.parquet                     op_name, num_gpus, message_size
     systems/data/<system>/comm/<backend>/<ver>/custom_allreduce_perf.parquet    num_gpus, message_size
+    systems/data/<system>/moe/<backend>/<ver>/moe_perf.parquet        num_tokens, hidden/inter, topk, experts, moe tp/ep
 
 Latencies are milliseconds per call (one layer for attention); ``message_size`` counts elements
 of the collective's dtype (bf16/half: 2 bytes; checked against NVLink: 8 x H200 all-reduce of
@@ -106,7 +107,7 @@ def _read_table(path: Path):
 
 
 def aic_inventory(systems_dir: Path) -> dict[str, dict[str, dict[str, list[str]]]]:
-    """system -> op family (gemm, attention, comm) -> backend -> versions that have a table file."""
+    """system -> op family (gemm, attention, comm, moe) -> backend -> versions that have a table file."""
     inv: dict = {}
     data = systems_dir / "data"
     for sys_yaml in sorted(systems_dir.glob("*.yaml")):
@@ -114,7 +115,7 @@ def aic_inventory(systems_dir: Path) -> dict[str, dict[str, dict[str, list[str]]
         if not (data / name).is_dir() and not _looks_like_system(sys_yaml):
             continue
         fams = {}
-        for fam in ("gemm", "attention", "comm"):
+        for fam in ("gemm", "attention", "comm", "moe"):
             by_backend = {}
             for bdir in sorted((data / name / fam).glob("*")) if (data / name / fam).is_dir() else []:
                 vs = [v.name for v in bdir.iterdir() if v.is_dir() and any(v.glob("*_perf.*"))]
@@ -190,6 +191,32 @@ def convert_gemm(df) -> tuple[list[dict], dict]:
                        "time_s": [_ms_to_s(t) for t in ts]})
         dtypes[dtype] = dtypes.get(dtype, 0) + len(ms)
     return tables, {"points_by_dtype": dtypes}
+
+
+# moe_perf dtypes -> the names pdsim's cost model asks for (fp8 weights of the MoE presets are
+# block-scaled, as DeepSeek's and Qwen3's fp8 releases are; per-tensor fp8 is kept apart)
+MOE_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "fp8_block": "fp8", "fp8": "fp8_tensor",
+              "w4a16_mxfp4": "mxfp4_wo", "nvfp4": "nvfp4"}
+
+
+def convert_moe(df) -> tuple[list[dict], dict]:
+    """``moe_perf`` rows of uniform (``balanced``) routing, one table per shape x split x dtype x gating
+    (``moe_torch_flow_nongated`` kernels serve non-gated MLPs).  Skewed distributions are not imported:
+    the cost model's routing is uniform (its ``expert_skew`` what-if uses the roofline)."""
+    d = df
+    if "distribution" in d.columns:
+        d = d[d["distribution"].astype(str) == "balanced"]
+    src = d["kernel_source"].astype(str) if "kernel_source" in d.columns else None
+    d = d.assign(_gated=~src.str.contains("nongated") if src is not None else True)
+    tables, dtypes = [], {}
+    keys = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size", "_gated"]
+    for (dt, h, w, k, e, mtp, mep, gated), xs, ts in _grouped(d, keys, "num_tokens"):
+        dtype = MOE_DTYPES.get(str(dt), str(dt))
+        tables.append({"hidden": int(h), "inter": int(w), "topk": int(k), "experts": int(e), "moe_tp": int(mtp),
+                       "moe_ep": int(mep), "gated": bool(gated), "dtype": dtype, "distribution": "balanced",
+                       "tokens": [int(x) for x in xs], "time_s": [_ms_to_s(t) for t in ts]})
+        dtypes[dtype] = dtypes.get(dtype, 0) + len(xs)
+    return tables, {"points_by_dtype": dtypes, "distribution": "balanced only"}
 
 
 def _attn_filter(df, dropped: dict):
@@ -390,6 +417,14 @@ def import_aiconfigurator(system: str, backend: str, version: str | None = None,
         used["allreduce_custom"] = f"comm/{backend}/{c_v}/{c_file.name}"
     if not any(t["kind"] == "allreduce" for t in measured["transfers"]):
         fallback.append("allreduce")
+    m_dir, m_v = folder("moe", backend) if "moe" in fams else (None, None)
+    f = _table_file(m_dir, "moe_perf") if m_dir else None
+    if f is not None:
+        measured["moe"], details["moe"] = convert_moe(_read_table(f))
+        used["moe"] = f"moe/{backend}/{m_v}/{f.name}"
+    if not measured.get("moe"):
+        measured.pop("moe", None)
+        fallback.append("moe")
     fallback += ["kv_transfer (device_copy, h2d, d2h: not in the package)"]
     measured["tp"] = sorted({t["tp"] for t in measured["transfers"]} | {1})
 
@@ -430,8 +465,9 @@ def import_aiconfigurator(system: str, backend: str, version: str | None = None,
 
 def _not_imported(data: Path) -> list[str]:
     fams = sorted(p.name for p in data.iterdir() if p.is_dir()) if data.is_dir() else []
-    skip = [f for f in fams if f not in ("gemm", "attention", "comm")]
-    return skip + ["attention: encoder/sliding-window/MLA tables", "comm: all_gather, reduce_scatter, alltoall, moe a2a"]
+    skip = [f for f in fams if f not in ("gemm", "attention", "comm", "moe")]
+    return skip + ["attention: encoder/sliding-window/MLA tables", "comm: all_gather, reduce_scatter, alltoall, moe a2a",
+                   "moe: skewed (power-law) routing distributions"]
 
 
 def dump_profile(spec: dict) -> str:

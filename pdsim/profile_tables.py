@@ -22,6 +22,8 @@ returns ``None`` (a shape outside the measured range or never measured).
   between the measured batches, and scaled by ``n / batch`` outside them.
 - GEMM tables of one dtype that form an (n, k) grid (imported databases,
   ``measured.gemm_nk_grid: true``) are interpolated bilinearly in (log n, log k) of log t between grid shapes.
+- MoE (``moe``: imported, per shape, split and dtype): the routed experts of one layer by the tokens
+  entering it, log-log inside; below the smallest count its time, above the largest scaled by tokens.
 - All-reduce (``transfers`` of kind ``allreduce``, per ``tp`` and ``impl``):
   log-log in bytes; below the smallest message the smallest message's time
   (latency floor), above the largest scaled by bytes (bandwidth-bound).
@@ -200,6 +202,8 @@ class MeasuredTables:
     prefill_batches: dict[tuple[int, int, int, str], dict[int, LogCurve]] = field(default_factory=dict)
     gemm_grids: dict[str, GemmGrid] = field(default_factory=dict)
     allreduce: dict[tuple[int, str], AllreduceCurve] = field(default_factory=dict)   # (tp, impl)
+    # (hidden, inter, topk, experts, moe_tp, moe_ep, gated, dtype) -> time of the routed experts by tokens
+    moe: dict[tuple, LogCurve] = field(default_factory=dict)
 
     @classmethod
     def from_profile(cls, spec) -> "MeasuredTables":
@@ -234,7 +238,27 @@ class MeasuredTables:
             if t.kind == "allreduce":
                 apts.setdefault((t.tp, getattr(t, "impl", None) or "default"), []).extend(zip(t.bytes, t.time_s))
         allreduce = {key: AllreduceCurve(LogCurve(*map(tuple, _merge(p)))) for key, p in apts.items()}
-        return cls(gemm, prefill, decode, batches, grids, allreduce)
+        mpts: dict[tuple, list] = {}
+        for t in getattr(meas, "moe", None) or ():
+            if t.distribution == "balanced":      # uniform routing, as the cost model's expected experts
+                mpts.setdefault((t.hidden, t.inter, t.topk, t.experts, t.moe_tp, t.moe_ep, t.gated, t.dtype),
+                                []).extend(zip(t.tokens, t.time_s))
+        moe = {key: LogCurve(*map(tuple, _merge(p))) for key, p in mpts.items()}
+        return cls(gemm, prefill, decode, batches, grids, allreduce, moe)
+
+    def moe_lookup(self, tokens: float, key: tuple) -> Lookup | None:
+        """The routed experts of one MoE layer for ``tokens`` tokens: log-log inside the measured
+        range; below it the smallest count's time (a launch-bound floor), above it scaled by tokens
+        (compute-bound); None when the shape was not measured or no token enters."""
+        curve = self.moe.get(key)
+        if curve is None or tokens <= 0:
+            return None
+        xs = curve.x
+        if tokens < xs[0]:
+            return Lookup(curve.y[0], "extrapolated")
+        if tokens > xs[-1]:
+            return Lookup(curve.y[-1] * tokens / xs[-1], "extrapolated")
+        return _curve_lookup(curve, tokens)
 
     # --- lookups used by DeviceProfile --------------------------------------
     def gemm_time(self, m: float, n: int, k: int, dtype: str = "bf16") -> float | None:

@@ -43,6 +43,11 @@ def ar_ms(elements, tp, impl):
     return (0.01 if impl == "nccl" else 0.005) * (elements / 1024) ** 0.5 * tp / 2
 
 
+def moe_ms(t):
+    return 0.02 * t ** 0.5
+
+
+MOE_TOKENS = [1, 4, 16, 64, 256]
 GEMM_MS = [1, 4, 16, 64, 256]
 GEMM_NK = [256, 1024, 4096]
 PRE_B, PRE_S = [1, 2, 4], [128, 512, 2048]
@@ -84,7 +89,17 @@ def write_fake_package(root: Path, *, generation=True, version="1.0.0") -> Path:
     rows = [{**common, "op_name": "all_reduce", "allreduce_dtype": "bfloat16", "num_gpus": tp, "message_size": e,
              "latency": ar_ms(e, tp, "custom"), "implementation": "trtllm"} for tp in (2, 4) for e in AR_ELEMS[:2]]
     _csv(d / "comm" / "trtllm" / version / "custom_allreduce_perf.csv", rows)
-    (d / "moe" / "trtllm" / version).mkdir(parents=True)          # a family pdsim does not import
+    # MoE: Qwen3-30B-A3B's layer shape (hidden 2048, expert width 768, top-8 of 128); only balanced
+    # routing is imported, the power-law rows are not; a non-gated kernel's rows stay apart
+    shape = {"hidden_size": 2048, "inter_size": 768, "topk": 8, "num_experts": 128, "moe_tp_size": 1,
+             "moe_ep_size": 1}
+    rows = [{**common, **shape, "op_name": "moe", "kernel_source": ks, "moe_dtype": dt, "num_tokens": t,
+             "distribution": dist, "latency": moe_ms(t) * f * (3.0 if dist != "balanced" else 1.0)}
+            for ks, dt, f in (("moe_torch_flow_cutlass", "bfloat16", 1.0), ("moe_torch_flow_cutlass", "fp8_block", 0.5),
+                              ("moe_torch_flow_cutlass", "fp8", 0.6), ("moe_torch_flow_nongated", "bfloat16", 0.7))
+            for t in MOE_TOKENS for dist in ("balanced", "power_law_1.2")]
+    _csv(d / "moe" / "trtllm" / version / "moe_perf.csv", rows)
+    (d / "mla_bmm" / "trtllm" / version).mkdir(parents=True)       # a family pdsim does not import
     return sysdir
 
 
@@ -117,7 +132,7 @@ def test_import_writes_a_valid_attributed_profile(imported):
     meta = dev.spec.meta
     assert meta["imported_from"]["license"] == "Apache-2.0"
     assert meta["imported_from"]["tables"]["allreduce_nccl"] == "comm/nccl/2.0/nccl_perf.csv"
-    assert "moe" in meta["not_imported"]
+    assert "mla_bmm" in meta["not_imported"] and meta["imported_from"]["tables"]["moe"] == "moe/trtllm/1.0.0/moe_perf.csv"
     # peaks and memory come from the system file, in pdsim units
     assert dev.spec.peak_tflops["bf16"] == 500 and dev.spec.peak_tflops["fp8"] == 1000
     assert dev.mem_bw_Bps == 2e12 and dev.spec.memory_GiB == 80
@@ -395,3 +410,67 @@ def test_committed_profile_is_a_scenario_device():
     g = next(t for t in dev.spec.measured.gemm if (t.n, t.k, t.dtype) == (3072, 4096, "bf16"))
     first = min(reqs, key=lambda r: r.arrival_s)
     assert first.first_token_s - first.arrival_s >= 32 * g.time_s[g.m.index(1024)]
+
+
+# --- MoE tables ------------------------------------------------------------------------------------------
+def test_moe_tables_are_balanced_routing_with_gating_and_pdsim_dtype_names(imported):
+    _, dev = imported
+    ms = dev.spec.measured.moe
+    assert {(t.dtype, t.gated) for t in ms} == {("bf16", True), ("fp8", True), ("fp8_tensor", True), ("bf16", False)}
+    assert all(t.distribution == "balanced" and t.tokens == MOE_TOKENS for t in ms)
+    bf = next(t for t in ms if t.dtype == "bf16" and t.gated)
+    assert bf.time_s == pytest.approx([moe_ms(x) * 1e-3 for x in MOE_TOKENS], rel=REL)   # not the 3x power-law rows
+
+
+def _moe_layer(cm, tokens):
+    bd = cm.breakdown(tokens, float(tokens), tokens, 0, tokens)
+    return bd, sum(v["time_s"] for k, v in bd.items() if k.startswith("experts") or k == "moe_route") / cm.moe_layers
+
+
+def test_cost_model_prices_a_moe_layer_from_the_table_exact_between_and_beyond(imported):
+    from pdsim.costmodel import RooflineCost
+    from pdsim.models import get_model
+    _, dev = imported
+    m = get_model("qwen3-30b-a3b")
+    cm = RooflineCost(m, dev, 1, "bf16")
+    bd, t64 = _moe_layer(cm, 64)
+    assert bd["experts"]["source"] == "exact" and "experts_gate_up" not in bd and "moe_route" not in bd
+    assert t64 == pytest.approx(moe_ms(64) * 1e-3, rel=REL)
+    bd, t32 = _moe_layer(cm, 32)            # between 16 and 64: log-log, exact for a power law
+    assert bd["experts"]["source"] == "interpolated" and t32 == pytest.approx(moe_ms(32) * 1e-3, rel=2 * REL)
+    bd, t1k = _moe_layer(cm, 1024)          # beyond 256: scaled by tokens from the last point
+    assert bd["experts"]["source"] == "extrapolated"
+    assert t1k == pytest.approx(moe_ms(256) * 1e-3 * 1024 / 256, rel=REL)
+    # FLOPs and bytes are still the roofline's (MFU/MBU do not change with where the time came from)
+    rf = RooflineCost(m, get_device("h100-sxm"), 1, "bf16").breakdown(64, 64.0, 64, 0, 64)
+    got = cm.breakdown(64, 64.0, 64, 0, 64)["experts"]
+    assert got["flops"] == pytest.approx(rf["experts_gate_up"]["flops"] + rf["experts_down"]["flops"])
+    assert got["bytes"] == pytest.approx(sum(rf[k]["bytes"] for k in ("experts_gate_up", "experts_down",
+                                                                     "experts_act", "moe_route")))
+    # fp8 weights: the block-scaled table (0.5x), not the per-tensor one (0.6x)
+    assert _moe_layer(RooflineCost(m, dev, 1, "fp8"), 64)[1] == pytest.approx(0.5 * moe_ms(64) * 1e-3, rel=REL)
+
+
+def test_moe_shapes_the_table_lacks_and_skewed_routing_fall_back_to_the_roofline(imported):
+    from pdsim.costmodel import RooflineCost
+    from pdsim.models import get_model
+    _, dev = imported
+    m = get_model("qwen3-30b-a3b")
+    for cm in (RooflineCost(m, dev, 2, "bf16", ep=2),                   # moe_ep 2: not measured
+               RooflineCost(m, dev, 1, "bf16", expert_skew=1.2),        # a skew: the roofline what-if
+               RooflineCost(get_model("mixtral-8x7b"), dev, 1, "bf16")):
+        bd = cm.breakdown(64, 64.0, 64, 0, 64)
+        assert "experts" not in bd and bd["experts_down"]["source"] == "roofline"
+
+
+def test_only_balanced_moe_tables_are_used_and_bad_ones_are_refused():
+    from pdsim.devices import MeasuredSpec
+    row = {"hidden": 8, "inter": 4, "topk": 2, "experts": 4, "tokens": [1, 16], "time_s": [1e-5, 4e-5]}
+    tabs = MeasuredTables.from_profile(MeasuredSpec.model_validate(
+        {"moe": [row, {**row, "hidden": 16, "distribution": "power_law_1.2"}]}))
+    assert list(tabs.moe) == [(8, 4, 2, 4, 1, 1, True, "bf16")]
+    key = (8, 4, 2, 4, 1, 1, True, "bf16")
+    assert tabs.moe_lookup(4, key) == (pytest.approx(2e-5), "interpolated")     # 1e-5 x 4^0.5
+    assert tabs.moe_lookup(0.5, key) == (1e-5, "extrapolated") and tabs.moe_lookup(32, key) == (8e-5, "extrapolated")
+    with pytest.raises(ValueError, match="tokens must be strictly increasing"):
+        MeasuredSpec.model_validate({"moe": [{**row, "tokens": [16, 1]}]})
