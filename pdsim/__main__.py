@@ -431,9 +431,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUES",
                     help="an axis: KEY=lo:hi:step (hi included) or KEY=a,b,c, e.g. workload.rate=2:20:2 "
                     "(requests/s); any other KEY=VALUE applies to every point")
-    sw.add_argument("--out", help="output folder (default reports/<scenario name>-sweep)")
-    sw.add_argument("--jobs", type=int, help="local worker processes (default: all cores)")
-    sw.add_argument("--quiet", action="store_true")
+    sw.add_argument("--out", metavar="FOLDER", help="output folder (default reports/<scenario name>-sweep)")
+    sw.add_argument("--jobs", type=_int_in(1, 4096), metavar="PROCESSES",
+                    help="local worker processes (default: all cores)")
+    sw.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     sw.set_defaults(fn=cmd_sweep)
     ls = sub.add_parser("list", help="models (params, KV bytes/token), devices (peak FLOP/s, HBM GB/s, memory, "
                         "measured or datasheet), KV links (GB/s, us), engines (scheduler, budgets, step overhead us), "
@@ -441,7 +442,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ls.add_argument("what", choices=["models", "devices", "links", "engines", "scenarios"])
     ls.add_argument("where", nargs="?", help="scenarios: folder (default ./scenarios); devices: a folder of "
                     "profile .yaml files to list beside the presets (default ./calibration/profiles)")
-    ls.add_argument("--format", choices=["table", "json"], default="table")
+    ls.add_argument("--format", choices=["table", "json"], default="table",
+                    help="stdout: an aligned table, or a JSON list of rows (units in the key names)")
     ls.set_defaults(fn=cmd_list)
     va = sub.add_parser("validate", help="simulate measured benchmark runs and report pdsim's error")
     va.add_argument("measured", nargs="*", help="silicon CSV, `vllm bench serve` JSON or GenAI-Perf JSON")
@@ -457,10 +459,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     "starts with the GPU, from a folder or glob (e.g. 'calibration/profiles/*-aic.yaml')")
     va.add_argument("--range-ratio", type=float, help="the benchmark's --random-range-ratio for every row: lengths "
                     "uniform in [int(L x R), L] (default: recognised harnesses' own, else fixed lengths)")
-    va.add_argument("--sample", type=int, help="simulate a seeded random sample of this many rows")
-    va.add_argument("--seed", type=int, default=0)
-    va.add_argument("--requests-per-client", type=int, default=10)
-    va.add_argument("--quiet", action="store_true")
+    va.add_argument("--sample", type=_int_in(0, 10**9), metavar="ROWS",
+                    help="simulate a seeded random sample of this many rows (0: all)")
+    va.add_argument("--seed", type=int, default=0, help="seed of the sample and of each row's request stream")
+    va.add_argument("--requests-per-client", type=_int_in(1, 10**6), default=10, metavar="REQUESTS",
+                    help="closed-loop requests each client sends per row (default 10)")
+    va.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     va.set_defaults(fn=cmd_validate)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")
     rp.add_argument("dir", help="a pdsim run output folder (summary.json, requests.csv, timeseries.csv); "

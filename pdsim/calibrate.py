@@ -725,7 +725,8 @@ def add_parser(sub) -> None:
     c = sub.add_parser("calibrate", help="measure this machine with torch and write a measured device profile",
                        description="Time the GEMMs, attention and copies of a model's shapes with torch, fit the "
                                    "roofline, and write a measured profile (needs torch: " + TORCH_HINT + ").")
-    c.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    c.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where to time the kernels: this CPU (default) or the first CUDA GPU")
     c.add_argument("--model", default="llama-3.1-8b", help="model whose layer shapes are measured")
     c.add_argument("--tp", type=_tp_list, action="append", metavar="N[,N...]",
                    help="TP degrees whose sharded shapes are measured (default 1); repeatable or comma-separated")

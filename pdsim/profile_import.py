@@ -726,5 +726,5 @@ def add_parser(sub) -> None:
     im.add_argument("--version", help="backend version (default: the newest in the package)")
     im.add_argument("--gpu", default="a100", help="vidur: GPU SKU folder (a100, h100)")
     im.add_argument("--data-dir", help="an aiconfigurator 'systems' folder instead of the installed package")
-    im.add_argument("--out", required=True)
+    im.add_argument("--out", required=True, metavar="PROFILE.yaml", help="where to write the measured device profile")
     im.set_defaults(fn=cmd_profile)

@@ -425,3 +425,23 @@ def test_interrupt_between_moves_leaves_a_folder_report_refuses(tmp_path: Path, 
     capsys.readouterr()
     assert main(["report", str(out)]) == 2
     _one_line(capsys.readouterr().err, str(out / "summary.json"), "did not finish")
+
+
+def test_every_cli_option_says_what_it_is():
+    """Issue #16: units in every --help.  Every option of every subcommand has a help text (argparse
+    prints nothing for an option without one)."""
+    import argparse
+
+    from pdsim.__main__ import build_parser
+    parser = build_parser([])
+    missing = []
+
+    def walk(p, path):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, path + [name])
+            elif a.option_strings and a.help in (None, "") and not isinstance(a, argparse._HelpAction):
+                missing.append(" ".join(path + [a.option_strings[-1]]))
+    walk(parser, ["pdsim"])
+    assert not missing, missing
