@@ -75,7 +75,7 @@ def engines() -> list[dict]:
     from .engines import PRESETS
     return [{"name": p.name, "scheduler": p.scheduler, "max_batched_tokens": p.max_batched_tokens,
              "max_running": p.max_running, "block_size_tokens": p.block_size, "memory_fraction": p.memory_fraction,
-             "overhead_base_us": p.overhead_base_us, "overhead_per_seq_us": p.overhead_per_seq_us,
+             "kv_reservation": p.kv_reservation, "overhead_base_us": p.overhead_base_us, "overhead_per_seq_us": p.overhead_per_seq_us,
              "overhead": _overhead_kind(p.source), "source_note": p.source}
             for p in PRESETS.values()]
 
@@ -125,7 +125,7 @@ SHOWN = {"models": ["name", "params_B", "active_params_B", "experts", "attention
                      "interconnect_GBps", "price_per_hour_usd", "source", "where"],
          "links": ["name", "bandwidth_GBps_per_gpu", "latency_us"],
          "engines": ["name", "scheduler", "max_batched_tokens", "max_running", "block_size_tokens",
-                     "memory_fraction", "overhead_base_us", "overhead_per_seq_us", "overhead"],
+                     "memory_fraction", "kv_reservation", "overhead_base_us", "overhead_per_seq_us", "overhead"],
          "scenarios": ["file", "kind", "name", "model", "arrival", "rate_req_s", "topologies"]}
 
 

@@ -163,6 +163,10 @@ class PoolSpec(_Strict):
     # expert popularity: Zipf exponent (0 = uniform routing); fewer distinct experts, a hotter EP rank
     expert_skew: float = Field(0.0, ge=0, le=4, allow_inf_nan=False)
     watermark: float = Field(0.01, ge=0, lt=1)
+    # KV blocks at admission: ``incremental`` (grow a block at a time, preempt when short: vLLM, SGLang)
+    # or ``full`` (blocks for the whole sequence, prompt + output - 1, taken at admission, so nothing is
+    # ever preempted: TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler)
+    kv_reservation: Literal["incremental", "full"] = "incremental"
     price_per_gpu_hour_usd: NonNegFloat | None = None   # default: the device profile's
     cost_model: CostModelSpec = CostModelSpec()
     # admission control: a request routed to an instance with this many queued is rejected

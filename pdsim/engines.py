@@ -67,6 +67,7 @@ class EnginePreset:
     non_torch_GiB: float              # NCCL buffers, cuBLAS workspace, CUDA context share
     watermark: float                  # admission headroom (vLLM v0's 1%; v1, SGLang, TRT-LLM keep none)
     source: str
+    kv_reservation: str = "incremental"   # "full": blocks for prompt + output at admission (TRT-LLM)
 
 
 PRESETS: dict[str, EnginePreset] = {p.name: p for p in [
@@ -87,7 +88,9 @@ PRESETS: dict[str, EnginePreset] = {p.name: p for p in [
     EnginePreset("trtllm", "chunked", 8192, 2048, 32, 0.9, "free", 620.6, 17.8, 0.0, 100.0, 0.0, 0.5, 0.0,
                  "TensorRT-LLM defaults (tokens_per_block 32, free_gpu_memory_fraction 0.9); step overhead FITTED "
                  "to the TPOT residuals of the train half of the aiconfigurator silicon sample (TRT-LLM 1.0, "
-                 "H100/H200; it also absorbs cost-model error), tp_extra an estimate"),
+                 "H100/H200; it also absorbs cost-model error), tp_extra an estimate; KV reserved for the whole "
+                 "sequence at admission (capacity_scheduler_policy GUARANTEED_NO_EVICT, the default)",
+                 kv_reservation="full"),
 ]}
 
 
@@ -107,6 +110,8 @@ def apply_preset(pool) -> None:
         pool.block_size = p.block_size
     if "watermark" not in given:
         pool.watermark = p.watermark
+    if "kv_reservation" not in given:
+        pool.kv_reservation = p.kv_reservation
     if "gpu_memory_utilization" not in given:
         pool.gpu_memory_utilization = p.memory_fraction
     if "scheduler" not in given and "chunked_prefill" not in given:

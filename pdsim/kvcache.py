@@ -301,17 +301,19 @@ class PrefixKVCache(KVCache):
         self._count(req, gpu, hit_tokens - gpu)
         return self.grow(req, tokens, admit=False)
 
-    def reserve_prefix(self, req: Request, tokens: int) -> int | None:
-        """Blocks for KV arriving from a prefill instance, reusing the prefix this pool holds:
-        the tokens already here (the transfer sends only the rest), or None if the pool is short."""
+    def reserve_prefix(self, req: Request, tokens: int, total: int | None = None) -> int | None:
+        """Blocks for KV arriving from a prefill instance (``tokens`` of it; blocks for ``total`` tokens
+        in all, default ``tokens``), reusing the prefix this pool holds: the tokens already here (the
+        transfer sends only the rest), or None if the pool is short."""
         assert req.blocks == 0
+        total = tokens if total is None or total < tokens else total
         if req.hash_ids is None:
-            return 0 if self.reserve(req, tokens) else None
+            return 0 if self.reserve(req, total) else None
         m = self.match(req, tokens)
-        if self._need(req, m, tokens) > self.free_blocks - self.watermark_blocks:
+        if self._need(req, m, total) > self.free_blocks - self.watermark_blocks:
             return None
         self._take(req, m)
-        assert self.grow(req, tokens)
+        assert self.grow(req, total)
         hit = min((m[2] + m[3]) * self.block_size, tokens)
         self.stats.transfer_hit_tokens += hit
         return hit

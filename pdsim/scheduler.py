@@ -48,6 +48,7 @@ class StepPlan:
 class Limits:
     max_running: int = 256              # requests in the running batch
     max_batched_tokens: int = 8192      # tokens in one step (the chunked policy's token budget)
+    reserve_full: bool = False          # admission takes blocks for the whole sequence (kv_reservation: full)
 
 
 def _preempt(victim: Request, kv: KVCache, running: list, waiting: deque, plan: StepPlan) -> None:
@@ -73,9 +74,18 @@ def _grow_running(req: Request, n: int, kv: KVCache, running: list, waiting: deq
     return True
 
 
+def final_kv_tokens(req: Request) -> int:
+    """Tokens a request's KV holds when it finishes: the prompt and every output token but the last."""
+    return req.prompt_tokens + req.output_tokens - 1
+
+
 def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: StepPlan,
            budget: int, chunk: bool) -> int:
-    """Admit waiting requests FCFS while the token budget, batch size and KV pool allow."""
+    """Admit waiting requests FCFS while the token budget, batch size and KV pool allow.
+
+    With ``limits.reserve_full`` a request is admitted only with blocks for its whole sequence
+    (:func:`final_kv_tokens`), taken at once, so running requests never grow short of blocks."""
+    full = limits.reserve_full
     while waiting and len(running) < limits.max_running and budget > 0:
         req = waiting[0]
         hit = kv.peek(req) if kv.prefix_on else 0    # tokens of a cached prefix it need not compute
@@ -85,11 +95,14 @@ def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: Ste
                 n = budget
             elif plan.items:   # a whole prompt larger than the budget still runs, alone
                 break
+        want = req.computed + hit + n
+        if full and final_kv_tokens(req) > want:
+            want = final_kv_tokens(req)
         if kv.prefix_on:
-            if not kv.attach(req, hit, req.computed + hit + n):
+            if not kv.attach(req, hit, want):
                 break
             plan.cached_tokens += hit
-        elif not kv.grow(req, req.computed + n, admit=True):
+        elif not kv.grow(req, want, admit=True):
             break
         waiting.popleft()
         running.append(req)

@@ -15,7 +15,7 @@ from .devices import GiB, get_device
 from .errors import ConfigError
 from .instance import Instance
 from .kvcache import KVCache, PrefixKVCache
-from .scheduler import SCHEDULERS, Limits
+from .scheduler import SCHEDULERS, Limits, final_kv_tokens
 from .workload import ABANDONED, UNFINISHED, Request
 
 
@@ -170,7 +170,7 @@ class Pool:
             self.spec_dec = speculative.build(spec.speculative, spec, self.cost, model, ctx.weight_dtype,
                                               ctx.kv_dtype, self.device, getattr(ctx, "seed", 0), key,
                                               self.power)
-        limits = Limits(spec.max_running, spec.token_budget)
+        limits = Limits(spec.max_running, spec.token_budget, spec.kv_reservation == "full")
         policy = SCHEDULERS[spec.scheduler_name]
         make_kv = self._prefix_kv(spec, blocks, key) if spec.prefix_on else \
             (lambda: KVCache(blocks, spec.block_size, spec.watermark))
@@ -378,12 +378,14 @@ class Disaggregated(_Serving):
         if dec.down or len(dec.running) + dec.reserved_count >= dec.limits.max_running:
             return False
         dec.sync()
+        # kv_reservation full: the decode side takes blocks for the whole sequence as it reserves
+        total = max(req.computed, final_kv_tokens(req)) if dec.limits.reserve_full else req.computed
         if dec.kv.prefix_on:     # cache-aware transfer: blocks the decode instance holds are not sent
-            hit = dec.kv.reserve_prefix(req, req.computed)
+            hit = dec.kv.reserve_prefix(req, req.computed, total)
             if hit is None:
                 return False
             self.xfer_hit[req.id] = hit
-        elif not dec.kv.reserve(req, req.computed):
+        elif not dec.kv.reserve(req, total):
             return False
         dec.blocks_taken()   # fewer free blocks: the decode window may not grow as planned
         return True

@@ -46,6 +46,7 @@ def test_list_engines_says_which_overheads_are_measured(capsys):
     # present them as measured CPU overheads
     assert all(rows[n]["overhead"] == "fitted-residual" for n in ("vllm-v1", "sglang", "trtllm"))
     assert rows["trtllm"]["block_size_tokens"] == 32 and rows["sglang"]["block_size_tokens"] == 1
+    assert rows["trtllm"]["kv_reservation"] == "full" and rows["vllm-v1"]["kv_reservation"] == "incremental"
     assert main(["list", "engines"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[0] == "name" and "overhead" in lines[0].split()
