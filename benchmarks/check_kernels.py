@@ -39,7 +39,8 @@ from pdsim.models import get_model  # noqa: E402
 PROFILES = REPO / "calibration" / "profiles"
 DEVICES = {"H100": ("h100-sxm", PROFILES / "h100_sxm-trtllm-aic.yaml"),
            "H200": ("h200", PROFILES / "h200_sxm-trtllm-aic.yaml"),
-           "A100": ("a100-80gb-sxm", PROFILES / "a100_sxm-trtllm-aic.yaml")}
+           "A100": ("a100-80gb-sxm", PROFILES / "a100_sxm-trtllm-aic.yaml"),
+           "B200": ("b200", PROFILES / "b200_sxm-trtllm-aic.yaml")}
 MODELS = ["llama-3.1-8b", "qwen3-32b", "llama-3.1-70b"]
 TPS = [1, 2, 4, 8]
 PREFILL = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]

@@ -395,8 +395,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     e.add_argument("--context", type=_int_in(0, MAX_TOKENS), default=1024, metavar="TOKENS",
                    help="context length in tokens of each decoding request (default 1024)")
     from .models import DTYPE_BYTES
-    e.add_argument("--weight-dtype", default="bf16", choices=list(DTYPE_BYTES), help="weight data type (default bf16)")
-    e.add_argument("--kv-dtype", default="bf16", choices=list(DTYPE_BYTES), help="KV-cache data type (default bf16)")
+    e.add_argument("--weight-dtype", default="bf16", choices=list(DTYPE_BYTES),
+                   help="weight data type (default bf16; fp4 = NVFP4, fp4 tensor cores where the device has them)")
+    e.add_argument("--kv-dtype", default="bf16", choices=[d for d in DTYPE_BYTES if d not in ("int4", "fp4")],
+                   help="KV-cache data type (default bf16)")
     e.add_argument("--engine", help="serving engine preset (vllm-v1, vllm-v0, sglang, trtllm): its step "
                    "overhead and KV sizing")
     e.add_argument("--json", action="store_true", help="same as --format json")

@@ -434,7 +434,7 @@ class Scenario(_Strict):
     description: str = ""
     seed: int = Field(0, ge=0, le=2**63 - 1)   # numpy seeds are non-negative
     model: str | InlineModel = "llama-3.1-8b"
-    weight_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] = "bf16"
+    weight_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"] = "bf16"
     kv_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8"] = "bf16"
     workload: WorkloadSpec
     slo: SLOSpec = SLOSpec()

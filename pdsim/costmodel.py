@@ -179,14 +179,19 @@ class RooflineCost(CostModel):
         assert t % self.ep == 0 and (self.ep == 1 or m.experts % self.ep == 0), (t, self.ep)
         self.w_bytes = dtype_bytes(self.weight_dtype)
         self.kv_bytes = dtype_bytes(self.kv_dtype)
-        # fp8 weights use fp8 tensor cores; int4/int8 weights are weight-only: dequantised, computed in bf16
-        self.compute_dtype = "fp8" if self.weight_dtype == "fp8" else "bf16"
-        self.weight_only = self.weight_dtype if self.weight_dtype in ("int4", "int8") else None
-        self.gemm_table_dtype = "bf16" if self.weight_dtype in ("bf16", "fp16", "fp32") else self.weight_dtype
+        # fp8 weights use fp8 tensor cores; fp4 (NVFP4) weights fp4 tensor cores where the device has them
+        # (Blackwell); int4/int8 weights, and fp4 elsewhere (W4A16, as Hopper serves MXFP4), are weight-only:
+        # dequantised, computed in bf16
+        wd = self.weight_dtype
+        fp4_native = wd == "fp4" and "fp4" in self.device.spec.peak_tflops
+        self.compute_dtype = "fp8" if wd == "fp8" else "fp4" if fp4_native else "bf16"
+        self.weight_only = wd if wd in ("int4", "int8") or (wd == "fp4" and not fp4_native) else None
+        # imported tables name fp4 GEMMs nvfp4 (fp4 x fp4) and mxfp4_wo (fp4 weights x bf16)
+        self.gemm_table_dtype = "bf16" if wd in ("bf16", "fp16", "fp32") else "nvfp4" if fp4_native else wd
         tabs = self.device.tables
-        if self.weight_only and tabs is not None and any(
-                key[2] == f"{self.weight_dtype}_wo" for key in tabs.gemm):   # imported weight-only tables
-            self.gemm_table_dtype = f"{self.weight_dtype}_wo"
+        wo_name = "mxfp4_wo" if wd == "fp4" else f"{wd}_wo"
+        if self.weight_only and tabs is not None and any(key[2] == wo_name for key in tabs.gemm):
+            self.gemm_table_dtype = wo_name          # imported weight-only tables
         self.kv_table_dtype = "bf16" if self.kv_dtype in ("bf16", "fp16", "fp32") else self.kv_dtype
         h, d, L = m.hidden, m.head_dim, m.layers
         qh, kvh = m.heads // t, max(1, m.kv_heads // t)
@@ -253,6 +258,8 @@ class RooflineCost(CostModel):
             moe_tabs = getattr(tabs, "moe", None) if tabs is not None else None
             if moe_tabs and not self.expert_skew:
                 wdt = "bf16" if self.weight_dtype in ("bf16", "fp16", "fp32") else self.weight_dtype
+                if wdt == "fp4":
+                    wdt = "nvfp4" if self.compute_dtype == "fp4" else "mxfp4_wo"
                 for dt in ((wdt, "fp8_tensor") if wdt == "fp8" else (wdt,)):
                     key = (h, w, k, E, self.moe_tp, self.ep, m.gated_mlp, dt)
                     if key in moe_tabs:

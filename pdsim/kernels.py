@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 #: CUDA-core operations to dequantise one weight (unpack, convert, scale): an estimate
-DEQUANT_OPS = {"int4": 4.0, "int8": 2.0}
+DEQUANT_OPS = {"int4": 4.0, "int8": 2.0, "fp4": 4.0}
 #: rows of M a weight-only kernel dequantises each weight tile for (one pass per 64 rows)
 DEQUANT_M_TILE = 64
 #: M tile of weight-only tensor-core kernels: their small-M compute inefficiency is capped at this

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 #: bytes per element for every dtype pdsim knows
-DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+# fp4 = NVFP4: 4-bit values plus one fp8 scale per 16 (0.5 + 1/16 bytes); int4 group scales are not counted
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5625}
 
 
 def dtype_bytes(dtype: str, key: str = "dtype") -> float:

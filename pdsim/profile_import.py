@@ -45,7 +45,8 @@ MAX_PROFILE_BYTES = 5 * 1024 * 1024
 
 # AIConfigurator system -> the pdsim datasheet preset whose price and roofline efficiencies an
 # imported profile keeps (peaks, memory and NVLink come from the package's own system file).
-PRESET_FOR_SYSTEM = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "a100_sxm": "a100-80gb-sxm", "l40s": "l40s"}
+PRESET_FOR_SYSTEM = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "a100_sxm": "a100-80gb-sxm", "l40s": "l40s",
+                     "b200_sxm": "b200"}
 DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
 # pdsim cost-model ops and the package tables that serve them
 OP_TABLES = {"gemm": "gemm_perf", "attention_prefill": "context_attention_perf",

@@ -35,7 +35,8 @@ from .errors import ConfigError
 
 #: GPU names used by benchmark tools -> pdsim device presets
 GPUS = {"h100_sxm": "h100-sxm", "h100": "h100-sxm", "h100-sxm": "h100-sxm", "h200_sxm": "h200", "h200": "h200",
-        "a100_sxm": "a100-80gb-sxm", "a100": "a100-80gb-sxm", "a100-80gb-sxm": "a100-80gb-sxm", "l40s": "l40s"}
+        "a100_sxm": "a100-80gb-sxm", "a100": "a100-80gb-sxm", "a100-80gb-sxm": "a100-80gb-sxm", "l40s": "l40s",
+        "b200_sxm": "b200", "b200": "b200"}
 #: model names of benchmark files -> pdsim presets (dense decoders only)
 MODELS = {"llama-3.1-8b": "llama-3.1-8b", "llama-3.1-8b-instruct": "llama-3.1-8b",
           "llama-3.1-8b-instruct-fp8": "llama-3.1-8b", "llama-3.1-70b": "llama-3.1-70b",
@@ -91,13 +92,11 @@ def _row(source, rid, model, gpu, backend, version, mode, tp, isl, osl, conc, pr
     if r["engine"] is None:
         return r, "unknown_backend"
     p = (precision or "bf16").lower()
-    if p in ("fp4", "nvfp4", "int4", "int4_wo", "mxfp4"):
+    if p not in ("bf16", "fp16", "fp8", "fp8_block", "fp4", "nvfp4", ""):
         return r, "unsupported_precision"
-    if p not in ("bf16", "fp16", "fp8", "fp8_block", ""):
-        return r, "unsupported_precision"
-    r["weight_dtype"] = "fp8" if p.startswith("fp8") else "bf16"
-    # an fp8 checkpoint served with an fp8 KV cache (the engines' usual pairing); an assumption
-    r["kv_dtype"] = r["weight_dtype"]
+    r["weight_dtype"] = "fp8" if p.startswith("fp8") else "fp4" if p in ("fp4", "nvfp4") else "bf16"
+    # an fp8 (or fp4) checkpoint served with an fp8 KV cache (the engines' usual pairing); an assumption
+    r["kv_dtype"] = "bf16" if r["weight_dtype"] == "bf16" else "fp8"
     if mode not in ("agg", "colocated"):
         return r, "disaggregated_row"
     bad = [k for k in ("tp", "isl", "osl", "concurrency") if not (isinstance(r[k], int) and r[k] > 0)]

@@ -67,6 +67,42 @@ def test_int4_decodes_faster_than_fp8_faster_than_bf16(dev):
     assert lin["bf16"] / 4 < lin["int4"] < lin["bf16"]
 
 
+def test_fp4_weights_use_fp4_tensor_cores_on_blackwell_and_are_weight_only_on_hopper():
+    """NVFP4: 0.5 + 1/16 bytes per weight.  On B200 (fp4 peak 9 PFLOP/s) a big prefill GEMM is
+    compute-bound at the fp4 peak; on H200 (no fp4 units) it computes in bf16 after dequantising."""
+    m = get_model("llama-3.1-70b")
+    assert m.weight_bytes_per_gpu("fp4", 4) == pytest.approx(
+        ((m.decoder_params - m.routed_params - m.router_params - m.replicated_attn_params) * 0.5625
+         + m.embedding_params * 2.0) / 4 + m.replicated_attn_params * 0.5625 + m.router_params * 2.0)
+    T, n, k = 8192, 8192 * 2 * 28672 // 8192 // 4, 8192          # gate_up of tp4: N = 2 x 28672 / 4
+    for dev_name, dtype in (("b200", "fp4"), ("h200", "bf16")):
+        dev = get_device(dev_name)
+        cm = RooflineCost(m, dev, 4, "fp4")
+        e = dev.spec.efficiency
+        op = cm.breakdown(T, T * T / 2.0, T, 1, 1)["gate_up"]
+        m_half = e.gemm_m_half if dtype == "fp4" else min(e.gemm_m_half, kernels.WEIGHT_ONLY_M_HALF)
+        compute = 2.0 * T * n * k * (T + m_half) / (T * dev.peak_flops(dtype) * e.gemm_max)
+        assert op["time_s"] / m.layers == pytest.approx(compute + e.kernel_overhead_us * 1e-6, rel=1e-9)
+        assert (cm.compute_dtype, cm.weight_only) == (("fp4", None) if dtype == "fp4" else ("bf16", "fp4"))
+    # decode is memory-bound on the weights' bytes: fp4 reads less than fp8 on both
+    for dev_name in ("b200", "h200"):
+        d = get_device(dev_name)
+        t = {w: RooflineCost(m, d, 4, w).decode_time(8, 512) for w in ("fp4", "fp8")}
+        assert t["fp4"] < t["fp8"]
+
+
+def test_fp4_is_a_weight_dtype_not_a_kv_dtype(tmp_path):
+    from pdsim import config
+    base = "model: llama-3.1-8b\nworkload: {rate: 1, num_requests: 2}\ntopologies:\n  t: {kind: colocated}\n"
+    p = tmp_path / "w.yaml"
+    p.write_text(base + "weight_dtype: fp4\n")
+    assert config.load(p).weight_dtype == "fp4"
+    p.write_text(base + "kv_dtype: fp4\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load(p)
+    assert e.value.key == "kv_dtype"
+
+
 # --- all-reduce --------------------------------------------------------------------------------------
 def test_datasheet_allreduce_one_shot_small_ring_large():
     # 8 KiB over 4 H100s: a custom one-shot kernel, ~3 us (measured custom all-reduce), not 6 hops x 6 us

@@ -35,8 +35,8 @@ def _silicon(path, rows):
 
 
 BAD = [({"id": "moe", "model_path": "deepseek-ai/DeepSeek-V3"}, "moe_model"),
-       ({"id": "b200", "system": "b200_sxm"}, "unknown_gpu"),
-       ({"id": "fp4", "precision": "fp4", "gemm_quant_mode": "nvfp4"}, "unsupported_precision"),
+       ({"id": "gb300", "system": "gb300"}, "unknown_gpu"),
+       ({"id": "int4", "precision": "int4", "gemm_quant_mode": "int4_wo"}, "unsupported_precision"),
        ({"id": "pd", "mode": "disagg"}, "disaggregated_row"),
        ({"id": "nottft", "silicon_ttft_ms": ""}, "missing_measurement"),
        ({"id": "adp", "attention_dp_size": 4}, "attention_data_parallel"),
@@ -282,3 +282,14 @@ def test_run_prints_the_stored_band_of_each_pools_engine_and_gpu(tmp_path, capsy
     page = (tmp_path / "out" / "report.html").read_text()
     from pdsim.charts import num
     assert "unvalidated" in page and f"±{num(bands['vllm-v1|h200']['ttft_mape_pct'])}%" in page
+
+
+def test_blackwell_fp4_and_fp8_rows_are_expressible(tmp_path):
+    path = _silicon(tmp_path / "silicon.csv", [
+        {"id": "b-fp4", "system": "b200_sxm", "precision": "fp4", "gemm_quant_mode": "nvfp4"},
+        {"id": "b-fp8", "system": "b200_sxm", "precision": "fp8"},
+        {"id": "h-bf16"}])
+    rows = {r["id"]: (r, why) for r, why in read_measured(path)}
+    assert all(why is None for _, why in rows.values())
+    assert [(rows[i][0]["device"], rows[i][0]["weight_dtype"], rows[i][0]["kv_dtype"]) for i in ("b-fp4", "b-fp8", "h-bf16")] \
+        == [("b200", "fp4", "fp8"), ("b200", "fp8", "fp8"), ("h100-sxm", "bf16", "bf16")]
