@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--csv", help="silicon CSV (default: the installed aiconfigurator-core's)")
     ap.add_argument("--sample", type=int)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpus", help="only rows of these pdsim devices, comma-separated (e.g. b200)")
     ap.add_argument("--split", choices=["all", "train", "test"], default="all")
     ap.add_argument("--write-error-table", action="store_true")
     ap.add_argument("--client", choices=["sync", "stagger"], default="sync",
@@ -66,6 +67,8 @@ def main() -> None:
         return fit_and_check(usable, args)
     if args.split != "all":
         usable = [(r, w) for r, w in usable if held_out(str(r["id"])) == (args.split == "test")]
+    if args.gpus:
+        usable = [(r, w) for r, w in usable if r["device"] in args.gpus.split(",")]
     if args.sample and args.sample < len(usable):
         idx = np.random.default_rng(args.seed).choice(len(usable), args.sample, replace=False)
         usable = [usable[i] for i in sorted(idx.tolist())]
