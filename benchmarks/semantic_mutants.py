@@ -8,7 +8,7 @@ applies it to the copy, runs ``python -m pytest -x -q -p no:cacheprovider <tests
 restores the file.  The worktree itself is never modified.
 
     python benchmarks/semantic_mutants.py                 # every mutant
-    python benchmarks/semantic_mutants.py --budget-s 100  # CI's sample (Makefile `test`)
+    python benchmarks/semantic_mutants.py --budget-s 90   # CI's sample (Makefile `test`)
     python benchmarks/semantic_mutants.py --only tpot-over-output p99-as-p95
 
 Outcome per mutant, from pytest's exit code: 1 = killed (a test failed), 0 = survived, anything
@@ -131,6 +131,15 @@ MUTANTS: list[Mutant] = [
            "victim.recomputed_tokens += victim.computed", "victim.recomputed_tokens = victim.computed",
            (SEM + "test_preemption_evicts_the_newest_running_request",),
            "a request preempted twice counts only its last recomputation"),
+    Mutant("preempt-count-not-accumulated", "pdsim/scheduler.py",
+           "victim.preemptions += 1", "victim.preemptions = 1",
+           (SEM + "test_preemption_evicts_the_newest_running_request",),
+           "a request preempted twice reports one preemption"),
+    Mutant("self-evicted-still-scheduled", "pdsim/scheduler.py",
+           "            _preempt(req, kv, running, waiting, plan)\n            return False\n",
+           "            _preempt(req, kv, running, waiting, plan)\n            return True\n",
+           (SEM + "test_a_request_already_in_the_step_is_never_the_victim",),
+           "a request that had to evict itself is still put in the step"),
     Mutant("preempt-lost-not-accumulated", "pdsim/scheduler.py",
            "plan.lost_tokens += victim.computed", "plan.lost_tokens = victim.computed",
            (SEM + "test_one_growth_may_evict_two_and_both_losses_are_counted",),
@@ -326,11 +335,11 @@ def changed_files() -> tuple[set[str], str]:
     """(files changed since the base, what the base is): merge base with the last tag, else HEAD~20."""
     tag = _git("describe", "--tags", "--abbrev=0")
     if tag:
-        base, what = _git("merge-base", "HEAD", tag), f"merge base with tag {tag}"
+        base, what = _git("merge-base", "HEAD", tag), f"the commits since the merge base with tag {tag}"
     else:
         revs = (_git("rev-list", "--max-count=21", "HEAD") or "").split()
         base = revs[20] if len(revs) > 20 else (EMPTY_TREE if revs else None)
-        what = "the last 20 commits"
+        what = "the last 20 commits or uncommitted"
     if not base:
         return set(), "no git history"
     out = _git("diff", "--name-only", base)          # against the working tree: uncommitted changes count
@@ -447,7 +456,7 @@ def main(argv=None) -> int:
     head = _git("rev-parse", "HEAD") or ""
     mutants = order(mutants, changed, head)
     n_changed = sum(m.file in changed for m in mutants)
-    print(f"semantic mutants: {len(mutants)} in the catalog run order ({n_changed} of files changed since "
+    print(f"semantic mutants: {len(mutants)} in the catalog run order ({n_changed} of them on files changed in "
           f"{base} first; each group rotated by HEAD {head[:8] or '?'}); budget "
           f"{'none' if budget is None else f'{budget:.0f} s'}", flush=True)
 
