@@ -14,14 +14,25 @@ $(VENV)/.torch: $(BIN)/pdsim
 	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch unavailable: calibration tests will be skipped"
 	touch $(VENV)/.torch
 
-.PHONY: demo test test-deep bench bench-all install mutate mutate-sample
+.PHONY: demo test test-deep bench bench-all install mutate mutate-sample mutants
 install: $(BIN)/pdsim
 
 demo: $(BIN)/pdsim
 	$(BIN)/pdsim run scenarios/quickstart.yaml --out reports/quickstart
 
+# After the suite, a time-boxed sample of the hand-made semantic mutants (benchmarks/semantic_mutants.py,
+# tests/MUTANTS.md): mutants of recently changed files first, each group in a per-commit rotation, within
+# MUTANTS_BUDGET_S seconds (copy, baseline and mutants together). The suite takes ~2.5-3 min on this 2-core
+# machine alone (4 min with two other engineers at work), each mutant ~2-5 s: 90 s keeps `make test`
+# within ~5 min when the machine is not shared. Any survivor, error or stale snippet fails it.
+MUTANTS_BUDGET_S ?= 90
 test: $(BIN)/pdsim $(VENV)/.torch
 	$(BIN)/python -m pytest
+	$(BIN)/python benchmarks/semantic_mutants.py --budget-s $(MUTANTS_BUDGET_S)
+
+# every semantic mutant, no budget (~3-4 min on 2 cores)
+mutants: $(BIN)/pdsim
+	$(BIN)/python benchmarks/semantic_mutants.py --all
 
 # hypothesis invariant tests with many more examples (profile `deep`, tests/conftest.py)
 test-deep: $(BIN)/pdsim

@@ -1,0 +1,517 @@
+"""The hand-made semantic mutants of tests/MUTANTS.md, executable, and a time-boxed runner for CI.
+
+Each mutant is one deliberate wrong semantics: an exact snippet ``old`` of the current source (it must
+occur exactly once in ``file``) replaced by ``new``, and the tests that must go red.  The runner copies
+the repository (every tracked and untracked, not ignored file, plus a link to ``../shared``) into a
+temporary directory once, checks that the catalog's tests pass there unmutated, then for each mutant
+applies it to the copy, runs ``python -m pytest -x -q -p no:cacheprovider <tests>`` in the copy and
+restores the file.  The worktree itself is never modified.
+
+    python benchmarks/semantic_mutants.py                 # every mutant
+    python benchmarks/semantic_mutants.py --budget-s 90   # CI's sample (Makefile `test`)
+    python benchmarks/semantic_mutants.py --only tpot-over-output p99-as-p95
+
+Outcome per mutant, from pytest's exit code: 1 = killed (a test failed), 0 = survived, anything
+else (2 interrupted, 3 internal error, 4 usage error, 5 nothing collected) or a run past the
+per-mutant timeout = error: a mutant that breaks collection or hangs proves nothing about the tests.
+Exit code 0 only if every mutant run was killed and every snippet of the catalog was found.
+
+Order under a budget: mutants of files changed since the merge base with the last git tag (without
+tags: in the last 20 commits, or uncommitted) first, then the rest, each group rotated by the HEAD
+commit hash, so successive commits sample different mutants while a given commit always runs the same.  The
+budget counts the whole run (copy, baseline, mutants); a mutant is started only if its estimated time
+(its tests' durations in the baseline run plus the pytest start-up measured so far) still fits.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import NamedTuple
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Mutant(NamedTuple):
+    id: str
+    file: str           # relative to the repository root
+    old: str            # exact snippet of the current source, occurring exactly once in file
+    new: str            # the wrong semantics
+    tests: tuple        # pytest node ids, each of which must go red (any one failing kills it)
+    why: str
+
+
+SEM = "tests/test_semantics.py::"
+SLO = "tests/test_slo.py::"
+SPEC = "tests/test_speculative.py::"
+EN = "tests/test_energy.py::"
+
+MUTANTS: list[Mutant] = [
+    # --- metrics ---------------------------------------------------------------------------------
+    Mutant("tpot-over-output", "pdsim/metrics.py",
+           "(finish - first) / np.maximum(streamed - 1, 1)", "(finish - first) / np.maximum(streamed, 1)",
+           (SEM + "test_lone_request_ttft_tpot_e2e_by_hand_linear_cost",),
+           "TPOT divided by the output tokens instead of output - 1 (the first token is TTFT's)"),
+    Mutant("p99-as-p95", "pdsim/metrics.py",
+           "np.percentile(x.to_numpy(), [50, 90, 99])", "np.percentile(x.to_numpy(), [50, 90, 95])",
+           (SLO + "test_summary_percentiles_on_a_known_sample",),
+           "the p99 column computed as the 95th percentile"),
+    Mutant("abandoned-given-e2e", "pdsim/metrics.py",
+           '"e2e_s": np.where(fin, finish - arrival + rtt, np.nan)',
+           '"e2e_s": np.where(status != REJECTED, finish - arrival + rtt, np.nan)',
+           (SEM + "test_rejected_and_abandoned_requests_stay_out_of_latency_statistics",),
+           "an abandoned request (finish_s = when its client gave up) given an end-to-end latency"),
+    Mutant("unfinished-only-unserved", "pdsim/metrics.py",
+           "fin = d[d.status == FINISHED]", "fin = d[d.status != UNFINISHED]",
+           (SEM + "test_rejected_and_abandoned_requests_stay_out_of_latency_statistics",),
+           "rejected and abandoned requests counted as served in the summary's latency and throughput"),
+    Mutant("percentile-slo-ignored", "pdsim/metrics.py",
+           'if getattr(slo, "mode", "attainment") == "percentile":', "if False:",
+           (SLO + "test_percentile_mode_fails_where_attainment_mode_passes",),
+           "slo.mode: percentile judged by attainment"),
+    Mutant("unserved-dropped-from-percentile", "pdsim/metrics.py",
+           "ttft = np.where(np.isnan(ttft), np.inf, ttft)", "ttft = ttft[~np.isnan(ttft)]",
+           (SLO + "test_unserved_requests_count_as_infinitely_late_in_percentile_mode",),
+           "requests never served left out of the TTFT percentile sample (rejecting work improves it)"),
+    # --- topology --------------------------------------------------------------------------------
+    Mutant("kv-link-capacity-2", "pdsim/topology.py",
+           "self.res = simpy.Resource(env, capacity=1)", "self.res = simpy.Resource(env, capacity=2)",
+           (SEM + "test_two_transfers_on_one_link_take_twice_as_long",),
+           "a KV link carries two transfers at once, each at full bandwidth"),
+    Mutant("layerwise-overlap-twice", "pdsim/topology.py",
+           "xfer_s - compute_s * (L - 1) / L)", "xfer_s - 2 * compute_s * (L - 1) / L)",
+           (SEM + "test_layerwise_overlap_hides_the_prefill_time_once",),
+           "layer-wise KV transfer hides the prefill compute twice"),
+    Mutant("admission-ignores-output-growth", "pdsim/topology.py",
+           "if not kv.fits_ever(req.prompt_tokens + req.output_tokens - 1):",
+           "if not kv.fits_ever(req.prompt_tokens):",
+           (SEM + "test_admission_counts_the_output_growth",),
+           "a colocated request admitted when its prompt fits but prompt + output never can"),
+    Mutant("reservation-ignores-max-running", "pdsim/topology.py",
+           "if dec.down or len(dec.running) + dec.reserved_count >= dec.limits.max_running:",
+           "if dec.down:",
+           (SEM + "test_decode_reservations_respect_max_running",),
+           "decode-side KV reservations made beyond the decode instance's max_running"),
+    Mutant("max-queue-off-by-one", "pdsim/topology.py",
+           "if admit and q is not None and len(inst.waiting) >= q:",
+           "if admit and q is not None and len(inst.waiting) > q:",
+           (SEM + "test_max_queue_rejects_exactly_beyond_the_limit",),
+           "max_queue lets one request more wait than the limit"),
+    Mutant("kv-pool-ignores-tp-sharding", "pdsim/topology.py",
+           "weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep)",
+           "weights = model.weight_bytes_per_gpu(weight_dtype, 1, pool.ep)",
+           (SEM + "test_kv_pool_size_by_hand_with_tp_sharded_weights",),
+           "the KV pool sized as if each GPU held all the weights (TP sharding ignored)"),
+    Mutant("spec-pool-fast-path-left-on", "pdsim/topology.py",
+           "inst.fast = False               # token counts", "inst.fast = inst.fast  # token counts",
+           (SPEC + "test_output_tokens_conserved_and_fast_equals_step_by_step",),
+           "multi-step fast-path windows left on in a speculative pool"),
+    # --- scheduler -------------------------------------------------------------------------------
+    Mutant("chunked-ignores-budget", "pdsim/scheduler.py",
+           "            if chunk:\n                n = budget\n",
+           "            if chunk:\n                pass\n",
+           (SEM + "test_chunked_prefill_respects_its_token_budget_each_step",),
+           "chunked prefill admits a whole prompt past its token budget"),
+    Mutant("preempt-oldest", "pdsim/scheduler.py",
+           "victim = next((r for r in reversed(running) if", "victim = next((r for r in running if",
+           (SEM + "test_preemption_evicts_the_newest_running_request",),
+           "preemption evicts the oldest running request instead of the newest"),
+    Mutant("batch-ignores-max-running", "pdsim/scheduler.py",
+           "while waiting and len(running) < limits.max_running and budget > 0:",
+           "while waiting and budget > 0:",
+           (SEM + "test_max_running_caps_the_batch",),
+           "admission fills the batch past max_running"),
+    Mutant("preempt-recompute-not-accumulated", "pdsim/scheduler.py",
+           "victim.recomputed_tokens += victim.computed", "victim.recomputed_tokens = victim.computed",
+           (SEM + "test_preemption_evicts_the_newest_running_request",),
+           "a request preempted twice counts only its last recomputation"),
+    Mutant("preempt-count-not-accumulated", "pdsim/scheduler.py",
+           "victim.preemptions += 1", "victim.preemptions = 1",
+           (SEM + "test_preemption_evicts_the_newest_running_request",),
+           "a request preempted twice reports one preemption"),
+    Mutant("self-evicted-still-scheduled", "pdsim/scheduler.py",
+           "            _preempt(req, kv, running, waiting, plan)\n            return False\n",
+           "            _preempt(req, kv, running, waiting, plan)\n            return True\n",
+           (SEM + "test_a_request_already_in_the_step_is_never_the_victim",),
+           "a request that had to evict itself is still put in the step"),
+    Mutant("preempt-lost-not-accumulated", "pdsim/scheduler.py",
+           "plan.lost_tokens += victim.computed", "plan.lost_tokens = victim.computed",
+           (SEM + "test_one_growth_may_evict_two_and_both_losses_are_counted",),
+           "a step that evicts two requests counts only the last one's lost KV"),
+    Mutant("chunked-zero-budget-continues", "pdsim/scheduler.py",
+           "        if budget <= 0:\n            break\n", "        if budget < 0:\n            break\n",
+           (SEM + "test_chunked_budget_smaller_than_the_running_batch",),
+           "chunked keeps scheduling decodes after the token budget is spent"),
+    Mutant("victim-may-be-scheduled", "pdsim/scheduler.py",
+           "if r is not req and id(r) not in scheduled), None)", "if r is not req), None)",
+           (SEM + "test_a_request_already_in_the_step_is_never_the_victim",),
+           "a request already placed in this step may be evicted by a later one's growth"),
+    Mutant("fcfs-chunks-prompts", "pdsim/scheduler.py",
+           "limits.max_batched_tokens, chunk=False)", "limits.max_batched_tokens, chunk=True)",
+           (SEM + "test_fcfs_runs_a_prompt_longer_than_the_budget_whole",),
+           "fcfs splits a prompt longer than the token budget into chunks"),
+    # --- kvcache ---------------------------------------------------------------------------------
+    Mutant("grow-ignores-watermark", "pdsim/kvcache.py",
+           "spare = self.free_blocks - (self.watermark_blocks if admit else 0)", "spare = self.free_blocks",
+           (SEM + "test_admission_keeps_the_watermark_spare",),
+           "admission eats the watermark that running requests need to grow"),
+    Mutant("fits-ever-ignores-watermark", "pdsim/kvcache.py",
+           "return self.blocks_for(tokens) <= self.total_blocks - self.watermark_blocks",
+           "return self.blocks_for(tokens) <= self.total_blocks",
+           (SEM + "test_admission_counts_the_output_growth",),
+           "a request that only fits by eating the watermark is admitted, and can never be re-admitted"),
+    Mutant("decode-reserve-ignores-watermark", "pdsim/kvcache.py",
+           "return self.grow(req, tokens, admit=True)", "return self.grow(req, tokens, admit=False)",
+           (SEM + "test_decode_side_reservation_keeps_the_watermark",),
+           "the decode side reserves blocks for arriving KV out of the watermark"),
+    # --- costmodel -------------------------------------------------------------------------------
+    Mutant("tp-one-allreduce-per-layer", "pdsim/costmodel.py",
+           "n_ar = 2 * L + 1 -", "n_ar = L + 1 -",
+           (SEM + "test_tensor_parallel_step_pays_two_allreduces_per_layer",),
+           "TP pays one all-reduce per layer instead of two (attention out, MLP down)"),
+    # --- plan ------------------------------------------------------------------------------------
+    Mutant("worst-seed-takes-best-attainment", "pdsim/plan.py",
+           'out["min_att"] = min(r["ok"] / r["n"] for r in results)',
+           'out["min_att"] = max(r["ok"] / r["n"] for r in results)',
+           (SEM + "test_plan_worst_seed_rule_takes_the_worst_seed",),
+           "the plan's worst-seed rule takes the best seed's attainment"),
+    Mutant("worst-seed-takes-best-percentile", "pdsim/plan.py",
+           "out[k] = max(vals) if vals else None", "out[k] = min(vals) if vals else None",
+           (SEM + "test_plan_worst_seed_rule_takes_the_worst_seed",),
+           "the plan's worst-seed rule takes the best seed's latency percentile"),
+    Mutant("plan-bound-ignores-decode", "pdsim/plan.py",
+           "per_req = p_mean * prefill_s_per_token(p) + d_mean * decode_s_per_token(p)",
+           "per_req = p_mean * prefill_s_per_token(p)",
+           (SEM + "test_plan_bound_counts_prefill_and_decode_time",),
+           "the plan's capacity bound (fcfs) ignores decode time"),
+    Mutant("plan-bound-ignores-speculation", "pdsim/plan.py",
+           "return 1 if sd is None else sd.k + 1", "return 1",
+           (SPEC + "test_plan_bounds_leave_room_for_speculation",),
+           "plan bounds assume one token per decode step with speculation (spec configs pruned)"),
+    # --- workload, faults, simulation ------------------------------------------------------------
+    Mutant("gamma-shape-one-over-cv", "pdsim/workload.py",
+           "shape = 1.0 / (cv * cv)", "shape = 1.0 / cv",
+           (SEM + "test_gamma_interarrival_cv_and_rate",),
+           "gamma inter-arrivals with shape 1/cv instead of 1/cv^2 (wrong burstiness)"),
+    Mutant("fault-warmup-ignored", "pdsim/faults.py",
+           "until = env.now + down_s + warmup_s", "until = env.now + down_s",
+           (SEM + "test_fault_warmup_delays_service_by_exactly_warmup_s",),
+           "a failed instance serves again right after down_s, skipping its warm-up"),
+    Mutant("think-time-ignored", "pdsim/simulation.py",
+           "        if think_s:\n            yield env.timeout(think_s)", "        if False:\n            yield env.timeout(think_s)",
+           (SEM + "test_closed_loop_think_time_separates_a_clients_requests",),
+           "closed-loop clients send their next request without thinking"),
+    # --- speculative decoding --------------------------------------------------------------------
+    Mutant("spec-all-accepted-k-tokens", "pdsim/speculative.py",
+           "        if p >= 1.0:\n            return self.k\n", "        if p >= 1.0:\n            return self.k - 1\n",
+           (SPEC + "test_acceptance_one_gives_k_plus_one_tokens_per_step",),
+           "an all-accepted verify step streams k tokens instead of k + 1"),
+    Mutant("spec-last-step-overshoots", "pdsim/speculative.py",
+           "d = min(k, req.output_tokens - req.generated - 1)", "d = min(k, req.output_tokens - req.generated)",
+           (SPEC + "test_acceptance_one_last_step_truncates",),
+           "the last verify step drafts past the requested output"),
+    Mutant("spec-verify-one-query-token", "pdsim/speculative.py",
+           "                    T += d\n", "                    T += 0\n",
+           (SPEC + "test_verify_step_cost_by_hand_linear_model",),
+           "a verify step priced with one query token per request instead of 1 + d"),
+    Mutant("spec-accepted-not-leading-run", "pdsim/speculative.py",
+           "np.argmin(ok, axis=1).tolist()", "ok[:, :-1].sum(axis=1).tolist()",
+           (SPEC + "test_mean_tokens_per_step_matches_formula",),
+           "accepted = every accepted draft, not the run before the first rejection"),
+    Mutant("spec-draws-depend-on-history", "pdsim/speculative.py",
+           "rng = np.random.default_rng([self.seed, SALT, req_id, chunk])",
+           "rng = np.random.default_rng([self.seed, SALT, len(self._state), chunk])",
+           (SPEC + "test_draws_depend_on_request_and_step_only",),
+           "acceptance draws depend on how many requests the Speculator has seen, not on (request, step)"),
+    Mutant("spec-draft-kv-ignored", "pdsim/speculative.py",
+           "new = int(left // (block_bytes * (1.0 + ratio)))", "new = int(left // block_bytes)",
+           (SPEC + "test_speculation_lowers_tpot_and_draft_takes_kv_memory",),
+           "the draft's KV per token left out of the pool size"),
+    Mutant("spec-draft-full-cost", "pdsim/speculative.py",
+           "scale = self.fraction if self.draft is None else 1.0", "scale = 1.0",
+           (SPEC + "test_acceptance_zero_gives_one_token_per_step",),
+           "draft steps priced at a full target step (draft_cost_fraction ignored)"),
+    Mutant("spec-draft-step-holds-all", "pdsim/speculative.py",
+           "                if d >= j:\n", "                if d >= 1:\n",
+           (SPEC + "test_mixed_draft_lengths_in_one_step_by_hand",),
+           "draft step j holds every drafting request, not those drafting at least j tokens"),
+    # --- energy ----------------------------------------------------------------------------------
+    Mutant("idle-energy-over-busy-time", "pdsim/energy.py",
+           "pm.idle_W * span_s + (pm.max_W - pm.idle_W) * inst.active_s",
+           "pm.idle_W * inst.busy_s + (pm.max_W - pm.idle_W) * inst.active_s",
+           (EN + "test_idle_pool_energy_is_idle_power_times_time",),
+           "idle power charged over busy time instead of the whole run"),
+    Mutant("utilisation-min-mfu-mbu", "pdsim/instance.py",
+           "min(c.time_s, max(c.flops * self.power[0], c.bytes * self.power[1]))",
+           "min(c.time_s, min(c.flops * self.power[0], c.bytes * self.power[1]))",
+           (EN + "test_busy_constant_cost_energy_by_hand", EN + "test_busy_energy_uses_the_busier_unit_and_fast_path_agrees"),
+           "a step's utilisation taken from the less busy unit (min of MFU, MBU)"),
+    Mutant("fast-path-utilisation-uncapped", "pdsim/instance.py",
+           "float(np.minimum(durs, np.maximum(fl * self.power[0], by * self.power[1])).sum())",
+           "float(np.maximum(fl * self.power[0], by * self.power[1]).sum())",
+           (EN + "test_busy_energy_uses_the_busier_unit_and_fast_path_agrees",),
+           "fast-path windows' utilisation not capped at 1"),
+    Mutant("window-last-step-energy-left-out", "pdsim/instance.py",
+           "self.active_s += min(dur, max(float(w.flops[j]) * self.power[0], float(w.bytes[j]) * self.power[1]))",
+           "self.active_s += 0.0",
+           (EN + "test_busy_energy_uses_the_busier_unit_and_fast_path_agrees",),
+           "a fast-path window's last step left out of the active energy"),
+    Mutant("power-cap-linear-clock", "pdsim/energy.py",
+           "return ((cap_W - idle_W) / (max_W - idle_W)) ** (1.0 / 3.0)", "return ((cap_W - idle_W) / (max_W - idle_W))",
+           (EN + "test_clock_fraction_cube_law",),
+           "clock fraction under a power cap linear in power instead of the cube law"),
+    Mutant("power-cap-slows-memory", "pdsim/energy.py",
+           "np.maximum(c / self.f, m) / np.where", "np.maximum(c / self.f, m / self.f) / np.where",
+           (EN + "test_capped_cost_slows_compute_not_memory",),
+           "a power cap slows HBM bandwidth as well as compute"),
+    Mutant("power-cap-not-applied", "pdsim/topology.py",
+           "self.cost = energy.CappedCost(self.cost, self.power)", "pass",
+           (EN + "test_power_cap_in_a_run_lowers_power_and_slows_prefill",),
+           "a pool's power cap lowers the power model but its steps run at full clock"),
+    Mutant("report-energy-j-per-request", "pdsim/report.py",
+           '("J per output token (est.)", num(e.get("J_per_output_token")))',
+           '("J per output token (est.)", num(e.get("J_per_request")))',
+           (EN + "test_report_shows_the_energy_of_summary_json",),
+           "the report's J per output token card shows J per request"),
+]
+
+
+# --- the runner --------------------------------------------------------------------------------------
+
+KILLED, SURVIVED, ERROR = "killed", "survived", "error"
+
+
+def classify(returncode: int | None) -> str:
+    """pytest's exit code -> outcome: 1 (tests failed) kills; 0 survives; anything else (2 interrupted,
+    3 internal error, 4 usage error, 5 no tests collected, None = timed out) is an error."""
+    if returncode == 1:
+        return KILLED
+    if returncode == 0:
+        return SURVIVED
+    return ERROR
+
+
+def check_catalog(root: Path, mutants=MUTANTS) -> list[str]:
+    """One message per broken entry: duplicate id, missing file, snippet absent or not unique, no-op."""
+    errors, seen = [], set()
+    for m in mutants:
+        if m.id in seen:
+            errors.append(f"mutant {m.id}: duplicate id")
+        seen.add(m.id)
+        path = root / m.file
+        if not path.is_file():
+            errors.append(f"mutant {m.id}: {m.file} does not exist; update the catalog")
+            continue
+        n = path.read_text().count(m.old)
+        if n == 0:
+            errors.append(f"mutant {m.id}: snippet not found in {m.file}; update the catalog")
+        elif n > 1:
+            errors.append(f"mutant {m.id}: snippet occurs {n} times in {m.file}; make it unique in the catalog")
+        if m.old == m.new:
+            errors.append(f"mutant {m.id}: old and new are the same")
+        if not m.tests:
+            errors.append(f"mutant {m.id}: no tests")
+    return errors
+
+
+def _git(*args) -> str | None:
+    try:
+        r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+
+def changed_files() -> tuple[set[str], str]:
+    """(files changed since the base, what the base is): merge base with the last tag, else HEAD~20."""
+    tag = _git("describe", "--tags", "--abbrev=0")
+    if tag:
+        base, what = _git("merge-base", "HEAD", tag), f"the commits since the merge base with tag {tag}"
+    else:
+        revs = (_git("rev-list", "--max-count=21", "HEAD") or "").split()
+        base = revs[20] if len(revs) > 20 else (EMPTY_TREE if revs else None)
+        what = "the last 20 commits or uncommitted"
+    if not base:
+        return set(), "no git history"
+    out = _git("diff", "--name-only", base)          # against the working tree: uncommitted changes count
+    return set((out or "").split()), what
+
+
+def _rotate(xs: list, head: str) -> list:
+    k = int(head[:12], 16) % len(xs) if xs and head else 0
+    return xs[k:] + xs[:k]
+
+
+def order(mutants, changed: set[str], head: str) -> list:
+    """Mutants of changed files first, then the rest; each group rotated by the HEAD hash (the changed
+    group too: twenty commits often touch most of the core, and a budget would otherwise always stop
+    at the same entry)."""
+    return _rotate([m for m in mutants if m.file in changed], head) + \
+        _rotate([m for m in mutants if m.file not in changed], head)
+
+
+def copy_repo(dst: Path) -> Path:
+    """The repository's tracked and untracked (not ignored) files under dst/<name>, ../shared linked."""
+    work = dst / REPO.name
+    listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    files = [f for f in (listed or "").split("\0") if f] if listed is not None else None
+    if files is None:       # not a git checkout: the directories the tests read
+        files = [str(p.relative_to(REPO)) for d in ("pdsim", "tests", "scenarios", "calibration", "benchmarks")
+                 for p in (REPO / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+        files += [f for f in ("pyproject.toml", "README.md") if (REPO / f).is_file()]
+    for f in files:
+        src = REPO / f
+        if not src.is_file() or src.is_symlink() and src.resolve().is_dir():
+            continue
+        (work / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, work / f)
+    shared = REPO.parent / "shared"
+    if shared.is_dir():                   # tests/conftest.py and others read REPO.parent / "shared"
+        (dst / "shared").symlink_to(shared)
+    return work
+
+
+def _env(work: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(work) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # no .pyc: a mutant and the restored file can have the same size and mtime second, and a stale
+    # cached bytecode would then run the wrong source
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["COLUMNS"] = "250"                 # room for the failure reason in pytest's short summary
+    return env
+
+
+def run_pytest(work: Path, tests, timeout_s: float | None, junit: Path | None = None) -> tuple[int | None, float, str]:
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    if junit is not None:
+        cmd.append(f"--junitxml={junit}")
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=timeout_s)
+        rc, out = r.returncode, r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = None, f"timed out after {timeout_s:.0f} s\n{e.stdout or ''}"
+    return rc, time.perf_counter() - t0, out
+
+
+def test_durations(junit: Path) -> dict[str, float]:
+    """node id (without parameters) -> summed duration of its cases in a junit XML report."""
+    out: dict[str, float] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        cls, name = case.get("classname", ""), case.get("name", "")
+        node = cls.replace(".", "/") + ".py::" + name.split("[")[0]
+        out[node] = out.get(node, 0.0) + float(case.get("time") or 0.0)
+    return out
+
+
+def first_failure(out: str) -> str:
+    """The first ``FAILED node - reason`` line of pytest's short summary, shortened: what killed it."""
+    line = next((ln for ln in out.splitlines() if ln.startswith("FAILED ")), "")
+    return line[len("FAILED "):].replace("tests/", "", 1)[:150]
+
+
+def apply(work: Path, m: Mutant) -> str:
+    """Apply m to the copy; returns the original text for restore()."""
+    path = work / m.file
+    text = path.read_text()
+    if text.count(m.old) != 1:
+        raise LookupError(f"mutant {m.id}: snippet not found exactly once in {m.file}; update the catalog")
+    path.write_text(text.replace(m.old, m.new, 1))
+    return text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budget-s", type=float, default=None, help="wall-time budget for the whole run")
+    ap.add_argument("--all", action="store_true", help="run every mutant, ignoring the budget")
+    ap.add_argument("--only", nargs="+", metavar="ID", help="run only these mutants")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per-mutant pytest timeout (an error)")
+    a = ap.parse_args(argv)
+    t_start = time.perf_counter()
+
+    errors = check_catalog(REPO)
+    if errors:
+        for e in errors:
+            print(e, file=sys.stderr)
+        print(f"semantic mutants: the catalog is out of date ({len(errors)} entries); nothing run", file=sys.stderr)
+        return 2
+    mutants = list(MUTANTS)
+    if a.only:
+        unknown = set(a.only) - {m.id for m in mutants}
+        if unknown:
+            print(f"unknown mutant ids: {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        mutants = [m for m in mutants if m.id in a.only]
+    budget = None if a.all or a.only else a.budget_s
+    changed, base = changed_files()
+    head = _git("rev-parse", "HEAD") or ""
+    mutants = order(mutants, changed, head)
+    n_changed = sum(m.file in changed for m in mutants)
+    print(f"semantic mutants: {len(mutants)} in the catalog run order ({n_changed} of them on files changed in "
+          f"{base} first; each group rotated by HEAD {head[:8] or '?'}); budget "
+          f"{'none' if budget is None else f'{budget:.0f} s'}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="pdsim-mutants-") as tmp:
+        work = copy_repo(Path(tmp))
+        where = subprocess.run([sys.executable, "-c", "import pdsim; print(pdsim.__file__)"], cwd=work,
+                               env=_env(work), capture_output=True, text=True)
+        if not where.stdout.strip().startswith(str(work)):
+            print(f"the copy's pdsim is not the one imported ({where.stdout.strip() or where.stderr.strip()})",
+                  file=sys.stderr)
+            return 2
+        tests = list(dict.fromkeys(t for m in mutants for t in m.tests))
+        junit = Path(tmp) / "baseline.xml"
+        rc, base_s, out = run_pytest(work, tests, None, junit)
+        if rc != 0:
+            print(out[-4000:], file=sys.stderr)
+            print(f"semantic mutants: the catalog's {len(tests)} tests do not pass on the unmutated copy "
+                  f"(pytest exit {rc}); nothing to judge", file=sys.stderr)
+            return 2
+        durations = test_durations(junit)
+        startup = max(0.5, base_s - sum(durations.values()))      # one pytest process's start-up
+        print(f"baseline: {len(tests)} tests pass unmutated in {base_s:.1f} s", flush=True)
+
+        counts = {KILLED: 0, SURVIVED: 0, ERROR: 0}
+        bad, skipped = [], 0
+        for i, m in enumerate(mutants):
+            est = startup + sum(durations.get(t.split("[")[0], 0.0) for t in m.tests)
+            if budget is not None and time.perf_counter() - t_start + est > budget:
+                skipped = len(mutants) - i
+                break
+            original = apply(work, m)
+            try:
+                # a mutant that hangs a simulation is an error, not a kill: cut it off at 5x its estimate
+                rc, dt, out = run_pytest(work, m.tests, min(a.timeout_s, max(60.0, 5 * est)))
+            finally:
+                (work / m.file).write_text(original)
+            outcome = classify(rc)
+            counts[outcome] += 1
+            print(f"{outcome.upper():8s} {m.id:36s} {m.file:22s} {dt:5.1f} s  "
+                  + (first_failure(out) if outcome == KILLED else f"(pytest exit {rc})"), flush=True)
+            if outcome != KILLED:
+                bad.append((m, outcome, rc, out))
+
+    for m, outcome, rc, out in bad:
+        print(f"\n--- {outcome}: {m.id} ({m.file}): {m.why}\n    expected red: {' '.join(m.tests)}")
+        if outcome == ERROR:
+            print("\n".join("    " + ln for ln in out.strip().splitlines()[-15:]))
+    ran = sum(counts.values())
+    wall = time.perf_counter() - t_start
+    score = f"{counts[KILLED] / ran:.0%}" if ran else "n/a"
+    print(f"\nsemantic mutants: {ran} of {len(mutants)} run, {skipped} skipped by the budget: "
+          f"{counts[KILLED]} killed, {counts[SURVIVED]} survived, {counts[ERROR]} errors; score {score}; "
+          f"wall {wall:.0f} s")
+    return 1 if counts[SURVIVED] or counts[ERROR] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
