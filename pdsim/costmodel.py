@@ -172,11 +172,13 @@ class RooflineCost(CostModel):
     kv_dtype: str = "bf16"
     ep: int = 1
     expert_skew: float = 0.0
+    pp: int = 1          # pipeline stages: only :meth:`stage_times` splits by them (pdsim/pipeline.py)
     _static_cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         m, t = self.model, self.tp
         assert t % self.ep == 0 and (self.ep == 1 or m.experts % self.ep == 0), (t, self.ep)
+        self._stages = m.stage_layers(self.pp)        # (dense, MoE) layers of each stage
         self.w_bytes = dtype_bytes(self.weight_dtype)
         self.kv_bytes = dtype_bytes(self.kv_dtype)
         # fp8 weights use fp8 tensor cores; int4/int8 weights are weight-only: dequantised, computed in bf16
@@ -195,35 +197,35 @@ class RooflineCost(CostModel):
         if m.is_mla:
             r, dr, dn, dv, qr = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank
             # q_a and kv_a fused and replicated (vLLM's fused_qkv_a_proj); q_b, kv_b column-, o row-parallel
-            self.linears = [("qkv_a", qr + r + dr, h, L), ("q_b", qh * (dn + dr), qr, L)] if qr else \
-                [("q", qh * (dn + dr), h, L), ("kv_a", r + dr, h, L)]
-            self.linears += [("kv_b", qh * (dn + dv), r, L), ("attn_out", h, qh * dv, L)]
+            self.linears = [("qkv_a", qr + r + dr, h, "L"), ("q_b", qh * (dn + dr), qr, "L")] if qr else \
+                [("q", qh * (dn + dr), h, "L"), ("kv_a", r + dr, h, "L")]
+            self.linears += [("kv_b", qh * (dn + dv), r, "L"), ("attn_out", h, qh * dv, "L")]
             rope = 2 * (qh + 1) * dr * 2.0                               # q's and the shared key's rope dims
             kv_write = (r + dr) * (2.0 + self.kv_bytes)                  # the latent and rope key
             norm = 2 * 4 * h * 2.0 + 2 * (qr + r) * 2.0                  # + the q_a and kv_a RMSNorms
         else:
-            self.linears = [("qkv", (qh + 2 * kvh) * d, h, L), ("attn_out", h, qh * d, L)]
+            self.linears = [("qkv", (qh + 2 * kvh) * d, h, "L"), ("attn_out", h, qh * d, "L")]
             rope = 2 * (qh + kvh) * d * 2.0                              # read and write q and k
             kv_write = 2 * kvh * d * (2.0 + self.kv_bytes)               # read new K, V; write them to the cache
             norm = 2 * 4 * h * 2.0
         Ld, f = m.dense_mlp_layers, m.mlp_width
         if Ld:
             if m.gated_mlp:
-                self.linears += [("gate_up", 2 * f // t, h, Ld), ("down", h, f // t, Ld)]
+                self.linears += [("gate_up", 2 * f // t, h, "Ld"), ("down", h, f // t, "Ld")]
             else:
-                self.linears += [("up", f // t, h, Ld), ("down", h, f // t, Ld)]
+                self.linears += [("up", f // t, h, "Ld"), ("down", h, f // t, "Ld")]
         self.lm_head = ("lm_head", m.vocab // t, h)
         self.kv_bytes_per_token_shard = m.kv_bytes_per_token_per_gpu(self.kv_dtype, t)
         # activation bytes per token of the per-layer elementwise kernels (bf16 activations)
         gates = 3 if m.gated_mlp else 2
         self._elementwise = [
             # two fused residual-add + RMSNorm (read x and residual, write both), replicated under TP
-            ("norm", 2, L, norm),
-            ("rope", 1, L, rope),
-            ("kv_write", 1, L, kv_write),
+            ("norm", 2, "L", norm),
+            ("rope", 1, "L", rope),
+            ("kv_write", 1, "L", kv_write),
         ]
         if Ld:
-            self._elementwise.append(("act", 1, Ld, gates * (f // t) * 2.0))   # SiLU(gate) * up: read 2f, write f
+            self._elementwise.append(("act", 1, "Ld", gates * (f // t) * 2.0))   # SiLU(gate) * up: read 2f, write f
         self.moe_layers = Lm = m.moe_layers
         if Lm:
             E, k, w, S = m.experts, m.experts_per_token, m.expert_width, m.shared_experts
@@ -235,9 +237,9 @@ class RooflineCost(CostModel):
             self._hot_q = expert_hit_probs(k, E, self.expert_skew)[::self.ep] if self.expert_skew else None
             if S:
                 sw = S * w // t
-                self.linears += [("shared_gate_up", 2 * sw, h, Lm), ("shared_down", h, sw, Lm)] if m.gated_mlp \
-                    else [("shared_up", sw, h, Lm), ("shared_down", h, sw, Lm)]
-                self._elementwise.append(("shared_act", 1, Lm, gates * sw * 2.0))
+                self.linears += [("shared_gate_up", 2 * sw, h, "Lm"), ("shared_down", h, sw, "Lm")] if m.gated_mlp \
+                    else [("shared_up", sw, h, "Lm"), ("shared_down", h, sw, "Lm")]
+                self._elementwise.append(("shared_act", 1, "Lm", gates * sw * 2.0))
             ew = w // self.moe_tp
             # (name, N, K) of the routed experts' grouped GEMMs on one GPU
             self.expert_gemms = [("experts_gate_up", 2 * ew, h), ("experts_down", h, ew)] if m.gated_mlp \
@@ -245,18 +247,30 @@ class RooflineCost(CostModel):
             # per token: SiLU(gate) * up of its k experts (each GPU gets k/ep of them, width w/moe_tp);
             # top-k over E scores (fp32 read, ids written); permute the token to its experts and unpermute
             # the results (read and write k/ep copies of h, twice)
-            self._elementwise += [("experts_act", 1, Lm, k * gates * w / t * 2.0),
-                                  ("moe_route", 3, Lm, E * 4.0 + k * 8.0 + 2 * 2 * (k / self.ep) * h * 2.0)]
+            self._elementwise += [("experts_act", 1, "Lm", k * gates * w / t * 2.0),
+                                  ("moe_route", 3, "Lm", E * 4.0 + k * 8.0 + 2 * 2 * (k / self.ep) * h * 2.0)]
 
     # --- the one description of a step -------------------------------------
-    def _static_ops(self, tokens: int, sampled: int) -> list[Op]:
-        """Every operator but attention: they depend on the token and sampled counts only."""
-        m, L, h, T = self.model, self.model.layers, self.model.hidden, tokens
-        ops = [Op(name, "gemm", count, 2.0 * T * n * k, n * k * self.w_bytes + T * (n + k) * 2.0,
+    def _layer_counts(self, stage: int | None):
+        """(layers, dense-MLP layers, MoE layers, holds the embedding, holds the LM head) of pipeline
+        stage ``stage``, or of the whole model (None)."""
+        m = self.model
+        if stage is None:
+            return m.layers, m.dense_mlp_layers, m.moe_layers, True, True
+        dense, moe = self._stages[stage]
+        return dense + moe, dense, moe, stage == 0, stage == self.pp - 1
+
+    def _static_ops(self, tokens: int, sampled: int, stage: int | None = None) -> list[Op]:
+        """Every operator but attention: they depend on the token and sampled counts only.  ``stage``:
+        only the layers (and embedding / LM head) of that pipeline stage, without the per-step overhead
+        (:class:`pdsim.pipeline.PipelineCost` prices it once per micro-batch)."""
+        m, h, T = self.model, self.model.hidden, tokens
+        L, Ld, Lm, first, last = self._layer_counts(stage)
+        n_of = {"L": L, "Ld": Ld, "Lm": Lm}
+        ops = [Op(name, "gemm", n_of[g], 2.0 * T * n * k, n * k * self.w_bytes + T * (n + k) * 2.0,
                   (T, n, k, self.w_bytes, self.compute_dtype, self.weight_only, self.gemm_table_dtype))
-               for name, n, k, count in self.linears]
-        Lm = self.moe_layers
-        if Lm:
+               for name, n, k, g in self.linears]
+        if self.moe_layers:
             E, top_k = m.experts, m.experts_per_token
             # the router stays bf16 and is replicated: every GPU scores every token
             ops.append(Op("router", "gemm", Lm, 2.0 * T * E * h, E * h * 2.0 + T * (E + h) * 2.0,
@@ -271,11 +285,13 @@ class RooflineCost(CostModel):
                 ops.append(Op(name, "grouped_gemm", Lm, 2.0 * pairs * n * k,
                               groups * n * k * self.w_bytes + pairs * (n + k) * 2.0,
                               (pairs, groups, n, k, self.w_bytes, self.compute_dtype, self.weight_only)))
-        ops += [Op(name, "elementwise", count, 0.0, T * per_token, (kernels,))
-                for name, kernels, count, per_token in self._elementwise]
+        ops += [Op(name, "elementwise", n_of[g], 0.0, T * per_token, (kernels,))
+                for name, kernels, g, per_token in self._elementwise]
         # embedding gather (read, write h) and the final fused add + RMSNorm (read 2h, write h), once a step
-        ops.append(Op("embed", "elementwise", 1, 0.0, T * 5 * h * 2.0, (2,)))
-        if sampled:
+        # (under pipeline parallelism both are priced on the first stage: a few microseconds)
+        if first:
+            ops.append(Op("embed", "elementwise", 1, 0.0, T * 5 * h * 2.0, (2,)))
+        if sampled and last:
             _, n, k = self.lm_head     # the LM head stays bf16 under weight quantisation
             ops.append(Op("lm_head", "gemm", 1, 2.0 * sampled * n * k, n * k * 2.0 + sampled * (n + k) * 2.0,
                           (sampled, n, k, 2.0, "bf16", None, "bf16")))
@@ -283,13 +299,23 @@ class RooflineCost(CostModel):
         if self.tp > 1:
             # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding;
             # with ep = tp an MoE layer's all-to-all combine takes the place of its MLP all-reduce
-            n_ar = 2 * L + 1 - (Lm if ep > 1 and ep == self.tp else 0)
+            # (under pipeline parallelism: within the stage's TP group only)
+            n_ar = 2 * L + (1 if first else 0) - (Lm if ep > 1 and ep == self.tp else 0)
             ops.append(Op("allreduce", "allreduce", n_ar, 0.0, 0.0, (T * h * 2.0, self.tp)))
-        if ep > 1 and Lm:
+        if ep > 1 and self.moe_layers:
             # dispatch and combine per MoE layer: bf16 tokens, (ep - 1)/ep of them leave each GPU each way
             ops.append(Op("alltoall", "alltoall", 2 * Lm, 0.0, 0.0, (T * h * 2.0 * (ep - 1) / ep, ep)))
-        ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
+        if stage is None:
+            ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
         return ops
+
+    def _stage_counts(self) -> list[dict[str, int]]:
+        """Kernels of each operator on each pipeline stage (what :meth:`_stage_static` weighs by)."""
+        got = getattr(self, "_stage_counts_memo", None)
+        if got is None:
+            got = self._stage_counts_memo = [
+                {op.name: op.count for op in self._static_ops(1, 1, j)} for j in range(self.pp)]
+        return got
 
     def _attention_op(self, tokens, attn_work, kv_read_tokens, batch, prefill: bool) -> Op:
         """Attention of one layer; ``attn_work`` and ``kv_read_tokens`` may be arrays over steps."""
@@ -373,6 +399,55 @@ class RooflineCost(CostModel):
         t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch)
         return StepCost(float(t), float(f), float(b))
 
+    # --- pipeline stages (pdsim/pipeline.py combines them) ----------------------
+    def _stage_static(self, tokens, sampled) -> tuple[list[float], float, float]:
+        """Per-stage seconds of the non-attention operators (per-step overhead excluded) and their summed
+        FLOPs and bytes over all stages; cached by (tokens, sampled)."""
+        key = ("stages", tokens, sampled)
+        hit = self._static_cache.get(key)
+        if hit is not None:
+            return hit
+        counts = self._stage_counts()
+        times = [0.0] * self.pp
+        flops = bytes_ = 0.0
+        for op in self._static_ops(tokens, sampled):
+            if op.kind == "overhead":
+                continue
+            t = float(self.op_time(op)[0])
+            for j in range(self.pp):
+                times[j] += t * counts[j].get(op.name, 0)
+            flops += op.flops * op.count
+            bytes_ += op.bytes * op.count
+        out = (times, flops, bytes_)
+        if len(self._static_cache) < 1 << 16:
+            self._static_cache[key] = out
+        return out
+
+    def stage_times(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+        """One micro-batch through each pipeline stage: (seconds per stage, FLOPs, bytes over all stages),
+        without the per-step overhead.  ``attn_work`` and ``kv_read_tokens`` may be arrays over decode
+        steps (then the stage times are arrays).  Every stage holds L / pp layers, hence L / pp attention
+        kernels; the embedding sits on the first stage, the LM head on the last, and each stage's TP group
+        all-reduces its own layers' activations."""
+        t_s, f_s, b_s = self._stage_static(tokens, sampled)
+        prefill = _is_prefill(attn_work, kv_read_tokens)
+        att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
+        t_a = self.op_time(att)[0]
+        lp = self.model.layers // self.pp
+        L = att.count
+        return [t + t_a * lp for t in t_s], f_s + att.flops * L, b_s + att.bytes * L
+
+    def stage_transfer_s(self, tokens) -> float:
+        """Activations of ``tokens`` tokens (hidden x bf16) from one stage to the next: point to point over
+        the device's interconnect (its latency, and its bandwidth at the collectives' link efficiency)."""
+        if tokens <= 0:
+            return 0.0
+        return kernels.p2p_roofline(self.device, tokens * self.model.hidden * 2.0)
+
+    def overhead_s(self) -> float:
+        """The device's flat per-step engine overhead (once per micro-batch under pipeline parallelism)."""
+        return self.device.step_overhead_s
+
     def breakdown(self, tokens: int, attn_work: float, kv_read_tokens: int, sampled: int,
                   batch: int) -> dict[str, dict]:
         """Per-op ``{op: {time_s, flops, bytes, source}}`` of one step (what ``pdsim estimate`` prints).
@@ -396,7 +471,7 @@ class RooflineCost(CostModel):
 
     # --- memory -------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep)
+        return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep, self.pp)
 
 
 def _is_prefill(attn_work, kv_read_tokens) -> bool:
