@@ -70,8 +70,14 @@ def test_lone_request_on_the_roofline_is_the_sum_of_its_stages_plus_transfers():
     # activations: 1000 tokens x 4096 hidden x 2 bytes over NVLink4 (450 GB/s x 0.58 link efficiency, 6 us)
     transfer = 6e-6 + P * 4096 * 2 / (450e9 * 0.58)
     overhead = 800e-6                        # the device file's step_overhead_us
-    df = _requests(_sc({"kind": "colocated", "device": "h100-sxm", "tp": tp, "pp": 2}, prompt_tokens=P))
-    assert df.ttft_s[0] == pytest.approx(overhead + stage0 + stage1 + transfer, rel=1e-9)
+    res = simulate(_sc({"kind": "colocated", "device": "h100-sxm", "tp": tp, "pp": 2}, prompt_tokens=P))
+    assert metrics.requests_frame(res).ttft_s[0] == pytest.approx(overhead + stage0 + stage1 + transfer, rel=1e-9)
+    # FLOPs and bytes are per GPU: the whole model's per-TP-rank work spread over the 2 stages' GPUs
+    whole_model = RooflineCost(m, H100, tp).step(*agg)
+    inst = res[0].topology.instances[0]
+    assert inst.gpus == 4
+    assert inst.flops == pytest.approx(whole_model.flops / 2, rel=1e-12)
+    assert inst.bytes == pytest.approx(whole_model.bytes / 2, rel=1e-12)
 
 
 def test_stage_split_conserves_the_whole_models_work():
@@ -164,6 +170,9 @@ def test_weights_per_gpu_of_an_moe_stage_split_by_hand():
     stage0 = (2 * attn + dense_mlp + moe) * 1.0 / 2 + router * 2 + 1000 * 64 * 2 / 2    # fp8 weights, tp 2
     stage1 = (2 * attn + 2 * moe) * 1.0 / 2 + 2 * router * 2 + 1000 * 64 * 2 / 2
     assert stage1 > stage0
+    assert shape.stage_layers(2) == [(1, 1), (0, 2)]                       # (dense, MoE) layers per stage
+    assert dataclasses.replace(shape, dense_layers=3).stage_layers(2) == [(2, 0), (1, 1)]
+    assert dataclasses.replace(shape, dense_layers=3).stage_layers(4) == [(1, 0), (1, 0), (1, 0), (0, 1)]
     assert shape.weight_bytes_per_gpu("fp8", 2, 1, 2) == pytest.approx(stage1, rel=1e-12)
 
 
