@@ -9,6 +9,7 @@ and the step-by-step loop for the fast path.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -286,3 +287,20 @@ def test_estimate_prints_the_pipeline(capsys):
     assert p["micro_batches"] == 2 and p["micro_batch_requests"] == 32 and len(p["stage_s"]) == 2
     assert out["time_s"] == pytest.approx(max(p["round_trip_s"], *p["stage_load_s"]), rel=1e-12)
     assert out["kv_capacity"]["blocks"] > 0
+
+
+def test_plan_searches_pipeline_depths():
+    from test_plan import small_plan
+    from pdsim.plan import parse_plan
+    raw = small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                             "colocated": {"tp": [1], "pp": [1, 2], "replicas": [1]},
+                             "disaggregated": {"prefill_pp": [2], "decode_pp": [1, 4]},
+                             "pool": {"kv_blocks": 2000}})
+    plan = parse_plan(raw, "p.yaml")
+    got = {c.name: c for c in plan.configs}
+    assert set(got) == {"colo-h100-sxm-tp1x1", "colo-h100-sxm-tp1pp2x1", "pd-h100-sxm-1p1pp2-1d1-infiniband",
+                        "pd-h100-sxm-1p1pp2-1d1pp4-infiniband"}
+    assert got["colo-h100-sxm-tp1x1"].gpus == 1 and "pp" not in got["colo-h100-sxm-tp1x1"].topology
+    assert got["colo-h100-sxm-tp1pp2x1"].gpus == 2 and got["colo-h100-sxm-tp1pp2x1"].topology["pp"] == 2
+    assert got["pd-h100-sxm-1p1pp2-1d1pp4-infiniband"].gpus == 6
+    assert all(0 < c.bound_rate < math.inf for c in plan.configs)
