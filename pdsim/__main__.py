@@ -406,7 +406,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     e.add_argument("--pp", type=_int_in(1, 1024), default=1, metavar="STAGES",
                    help="pipeline-parallel stages (default 1; must divide the layers); an instance has tp x pp GPUs")
     e.add_argument("--micro-batches", type=_int_in(1, 4096), default=None, metavar="M",
-                   help="micro-batches in flight under --pp (default: pp)")
+                   help="micro-batches (groups of requests) in flight under --pp (default: pp)")
     e.add_argument("--expert-skew", type=_float_in(0.0, 4.0), default=0.0, metavar="S",
                    help="expert popularity skew of an MoE model: Zipf exponent, 0 (uniform, default) to 4")
     e.add_argument("--prefill", type=_int_in(1, MAX_TOKENS), metavar="TOKENS",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -541,6 +542,9 @@ def validation_error(exc: ValidationError, file: str | None) -> ConfigError:
                 or (e["type"] == "string_type" and e["loc"][-1:] == ("[key]",))), errs[0])
     key = _key(err["loc"]) or (repr(str(err["loc"][-1])) if err["loc"] else "")   # '' is a key too
     msg = err["msg"].removeprefix("Value error, ")
+    named = re.match(r"([A-Za-z_][\w.\[\]]*): (.+)", msg) if not err["loc"] else None
+    if named:          # a whole-scenario check that names its key first ("faults.instances[0].topology: ...")
+        key, msg = named.groups()
     if err["type"] == "invalid_key" or err["loc"][-1:] == ("[key]",):   # {1: ...}, {true: ...}, {null: ...}
         return ConfigError(f"a key must be a string, not {type(err['input']).__name__}", file=file, key=key)
     if err["type"] == "extra_forbidden":
