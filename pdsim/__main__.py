@@ -151,12 +151,15 @@ def cmd_estimate(args) -> int:
     model.validate_tp(args.tp, "--tp")
     model.validate_ep(args.ep, args.tp, "--ep")
     model.validate_pp(args.pp, "--pp")
+    if args.dp_attention:
+        model.validate_dp_attention(args.tp, args.ep, args.pp, "--dp-attention")
     if args.micro_batches is not None and args.pp == 1:
         raise ConfigError("needs pipeline parallelism (--pp > 1)", key="--micro-batches", value=args.micro_batches)
     if args.expert_skew and not model.is_moe:
         raise ConfigError(f"needs a mixture-of-experts model; {model.name} is dense", key="--expert-skew",
                           value=args.expert_skew)
-    cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew, args.pp)
+    cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew, args.pp,
+                      args.dp_attention)
     if args.pp > 1:
         from .pipeline import PipelineCost
         cm = PipelineCost(cm, args.pp, args.micro_batches)
@@ -198,7 +201,7 @@ def cmd_estimate(args) -> int:
         ops["step_overhead"] = {"time_s": st.time_s - sum(v["time_s"] for k, v in ops.items() if k != "step_overhead"),
                                 "flops": 0.0, "bytes": 0.0}
     res = {**what, "model": model.name, "device": dev.name, "device_source": dev.source, "tp": args.tp, "ep": args.ep,
-           "pp": args.pp, "pipeline": pipe, "engine": pool.engine, "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
+           "pp": args.pp, "pipeline": pipe, "dp_attention": args.dp_attention, "engine": pool.engine, "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
            "achieved_tflops": st.flops / st.time_s / 1e12, "achieved_GBps": st.bytes / st.time_s / 1e9,
            "ops": ops,   # each op's "source": exact | interpolated (measured tables), extrapolated, roofline
            "sources": {src: [k for k, v in ops.items() if v.get("source") == src]
@@ -208,7 +211,7 @@ def cmd_estimate(args) -> int:
         print(json.dumps(res, indent=2))
     else:
         print(f"{what['phase']} on {dev.name} x tp{args.tp}{f' pp{args.pp}' if args.pp > 1 else ''}"
-              f"{f' ep{args.ep}' if args.ep > 1 else ''}, "
+              f"{f' ep{args.ep}' if args.ep > 1 else ''}{' DP attention' if args.dp_attention else ''}, "
               f"{model.name}: {st.time_s * 1e3:.3f} ms "
               f"({bound}-bound; {res['achieved_tflops']:.1f} TFLOP/s per GPU, {res['achieved_GBps']:.0f} GB/s)")
         if pipe is not None:
@@ -233,7 +236,7 @@ def _estimate_pool(args):
     from .config import PoolSpec
     from .errors import ConfigError as _CE
     from pydantic import ValidationError
-    kw = {"device": args.device, "tp": args.tp, "ep": args.ep, "pp": args.pp}
+    kw = {"device": args.device, "tp": args.tp, "ep": args.ep, "pp": args.pp, "dp_attention": args.dp_attention}
     if args.engine:
         kw["engine"] = args.engine
     try:
@@ -407,6 +410,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="pipeline-parallel stages (default 1; must divide the layers); an instance has tp x pp GPUs")
     e.add_argument("--micro-batches", type=_int_in(1, 4096), default=None, metavar="M",
                    help="micro-batches (groups of requests) in flight under --pp (default: pp)")
+    e.add_argument("--dp-attention", action="store_true",
+                   help="attention data-parallel over the --tp GPUs (each GPU its own requests and KV), experts "
+                        "expert-parallel over all of them (MoE models; needs --ep equal to --tp)")
     e.add_argument("--expert-skew", type=_float_in(0.0, 4.0), default=0.0, metavar="S",
                    help="expert popularity skew of an MoE model: Zipf exponent, 0 (uniform, default) to 4")
     e.add_argument("--prefill", type=_int_in(1, MAX_TOKENS), metavar="TOKENS",

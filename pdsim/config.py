@@ -164,6 +164,8 @@ class PoolSpec(_Strict):
     # each holding L / pp layers; micro_batches in flight (default pp, as vLLM's virtual engines)
     pp: Annotated[int, Field(ge=1, le=1024)] = 1
     micro_batches: Annotated[int, Field(ge=1, le=4096)] | None = None
+    # DP attention (MoE, ep = tp): each GPU an attention rank with its own requests' KV, experts over all
+    dp_attention: bool = False
     # expert popularity: Zipf exponent (0 = uniform routing); fewer distinct experts, a hotter EP rank
     expert_skew: float = Field(0.0, ge=0, le=4, allow_inf_nan=False)
     watermark: float = Field(0.01, ge=0, lt=1)
@@ -194,6 +196,8 @@ class PoolSpec(_Strict):
             raise ValueError(f"micro_batches (={self.micro_batches}) needs pipeline parallelism (pp > 1)")
         if self.pp > 1 and self.speculative is not None:
             raise ValueError(f"pp (={self.pp}): speculative decoding with pipeline parallelism is not modelled")
+        if self.dp_attention and self.speculative is not None:
+            raise ValueError("dp_attention (=True): speculative decoding with DP attention is not modelled")
         return self
 
     @property

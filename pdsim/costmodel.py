@@ -173,6 +173,7 @@ class RooflineCost(CostModel):
     ep: int = 1
     expert_skew: float = 0.0
     pp: int = 1          # pipeline stages: only :meth:`stage_times` splits by them (pdsim/pipeline.py)
+    dp_attention: bool = False   # attention data-parallel over the tp GPUs, experts expert-parallel (ep = tp)
     _static_cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -191,7 +192,12 @@ class RooflineCost(CostModel):
             self.gemm_table_dtype = f"{self.weight_dtype}_wo"
         self.kv_table_dtype = "bf16" if self.kv_dtype in ("bf16", "fp16", "fp32") else self.kv_dtype
         h, d, L = m.hidden, m.head_dim, m.layers
-        qh, kvh = m.heads // t, max(1, m.kv_heads // t)
+        # DP attention: each of the tp GPUs is an attention rank of its own (attention TP 1) with whole
+        # attention, dense-MLP, shared-expert, embedding and LM-head weights; routed experts stay / ep
+        assert not self.dp_attention or (self.ep == t and self.pp == 1 and m.is_moe), (t, self.ep, self.pp)
+        self.attn_dp = t if self.dp_attention else 1
+        ta = t // self.attn_dp          # tensor parallelism of attention and the dense parts
+        qh, kvh = m.heads // ta, max(1, m.kv_heads // ta)
         self.q_heads, self.kv_heads_shard = qh, kvh
         # (name, N, K, layers) of each sharded linear layer: column-parallel N, row-parallel K
         if m.is_mla:
@@ -211,11 +217,11 @@ class RooflineCost(CostModel):
         Ld, f = m.dense_mlp_layers, m.mlp_width
         if Ld:
             if m.gated_mlp:
-                self.linears += [("gate_up", 2 * f // t, h, "Ld"), ("down", h, f // t, "Ld")]
+                self.linears += [("gate_up", 2 * f // ta, h, "Ld"), ("down", h, f // ta, "Ld")]
             else:
-                self.linears += [("up", f // t, h, "Ld"), ("down", h, f // t, "Ld")]
-        self.lm_head = ("lm_head", m.vocab // t, h)
-        self.kv_bytes_per_token_shard = m.kv_bytes_per_token_per_gpu(self.kv_dtype, t)
+                self.linears += [("up", f // ta, h, "Ld"), ("down", h, f // ta, "Ld")]
+        self.lm_head = ("lm_head", m.vocab // ta, h)
+        self.kv_bytes_per_token_shard = m.kv_bytes_per_token_per_gpu(self.kv_dtype, ta)
         # activation bytes per token of the per-layer elementwise kernels (bf16 activations)
         gates = 3 if m.gated_mlp else 2
         self._elementwise = [
@@ -225,7 +231,7 @@ class RooflineCost(CostModel):
             ("kv_write", 1, "L", kv_write),
         ]
         if Ld:
-            self._elementwise.append(("act", 1, "Ld", gates * (f // t) * 2.0))   # SiLU(gate) * up: read 2f, write f
+            self._elementwise.append(("act", 1, "Ld", gates * (f // ta) * 2.0))   # SiLU(gate) * up: read 2f, write f
         self.moe_layers = Lm = m.moe_layers
         if Lm:
             E, k, w, S = m.experts, m.experts_per_token, m.expert_width, m.shared_experts
@@ -236,7 +242,7 @@ class RooflineCost(CostModel):
             # would place them without replicating experts
             self._hot_q = expert_hit_probs(k, E, self.expert_skew)[::self.ep] if self.expert_skew else None
             if S:
-                sw = S * w // t
+                sw = S * w // ta
                 self.linears += [("shared_gate_up", 2 * sw, h, "Lm"), ("shared_down", h, sw, "Lm")] if m.gated_mlp \
                     else [("shared_up", sw, h, "Lm"), ("shared_down", h, sw, "Lm")]
                 self._elementwise.append(("shared_act", 1, "Lm", gates * sw * 2.0))
@@ -246,9 +252,11 @@ class RooflineCost(CostModel):
                 else [("experts_up", ew, h), ("experts_down", h, ew)]
             # per token: SiLU(gate) * up of its k experts (each GPU gets k/ep of them, width w/moe_tp);
             # top-k over E scores (fp32 read, ids written); permute the token to its experts and unpermute
-            # the results (read and write k/ep copies of h, twice)
+            # the results (read and write k/ep copies of h, twice; under DP attention a rank's token goes to
+            # its k experts: k copies per rank token)
             self._elementwise += [("experts_act", 1, "Lm", k * gates * w / t * 2.0),
-                                  ("moe_route", 3, "Lm", E * 4.0 + k * 8.0 + 2 * 2 * (k / self.ep) * h * 2.0)]
+                                  ("moe_route", 3, "Lm", E * 4.0 + k * 8.0
+                                   + 2 * 2 * (k * self.attn_dp / self.ep) * h * 2.0)]
 
     # --- the one description of a step -------------------------------------
     def _layer_counts(self, stage: int | None):
@@ -260,21 +268,24 @@ class RooflineCost(CostModel):
         dense, moe = self._stages[stage]
         return dense + moe, dense, moe, stage == 0, stage == self.pp - 1
 
-    def _static_ops(self, tokens: int, sampled: int, stage: int | None = None) -> list[Op]:
+    def _static_ops(self, tokens: int, sampled: int, stage: int | None = None, rank=None) -> list[Op]:
         """Every operator but attention: they depend on the token and sampled counts only.  ``stage``:
         only the layers (and embedding / LM head) of that pipeline stage, without the per-step overhead
-        (:class:`pdsim.pipeline.PipelineCost` prices it once per micro-batch)."""
+        (:class:`pdsim.pipeline.PipelineCost` prices it once per micro-batch).  ``rank``: under DP
+        attention the (tokens, sampled rows) of the busiest attention rank, which every op but the
+        routed experts (all the instance's tokens, / ep) runs on."""
         m, h, T = self.model, self.model.hidden, tokens
+        Ta, Sa = rank if rank is not None else (T, sampled)
         L, Ld, Lm, first, last = self._layer_counts(stage)
         n_of = {"L": L, "Ld": Ld, "Lm": Lm}
-        ops = [Op(name, "gemm", n_of[g], 2.0 * T * n * k, n * k * self.w_bytes + T * (n + k) * 2.0,
-                  (T, n, k, self.w_bytes, self.compute_dtype, self.weight_only, self.gemm_table_dtype))
+        ops = [Op(name, "gemm", n_of[g], 2.0 * Ta * n * k, n * k * self.w_bytes + Ta * (n + k) * 2.0,
+                  (Ta, n, k, self.w_bytes, self.compute_dtype, self.weight_only, self.gemm_table_dtype))
                for name, n, k, g in self.linears]
         if self.moe_layers:
             E, top_k = m.experts, m.experts_per_token
             # the router stays bf16 and is replicated: every GPU scores every token
-            ops.append(Op("router", "gemm", Lm, 2.0 * T * E * h, E * h * 2.0 + T * (E + h) * 2.0,
-                          (T, E, h, 2.0, "bf16", None, "bf16")))
+            ops.append(Op("router", "gemm", Lm, 2.0 * Ta * E * h, E * h * 2.0 + Ta * (E + h) * 2.0,
+                          (Ta, E, h, 2.0, "bf16", None, "bf16")))
             if self._hot_q is None:
                 pairs = T * top_k / self.ep                    # token-expert pairs on one GPU
                 groups = self.local_experts * (1.0 - (1.0 - top_k / E) ** T) if T > 0 else 0.0
@@ -285,26 +296,27 @@ class RooflineCost(CostModel):
                 ops.append(Op(name, "grouped_gemm", Lm, 2.0 * pairs * n * k,
                               groups * n * k * self.w_bytes + pairs * (n + k) * 2.0,
                               (pairs, groups, n, k, self.w_bytes, self.compute_dtype, self.weight_only)))
-        ops += [Op(name, "elementwise", n_of[g], 0.0, T * per_token, (kernels,))
+        ops += [Op(name, "elementwise", n_of[g], 0.0, (T if name == "experts_act" else Ta) * per_token, (kernels,))
                 for name, kernels, g, per_token in self._elementwise]
         # embedding gather (read, write h) and the final fused add + RMSNorm (read 2h, write h), once a step
         # (under pipeline parallelism both are priced on the first stage: a few microseconds)
         if first:
-            ops.append(Op("embed", "elementwise", 1, 0.0, T * 5 * h * 2.0, (2,)))
+            ops.append(Op("embed", "elementwise", 1, 0.0, Ta * 5 * h * 2.0, (2,)))
         if sampled and last:
             _, n, k = self.lm_head     # the LM head stays bf16 under weight quantisation
-            ops.append(Op("lm_head", "gemm", 1, 2.0 * sampled * n * k, n * k * 2.0 + sampled * (n + k) * 2.0,
-                          (sampled, n, k, 2.0, "bf16", None, "bf16")))
-        ep = self.ep
-        if self.tp > 1:
+            ops.append(Op("lm_head", "gemm", 1, 2.0 * Sa * n * k, n * k * 2.0 + Sa * (n + k) * 2.0,
+                          (Sa, n, k, 2.0, "bf16", None, "bf16")))
+        ep, ta = self.ep, self.tp // self.attn_dp
+        if ta > 1:
             # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding;
             # with ep = tp an MoE layer's all-to-all combine takes the place of its MLP all-reduce
-            # (under pipeline parallelism: within the stage's TP group only)
+            # (under pipeline parallelism: within the stage's TP group only; none under DP attention)
             n_ar = 2 * L + (1 if first else 0) - (Lm if ep > 1 and ep == self.tp else 0)
-            ops.append(Op("allreduce", "allreduce", n_ar, 0.0, 0.0, (T * h * 2.0, self.tp)))
+            ops.append(Op("allreduce", "allreduce", n_ar, 0.0, 0.0, (Ta * h * 2.0, ta)))
         if ep > 1 and self.moe_layers:
             # dispatch and combine per MoE layer: bf16 tokens, (ep - 1)/ep of them leave each GPU each way
-            ops.append(Op("alltoall", "alltoall", 2 * Lm, 0.0, 0.0, (T * h * 2.0 * (ep - 1) / ep, ep)))
+            # (under DP attention: the busiest rank's own tokens)
+            ops.append(Op("alltoall", "alltoall", 2 * Lm, 0.0, 0.0, (Ta * h * 2.0 * (ep - 1) / ep, ep)))
         if stage is None:
             ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
         return ops
@@ -336,10 +348,22 @@ class RooflineCost(CostModel):
         return Op("attention", "attention", m.layers, flops, bytes_,
                   (tokens, attn_work, kv_read_tokens, batch, prefill))
 
+    def _rank(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+        """Under DP attention, the busiest attention rank's share of the step: the batch's requests are
+        dealt over the ranks as evenly as whole requests allow (ceil(batch / ranks) on the busiest), each
+        carrying its share of the aggregates (ASSUMPTION: balanced ranks; a lone request runs on one
+        rank while the others idle in the all-to-alls).  (tokens, attn, kv, sampled, requests)."""
+        b = max(1, batch)
+        rb = -(-b // self.attn_dp)
+        return tokens * rb / b, attn_work * rb / b, kv_read_tokens * rb / b, sampled * rb / b, rb
+
     def ops(self, tokens: int, attn_work, kv_read_tokens, sampled: int, batch: int) -> list[Op]:
         """The operators of one step (what :meth:`op_time` evaluates)."""
         # prefill vs decode attention only changes the kernel: the mix is judged by work
         prefill = _is_prefill(attn_work, kv_read_tokens)
+        if self.attn_dp > 1:
+            Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
+            return [self._attention_op(Ta, aw, kv, rb, prefill), *self._static_ops(tokens, sampled, rank=(Ta, Sa))]
         return [self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill),
                 *self._static_ops(tokens, sampled)]
 
@@ -370,14 +394,14 @@ class RooflineCost(CostModel):
         raise AssertionError(op.kind)
 
     # --- derived: scalar step, per-op breakdown, k decode steps --------------
-    def _static(self, tokens: int, sampled: int) -> tuple[float, float, float]:
+    def _static(self, tokens: int, sampled: int, rank=None) -> tuple[float, float, float]:
         """Summed (time_s, flops, bytes) of the non-attention operators; cached by (tokens, sampled)."""
-        key = (tokens, sampled)
+        key = (tokens, sampled) if rank is None else (tokens, sampled, rank)
         hit = self._static_cache.get(key)
         if hit is not None:
             return hit
         time_s = flops = bytes_ = 0.0
-        for op in self._static_ops(tokens, sampled):
+        for op in self._static_ops(tokens, sampled, rank=rank):
             time_s += float(self.op_time(op)[0]) * op.count
             flops += op.flops * op.count
             bytes_ += op.bytes * op.count
@@ -388,9 +412,14 @@ class RooflineCost(CostModel):
 
     def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch):
         """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays)."""
-        t_s, f_s, b_s = self._static(tokens, sampled)
         prefill = _is_prefill(attn_work, kv_read_tokens)
-        att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
+        if self.attn_dp > 1:
+            Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
+            t_s, f_s, b_s = self._static(tokens, sampled, (Ta, Sa))
+            att = self._attention_op(Ta, aw, kv, rb, prefill)
+        else:
+            t_s, f_s, b_s = self._static(tokens, sampled)
+            att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
         t_a = self.op_time(att)[0]
         L = att.count
         return t_s + t_a * L, f_s + att.flops * L, b_s + att.bytes * L
@@ -471,7 +500,7 @@ class RooflineCost(CostModel):
 
     # --- memory -------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep, self.pp)
+        return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep, self.pp, self.dp_attention)
 
 
 def _is_prefill(attn_work, kv_read_tokens) -> bool:

@@ -142,7 +142,7 @@ def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float) -
     """
     p = PRESETS[pool.engine]
     mem = float(device_memory_bytes)
-    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp)   # the most loaded stage
+    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention)
     act = activation_peak_bytes(model, pool.max_batched_tokens, pool.max_running, pool.tp)
     graph = (pool.cuda_graph_GiB if pool.cuda_graph_GiB is not None else p.cuda_graph_GiB) * GiB
     non_torch = p.non_torch_GiB * GiB

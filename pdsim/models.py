@@ -175,7 +175,8 @@ class ModelShape:
         dense, _ = self.stage_layers(pp)[stage]
         return replace(self, layers=self.layers // pp, dense_layers=dense if self.is_moe else 0)
 
-    def weight_bytes_per_gpu(self, weight_dtype: str = "bf16", tp: int = 1, ep: int = 1, pp: int = 1) -> float:
+    def weight_bytes_per_gpu(self, weight_dtype: str = "bf16", tp: int = 1, ep: int = 1, pp: int = 1,
+                             dp_attention: bool = False) -> float:
         """Weights on one GPU of an instance of ``tp`` GPUs whose routed experts are split over ``ep`` of
         them: the dense part / tp (tensor parallel); routed experts / ep whole experts per GPU group, each
         expert split over the tp / ep GPUs of its group, i.e. / tp in all (= experts / ep when ep = tp);
@@ -184,8 +185,17 @@ class ModelShape:
         With ``pp`` pipeline stages each GPU holds its stage's L / pp layers; the input embedding lives
         on the first stage and the LM head on the last (a tied LM head is a second copy there, as vLLM
         keeps it), both vocab-parallel over tp.  Returned: the most loaded stage's GPU (it bounds the
-        KV pool, as an engine sizes one pool for all stages)."""
+        KV pool, as an engine sizes one pool for all stages).
+
+        With ``dp_attention`` (ep = tp, pp = 1) every GPU is an attention rank of its own: attention,
+        dense MLPs, shared experts, embedding and LM head whole on every GPU, routed experts / ep, as
+        SGLang and TensorRT-LLM place DeepSeek with DP attention."""
         assert tp % ep == 0
+        if dp_attention:
+            assert ep == tp and pp == 1, (tp, ep, pp)
+            wb = dtype_bytes(weight_dtype)
+            return ((self.decoder_params - self.routed_params - self.router_params) * wb
+                    + self.embedding_params * 2.0 + self.routed_params * wb / ep + self.router_params * 2.0)
         if pp > 1:
             wb = dtype_bytes(weight_dtype)
             emb = self.vocab * self.hidden * 2.0 / tp         # bf16, on the first and on the last stage
@@ -234,6 +244,17 @@ class ModelShape:
         if pp < 1 or self.layers % pp:
             raise ConfigError(f"pipeline parallelism must divide the {self.layers} layers of {self.name} "
                               "into equal stages", key=key, value=pp)
+
+    def validate_dp_attention(self, tp: int, ep: int, pp: int, key: str = "dp_attention") -> None:
+        """DP attention: attention data-parallel over the instance's tp GPUs, experts over all of them."""
+        if not self.is_moe:
+            raise ConfigError(f"DP attention pairs data-parallel attention with expert-parallel MoE layers; "
+                              f"{self.name} is dense", key=key, value=True)
+        if tp < 2 or ep != tp:
+            raise ConfigError(f"DP attention spreads attention over the tp={tp} GPUs and the experts over all of "
+                              f"them: it needs tp >= 2 and ep = tp (ep is {ep})", key=key, value=True)
+        if pp != 1:
+            raise ConfigError(f"DP attention with pipeline parallelism (pp={pp}) is not modelled", key=key, value=True)
 
     def validate_ep(self, ep: int, tp: int, key: str = "ep") -> None:
         """Expert parallelism shards the routed experts over ep of the instance's tp GPUs."""

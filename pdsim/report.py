@@ -589,6 +589,8 @@ def _engine_items(t: dict) -> list:
                 par += f" x pp {num(p.get('pp'))} ({num(p.get('micro_batches'))} micro-batches)"
             if (p.get("ep") or 1) > 1:
                 par += f", ep {num(p.get('ep'))}"
+            if p.get("dp_attention"):
+                par += ", DP attention"
             out.append((f"{name}: instances x GPUs", f"{par} = {num(p.get('gpus'))} GPUs"))
         if p.get("kv_capacity_tokens") is not None:
             out.append((f"{name}: engine / KV capacity per instance",

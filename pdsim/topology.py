@@ -108,10 +108,13 @@ def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
         device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
         model.validate_tp(pool.tp, key=f"{key}.tp")
         model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
+        if pool.dp_attention:
+            model.validate_dp_attention(pool.tp, pool.ep, pool.pp, key=f"{key}.dp_attention")
         if pool.expert_skew and not model.is_moe:
             raise ConfigError(f"expert popularity skew needs a mixture-of-experts model; {model.name} is dense",
                               key=f"{key}.expert_skew", value=pool.expert_skew)
-        cost = RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep, pool.expert_skew, pool.pp)
+        cost = RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep, pool.expert_skew, pool.pp,
+                            pool.dp_attention)
     if pool.pp == 1:
         return cost
     from .pipeline import PipelineCost, UniformStages
@@ -127,12 +130,21 @@ def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
     # KV heads split across the tp GPUs; with tp > kv_heads each GPU keeps one (replicated) head; MLA: the whole latent
     model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
     model.validate_pp(pool.pp, key=f"{key}.pp")
-    kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, pool.tp, pool.pp)
+    ranks = 1
+    if pool.dp_attention:
+        # each GPU is an attention rank keeping its own requests' whole KV (attention TP 1): the instance's
+        # pool is the sum of the ranks' pools (ASSUMPTION: requests spread evenly over the ranks);
+        # block_bytes stays per GPU (a block lives on one of the tp GPUs)
+        model.validate_dp_attention(pool.tp, pool.ep, pool.pp, key=f"{key}.dp_attention")
+        ranks = pool.tp
+        kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, 1)
+    else:
+        kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, pool.tp, pool.pp)
     block_bytes = pool.block_size * kv_tok_shard
     if pool.kv_blocks is not None:
-        return pool.kv_blocks, block_bytes
+        return pool.kv_blocks, block_bytes / ranks
     device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
-    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp)
+    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention)
     free = device.memory_bytes * pool.gpu_memory_utilization - weights - pool.activation_reserve_GiB * GiB
     if pool.engine is not None:       # sized as the engine sizes it (pdsim/engines.py)
         from .engines import kv_cache_bytes
@@ -144,7 +156,7 @@ def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
             f"{pool.activation_reserve_GiB} GiB activations do not fit {device.name} "
             f"({device.memory_bytes / GiB:.1f} GiB x {pool.gpu_memory_utilization}); raise tp or use a larger device",
             key=f"{key}.device", value=pool.device)
-    return int(free // block_bytes), block_bytes
+    return int(free // block_bytes) * ranks, block_bytes / ranks
 
 
 class Pool:
