@@ -38,6 +38,15 @@ decompression ``kv_b`` is priced as a linear over the step's new tokens, which i
 for the absorbed decode (W_UK and W_UV on the new tokens) and for a prefill from empty;
 re-decompressing a cached prefix in a chunked prefill is not priced.
 
+Pipeline parallelism: :meth:`RooflineCost.stage_times` prices one micro-batch on each of ``pp``
+stages (L / pp layers each; embedding on the first, LM head on the last, all-reduces within a stage's
+TP group, no per-step overhead); :class:`pdsim.pipeline.PipelineCost` turns those into the period of a
+micro-batched pipeline.  ``step`` itself never depends on ``pp``.
+
+DP attention (``dp_attention``, ep = tp): every op but the routed experts runs on the busiest attention
+rank's share of the batch (ceil(batch / tp) requests) with whole (unsharded) weights; the routed experts
+on all the step's tokens / ep; no all-reduce; the all-to-all moves a rank's own tokens.
+
 ``ConstantCost`` and ``LinearCost`` are the what-if and theory-test models.
 """
 from __future__ import annotations
