@@ -2,13 +2,15 @@
 
 ``pdsim validate`` leaves MoE rows out (pdsim/validate.py); this script takes the MoE rows pdsim can now
 express -- DeepSeek-V3/R1, Qwen3-235B-A22B, gpt-oss-120b with fp8 or bf16 weights on H100/H200,
-aggregated serving, no attention data parallelism or pipeline parallelism, attention TP = moe_tp x moe_ep
--- and simulates each as ``pdsim validate`` does (closed loop at the row's concurrency, the engine preset,
+aggregated serving, no pipeline parallelism, attention TP = moe_tp x moe_ep, or DP attention within one
+node (attention TP 1 on attention_dp_size GPUs, moe_tp 1, moe_ep = attention_dp_size: a pool with
+``dp_attention: true``) -- and simulates each as ``pdsim validate`` does (closed loop at the row's concurrency, the engine preset,
 all clients starting together), with ``ep`` = the row's moe_ep_size.  Nothing is fitted.
 
 Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTFT and TPOT per group.
 
     .venv/bin/python benchmarks/validate_moe_silicon.py [--sample N (default 150, about 100 s)] [--seed S]
+        [--dp-attention-only]
 """
 from __future__ import annotations
 
@@ -49,12 +51,16 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
             skip("disaggregated_row")
             continue
         tp, mtp, mep = (int(v) if v == v else 1 for v in (x.tp_size, x.moe_tp_size, x.moe_ep_size))
+        adp = int(x.attention_dp_size) if x.attention_dp_size == x.attention_dp_size else 1
+        dp_attention = adp > 1 and tp == 1 and mtp == 1 and mep == adp
+        if dp_attention:
+            tp = adp              # pdsim's pool: tp GPUs, each an attention rank, experts over all of them
         if gpu is None:
             skip("gpu_without_preset")
         elif prec not in ("fp8", "fp8_block", "bf16", "bfloat16"):
             skip("unsupported_precision")
-        elif (x.attention_dp_size == x.attention_dp_size and x.attention_dp_size > 1) \
-                or (x.pp_size == x.pp_size and x.pp_size > 1) or tp != mtp * mep:
+        elif (adp > 1 and not dp_attention) or (x.pp_size == x.pp_size and x.pp_size > 1) \
+                or (not dp_attention and tp != mtp * mep):
             skip("dp_attention_or_pp")
         elif tp > 8:
             skip("multi_node_tp")       # pdsim's instance is one NVLink domain of up to 8 GPUs here
@@ -66,7 +72,7 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
                 if "silicon_concurrency=" in src else int(x.batch_size)
             wd = "fp8" if prec.startswith("fp8") else "bf16"
             out.append({"id": x.id, "model": model, "device": gpu, "engine": V._engine(x.backend, str(x.backend_version)),
-                        "tp": tp, "ep": mep, "isl": int(x.isl), "osl": int(x.osl), "concurrency": conc,
+                        "tp": tp, "ep": mep, "dp_attention": dp_attention, "isl": int(x.isl), "osl": int(x.osl), "concurrency": conc,
                         "weight_dtype": wd, "kv_dtype": wd, "ttft_ms": float(x.silicon_ttft_ms),
                         "tpot_ms": float(x.silicon_tpot_ms)})
     return out, skipped
@@ -75,6 +81,7 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
 def simulate_row(r: dict) -> tuple[float, float]:
     sc = V.row_scenario(r, True, 10)
     sc.topologies["t"].ep = r["ep"]
+    sc.topologies["t"].dp_attention = r["dp_attention"]
     res = simulate(sc)
     df = requests_frame(res, sc.client)
     fin = df[df.status == "finished"]
@@ -85,9 +92,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sample", type=int, default=150, help="seeded random sample of this many rows (0: all)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dp-attention-only", action="store_true", help="only the rows served with DP attention")
     args = ap.parse_args()
     root, version = aic_systems_dir()
     rows, skipped = _rows(Path(root) / "silicon_sample.csv")
+    if args.dp_attention_only:
+        rows = [r for r in rows if r["dp_attention"]]
     print(f"aiconfigurator-core {version} silicon sample: {len(rows)} MoE rows pdsim can express; skipped {skipped}")
     if args.sample and len(rows) > args.sample:
         idx = np.random.default_rng(args.seed).choice(len(rows), args.sample, replace=False)
@@ -103,7 +113,7 @@ def main() -> int:
                     "ttft_ape": abs(ttft / r["ttft_ms"] - 1) * 100, "tpot_ape": abs(tpot / r["tpot_ms"] - 1) * 100,
                     "tpot_ratio": tpot / r["tpot_ms"], "ttft_ratio": ttft / r["ttft_ms"]})
     df = pd.DataFrame(res)
-    g = df.groupby(["model", "device", "engine", "tp", "ep", "weight_dtype"]).agg(
+    g = df.groupby(["model", "device", "engine", "tp", "ep", "dp_attention", "weight_dtype"]).agg(
         rows=("id", "size"), ttft_mape=("ttft_ape", "mean"), ttft_median_ape=("ttft_ape", "median"),
         tpot_mape=("tpot_ape", "mean"), tpot_median_ape=("tpot_ape", "median"),
         tpot_sim_over_meas=("tpot_ratio", "median"), ttft_sim_over_meas=("ttft_ratio", "median"))

@@ -150,10 +150,19 @@ def cmd_estimate(args) -> int:
     model, dev = get_model(args.model, "--model"), get_device(args.device, "--device")
     model.validate_tp(args.tp, "--tp")
     model.validate_ep(args.ep, args.tp, "--ep")
+    model.validate_pp(args.pp, "--pp")
+    if args.dp_attention:
+        model.validate_dp_attention(args.tp, args.ep, args.pp, "--dp-attention")
+    if args.micro_batches is not None and args.pp == 1:
+        raise ConfigError("needs pipeline parallelism (--pp > 1)", key="--micro-batches", value=args.micro_batches)
     if args.expert_skew and not model.is_moe:
         raise ConfigError(f"needs a mixture-of-experts model; {model.name} is dense", key="--expert-skew",
                           value=args.expert_skew)
-    cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew)
+    cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew, args.pp,
+                      args.dp_attention)
+    if args.pp > 1:
+        from .pipeline import PipelineCost
+        cm = PipelineCost(cm, args.pp, args.micro_batches)
     pool = _estimate_pool(args)
     if pool.engine is not None:
         from .engines import wrap_cost
@@ -179,14 +188,20 @@ def cmd_estimate(args) -> int:
     else:
         raise ConfigError("give --prefill TOKENS or --decode-batch N [--context C]", key="estimate")
     st = cm.step(*agg)
-    ops = cm.breakdown(*agg)
+    ops = cm.breakdown(*agg)           # under pp: one micro-batch through all stages
+    pipe = None
+    if args.pp > 1:
+        _, _, _, d = cm.iteration(*agg)
+        pipe = {"stages": args.pp, **{k: d[k] for k in ("micro_batches", "micro_batch_requests", "stage_s",
+                                                         "transfer_s", "overhead_s", "round_trip_s",
+                                                         "stage_load_s")}}
     peak, bw = dev.peak_flops(cm.compute_dtype) * args.tp, dev.mem_bw_Bps * args.tp
     bound = "compute" if st.flops / peak > st.bytes / bw else "memory"
-    if pool.engine is not None:
+    if pool.engine is not None and pipe is None:
         ops["step_overhead"] = {"time_s": st.time_s - sum(v["time_s"] for k, v in ops.items() if k != "step_overhead"),
                                 "flops": 0.0, "bytes": 0.0}
     res = {**what, "model": model.name, "device": dev.name, "device_source": dev.source, "tp": args.tp, "ep": args.ep,
-           "engine": pool.engine, "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
+           "pp": args.pp, "pipeline": pipe, "dp_attention": args.dp_attention, "engine": pool.engine, "time_s": st.time_s, "flops": st.flops, "bytes": st.bytes, "bound": bound,
            "achieved_tflops": st.flops / st.time_s / 1e12, "achieved_GBps": st.bytes / st.time_s / 1e9,
            "ops": ops,   # each op's "source": exact | interpolated (measured tables), extrapolated, roofline
            "sources": {src: [k for k, v in ops.items() if v.get("source") == src]
@@ -195,9 +210,16 @@ def cmd_estimate(args) -> int:
     if args.json or args.format == "json":
         print(json.dumps(res, indent=2))
     else:
-        print(f"{what['phase']} on {dev.name} x tp{args.tp}{f' ep{args.ep}' if args.ep > 1 else ''}, "
+        print(f"{what['phase']} on {dev.name} x tp{args.tp}{f' pp{args.pp}' if args.pp > 1 else ''}"
+              f"{f' ep{args.ep}' if args.ep > 1 else ''}{' DP attention' if args.dp_attention else ''}, "
               f"{model.name}: {st.time_s * 1e3:.3f} ms "
-              f"({bound}-bound; {res['achieved_tflops']:.1f} TFLOP/s, {res['achieved_GBps']:.0f} GB/s)")
+              f"({bound}-bound; {res['achieved_tflops']:.1f} TFLOP/s per GPU, {res['achieved_GBps']:.0f} GB/s)")
+        if pipe is not None:
+            print(f"  pipeline: {pipe['micro_batches']} micro-batch(es) of up to {pipe['micro_batch_requests']} "
+                  f"request(s); stage times {' / '.join(f'{x * 1e3:.3f}' for x in pipe['stage_s'])} ms, "
+                  f"stage-to-stage transfer {pipe['transfer_s'] * 1e3:.3f} ms, overhead {pipe['overhead_s'] * 1e3:.3f} ms,"
+                  f" round trip {pipe['round_trip_s'] * 1e3:.3f} ms, busiest stage "
+                  f"{max(pipe['stage_load_s']) * 1e3:.3f} ms; per-op times below are one micro-batch, all stages")
         for k, v in ops.items():
             print(f"  {k:14s} {v['time_s'] * 1e3:9.3f} ms  {v['flops'] / 1e9:10.2f} GFLOP  {v['bytes'] / 1e6:10.2f} MB"
                   f"  {v.get('source', '')}")
@@ -214,7 +236,7 @@ def _estimate_pool(args):
     from .config import PoolSpec
     from .errors import ConfigError as _CE
     from pydantic import ValidationError
-    kw = {"device": args.device, "tp": args.tp, "ep": args.ep}
+    kw = {"device": args.device, "tp": args.tp, "ep": args.ep, "pp": args.pp, "dp_attention": args.dp_attention}
     if args.engine:
         kw["engine"] = args.engine
     try:
@@ -384,6 +406,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="tensor-parallel degree in GPUs (default 1; must divide the attention heads)")
     e.add_argument("--ep", type=_int_in(1, 1024), default=1, metavar="GPUS",
                    help="expert-parallel degree of an MoE model (default 1; must divide the experts and --tp)")
+    e.add_argument("--pp", type=_int_in(1, 1024), default=1, metavar="STAGES",
+                   help="pipeline-parallel stages (default 1; must divide the layers); an instance has tp x pp GPUs")
+    e.add_argument("--micro-batches", type=_int_in(1, 4096), default=None, metavar="M",
+                   help="micro-batches (groups of requests) in flight under --pp (default: pp)")
+    e.add_argument("--dp-attention", action="store_true",
+                   help="attention data-parallel over the --tp GPUs (each GPU its own requests and KV), experts "
+                        "expert-parallel over all of them (MoE models; needs --ep equal to --tp)")
     e.add_argument("--expert-skew", type=_float_in(0.0, 4.0), default=0.0, metavar="S",
                    help="expert popularity skew of an MoE model: Zipf exponent, 0 (uniform, default) to 4")
     e.add_argument("--prefill", type=_int_in(1, MAX_TOKENS), metavar="TOKENS",

@@ -8,8 +8,8 @@ dotted key and the value.
 from __future__ import annotations
 
 import difflib
-import re
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -160,6 +160,12 @@ class PoolSpec(_Strict):
     block_size: PosInt = 16
     kv_blocks: PosInt | None = None          # override the pool size computed from memory
     ep: PosInt = 1                           # expert parallelism: routed experts sharded over ep of the tp GPUs
+    # pipeline parallelism (pdsim/pipeline.py): pp stages of tp GPUs each (an instance has tp x pp GPUs),
+    # each holding L / pp layers; micro_batches in flight (default pp, as vLLM's virtual engines)
+    pp: Annotated[int, Field(ge=1, le=1024)] = 1
+    micro_batches: Annotated[int, Field(ge=1, le=4096)] | None = None
+    # DP attention (MoE, ep = tp): each GPU an attention rank with its own requests' KV, experts over all
+    dp_attention: bool = False
     # expert popularity: Zipf exponent (0 = uniform routing); fewer distinct experts, a hotter EP rank
     expert_skew: float = Field(0.0, ge=0, le=4, allow_inf_nan=False)
     watermark: float = Field(0.01, ge=0, lt=1)
@@ -187,6 +193,20 @@ class PoolSpec(_Strict):
             from .engines import apply_preset
             apply_preset(self)
         return self
+
+    @model_validator(mode="after")
+    def _pipeline(self):
+        if self.micro_batches is not None and self.pp == 1:
+            raise ValueError(f"micro_batches (={self.micro_batches}) needs pipeline parallelism (pp > 1)")
+        if self.pp > 1 and self.speculative is not None:
+            raise ValueError(f"pp (={self.pp}): speculative decoding with pipeline parallelism is not modelled")
+        if self.dp_attention and self.speculative is not None:
+            raise ValueError("dp_attention (=True): speculative decoding with DP attention is not modelled")
+        return self
+
+    @property
+    def gpus_per_instance(self) -> int:
+        return self.tp * self.pp
 
     @property
     def prefix_on(self) -> bool:

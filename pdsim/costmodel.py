@@ -38,6 +38,15 @@ decompression ``kv_b`` is priced as a linear over the step's new tokens, which i
 for the absorbed decode (W_UK and W_UV on the new tokens) and for a prefill from empty;
 re-decompressing a cached prefix in a chunked prefill is not priced.
 
+Pipeline parallelism: :meth:`RooflineCost.stage_times` prices one micro-batch on each of ``pp``
+stages (L / pp layers each; embedding on the first, LM head on the last, all-reduces within a stage's
+TP group, no per-step overhead); :class:`pdsim.pipeline.PipelineCost` turns those into the period of a
+micro-batched pipeline.  ``step`` itself never depends on ``pp``.
+
+DP attention (``dp_attention``, ep = tp): every op but the routed experts runs on the busiest attention
+rank's share of the batch (ceil(batch / tp) requests) with whole (unsharded) weights; the routed experts
+on all the step's tokens / ep; no all-reduce; the all-to-all moves a rank's own tokens.
+
 ``ConstantCost`` and ``LinearCost`` are the what-if and theory-test models.
 """
 from __future__ import annotations
@@ -172,11 +181,14 @@ class RooflineCost(CostModel):
     kv_dtype: str = "bf16"
     ep: int = 1
     expert_skew: float = 0.0
+    pp: int = 1          # pipeline stages: only :meth:`stage_times` splits by them (pdsim/pipeline.py)
+    dp_attention: bool = False   # attention data-parallel over the tp GPUs, experts expert-parallel (ep = tp)
     _static_cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         m, t = self.model, self.tp
         assert t % self.ep == 0 and (self.ep == 1 or m.experts % self.ep == 0), (t, self.ep)
+        self._stages = m.stage_layers(self.pp)        # (dense, MoE) layers of each stage
         self.w_bytes = dtype_bytes(self.weight_dtype)
         self.kv_bytes = dtype_bytes(self.kv_dtype)
         # fp8 weights use fp8 tensor cores; fp4 (NVFP4) weights fp4 tensor cores where the device has them
@@ -194,41 +206,46 @@ class RooflineCost(CostModel):
             self.gemm_table_dtype = wo_name          # imported weight-only tables
         self.kv_table_dtype = "bf16" if self.kv_dtype in ("bf16", "fp16", "fp32") else self.kv_dtype
         h, d, L = m.hidden, m.head_dim, m.layers
-        qh, kvh = m.heads // t, max(1, m.kv_heads // t)
+        # DP attention: each of the tp GPUs is an attention rank of its own (attention TP 1) with whole
+        # attention, dense-MLP, shared-expert, embedding and LM-head weights; routed experts stay / ep
+        assert not self.dp_attention or (self.ep == t and self.pp == 1 and m.is_moe), (t, self.ep, self.pp)
+        self.attn_dp = t if self.dp_attention else 1
+        ta = t // self.attn_dp          # tensor parallelism of attention and the dense parts
+        qh, kvh = m.heads // ta, max(1, m.kv_heads // ta)
         self.q_heads, self.kv_heads_shard = qh, kvh
         # (name, N, K, layers) of each sharded linear layer: column-parallel N, row-parallel K
         if m.is_mla:
             r, dr, dn, dv, qr = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank
             # q_a and kv_a fused and replicated (vLLM's fused_qkv_a_proj); q_b, kv_b column-, o row-parallel
-            self.linears = [("qkv_a", qr + r + dr, h, L), ("q_b", qh * (dn + dr), qr, L)] if qr else \
-                [("q", qh * (dn + dr), h, L), ("kv_a", r + dr, h, L)]
-            self.linears += [("kv_b", qh * (dn + dv), r, L), ("attn_out", h, qh * dv, L)]
+            self.linears = [("qkv_a", qr + r + dr, h, "L"), ("q_b", qh * (dn + dr), qr, "L")] if qr else \
+                [("q", qh * (dn + dr), h, "L"), ("kv_a", r + dr, h, "L")]
+            self.linears += [("kv_b", qh * (dn + dv), r, "L"), ("attn_out", h, qh * dv, "L")]
             rope = 2 * (qh + 1) * dr * 2.0                               # q's and the shared key's rope dims
             kv_write = (r + dr) * (2.0 + self.kv_bytes)                  # the latent and rope key
             norm = 2 * 4 * h * 2.0 + 2 * (qr + r) * 2.0                  # + the q_a and kv_a RMSNorms
         else:
-            self.linears = [("qkv", (qh + 2 * kvh) * d, h, L), ("attn_out", h, qh * d, L)]
+            self.linears = [("qkv", (qh + 2 * kvh) * d, h, "L"), ("attn_out", h, qh * d, "L")]
             rope = 2 * (qh + kvh) * d * 2.0                              # read and write q and k
             kv_write = 2 * kvh * d * (2.0 + self.kv_bytes)               # read new K, V; write them to the cache
             norm = 2 * 4 * h * 2.0
         Ld, f = m.dense_mlp_layers, m.mlp_width
         if Ld:
             if m.gated_mlp:
-                self.linears += [("gate_up", 2 * f // t, h, Ld), ("down", h, f // t, Ld)]
+                self.linears += [("gate_up", 2 * f // ta, h, "Ld"), ("down", h, f // ta, "Ld")]
             else:
-                self.linears += [("up", f // t, h, Ld), ("down", h, f // t, Ld)]
-        self.lm_head = ("lm_head", m.vocab // t, h)
-        self.kv_bytes_per_token_shard = m.kv_bytes_per_token_per_gpu(self.kv_dtype, t)
+                self.linears += [("up", f // ta, h, "Ld"), ("down", h, f // ta, "Ld")]
+        self.lm_head = ("lm_head", m.vocab // ta, h)
+        self.kv_bytes_per_token_shard = m.kv_bytes_per_token_per_gpu(self.kv_dtype, ta)
         # activation bytes per token of the per-layer elementwise kernels (bf16 activations)
         gates = 3 if m.gated_mlp else 2
         self._elementwise = [
             # two fused residual-add + RMSNorm (read x and residual, write both), replicated under TP
-            ("norm", 2, L, norm),
-            ("rope", 1, L, rope),
-            ("kv_write", 1, L, kv_write),
+            ("norm", 2, "L", norm),
+            ("rope", 1, "L", rope),
+            ("kv_write", 1, "L", kv_write),
         ]
         if Ld:
-            self._elementwise.append(("act", 1, Ld, gates * (f // t) * 2.0))   # SiLU(gate) * up: read 2f, write f
+            self._elementwise.append(("act", 1, "Ld", gates * (f // ta) * 2.0))   # SiLU(gate) * up: read 2f, write f
         self.moe_layers = Lm = m.moe_layers
         if Lm:
             E, k, w, S = m.experts, m.experts_per_token, m.expert_width, m.shared_experts
@@ -239,24 +256,27 @@ class RooflineCost(CostModel):
             # would place them without replicating experts
             self._hot_q = expert_hit_probs(k, E, self.expert_skew)[::self.ep] if self.expert_skew else None
             if S:
-                sw = S * w // t
-                self.linears += [("shared_gate_up", 2 * sw, h, Lm), ("shared_down", h, sw, Lm)] if m.gated_mlp \
-                    else [("shared_up", sw, h, Lm), ("shared_down", h, sw, Lm)]
-                self._elementwise.append(("shared_act", 1, Lm, gates * sw * 2.0))
+                sw = S * w // ta
+                self.linears += [("shared_gate_up", 2 * sw, h, "Lm"), ("shared_down", h, sw, "Lm")] if m.gated_mlp \
+                    else [("shared_up", sw, h, "Lm"), ("shared_down", h, sw, "Lm")]
+                self._elementwise.append(("shared_act", 1, "Lm", gates * sw * 2.0))
             ew = w // self.moe_tp
             # (name, N, K) of the routed experts' grouped GEMMs on one GPU
             self.expert_gemms = [("experts_gate_up", 2 * ew, h), ("experts_down", h, ew)] if m.gated_mlp \
                 else [("experts_up", ew, h), ("experts_down", h, ew)]
             # per token: SiLU(gate) * up of its k experts (each GPU gets k/ep of them, width w/moe_tp);
             # top-k over E scores (fp32 read, ids written); permute the token to its experts and unpermute
-            # the results (read and write k/ep copies of h, twice)
-            self._elementwise += [("experts_act", 1, Lm, k * gates * w / t * 2.0),
-                                  ("moe_route", 3, Lm, E * 4.0 + k * 8.0 + 2 * 2 * (k / self.ep) * h * 2.0)]
+            # the results (read and write k/ep copies of h, twice; under DP attention a rank's token goes to
+            # its k experts: k copies per rank token)
+            self._elementwise += [("experts_act", 1, "Lm", k * gates * w / t * 2.0),
+                                  ("moe_route", 3, "Lm", E * 4.0 + k * 8.0
+                                   + 2 * 2 * (k * self.attn_dp / self.ep) * h * 2.0)]
             # a measured table of this very MoE layer (imported profiles) replaces the routed experts'
-            # grouped GEMMs, activation and routing; uniform routing only (a skew is a roofline what-if)
+            # grouped GEMMs, activation and routing; uniform routing only (a skew is a roofline what-if), and
+            # not under DP attention (the tables time one TP-attention instance's tokens)
             self.moe_table_key = None
             moe_tabs = getattr(tabs, "moe", None) if tabs is not None else None
-            if moe_tabs and not self.expert_skew:
+            if moe_tabs and not self.expert_skew and not self.dp_attention:
                 wdt = "bf16" if self.weight_dtype in ("bf16", "fp16", "fp32") else self.weight_dtype
                 if wdt == "fp4":
                     wdt = "nvfp4" if self.compute_dtype == "fp4" else "mxfp4_wo"
@@ -267,18 +287,33 @@ class RooflineCost(CostModel):
                         break
 
     # --- the one description of a step -------------------------------------
-    def _static_ops(self, tokens: int, sampled: int) -> list[Op]:
-        """Every operator but attention: they depend on the token and sampled counts only."""
-        m, L, h, T = self.model, self.model.layers, self.model.hidden, tokens
-        ops = [Op(name, "gemm", count, 2.0 * T * n * k, n * k * self.w_bytes + T * (n + k) * 2.0,
-                  (T, n, k, self.w_bytes, self.compute_dtype, self.weight_only, self.gemm_table_dtype))
-               for name, n, k, count in self.linears]
-        Lm = self.moe_layers
-        if Lm:
+    def _layer_counts(self, stage: int | None):
+        """(layers, dense-MLP layers, MoE layers, holds the embedding, holds the LM head) of pipeline
+        stage ``stage``, or of the whole model (None)."""
+        m = self.model
+        if stage is None:
+            return m.layers, m.dense_mlp_layers, m.moe_layers, True, True
+        dense, moe = self._stages[stage]
+        return dense + moe, dense, moe, stage == 0, stage == self.pp - 1
+
+    def _static_ops(self, tokens: int, sampled: int, stage: int | None = None, rank=None) -> list[Op]:
+        """Every operator but attention: they depend on the token and sampled counts only.  ``stage``:
+        only the layers (and embedding / LM head) of that pipeline stage, without the per-step overhead
+        (:class:`pdsim.pipeline.PipelineCost` prices it once per micro-batch).  ``rank``: under DP
+        attention the (tokens, sampled rows) of the busiest attention rank, which every op but the
+        routed experts (all the instance's tokens, / ep) runs on."""
+        m, h, T = self.model, self.model.hidden, tokens
+        Ta, Sa = rank if rank is not None else (T, sampled)
+        L, Ld, Lm, first, last = self._layer_counts(stage)
+        n_of = {"L": L, "Ld": Ld, "Lm": Lm}
+        ops = [Op(name, "gemm", n_of[g], 2.0 * Ta * n * k, n * k * self.w_bytes + Ta * (n + k) * 2.0,
+                  (Ta, n, k, self.w_bytes, self.compute_dtype, self.weight_only, self.gemm_table_dtype))
+               for name, n, k, g in self.linears]
+        if self.moe_layers:
             E, top_k = m.experts, m.experts_per_token
             # the router stays bf16 and is replicated: every GPU scores every token
-            ops.append(Op("router", "gemm", Lm, 2.0 * T * E * h, E * h * 2.0 + T * (E + h) * 2.0,
-                          (T, E, h, 2.0, "bf16", None, "bf16")))
+            ops.append(Op("router", "gemm", Lm, 2.0 * Ta * E * h, E * h * 2.0 + Ta * (E + h) * 2.0,
+                          (Ta, E, h, 2.0, "bf16", None, "bf16")))
             if self._hot_q is None:
                 pairs = T * top_k / self.ep                    # token-expert pairs on one GPU
                 groups = self.local_experts * (1.0 - (1.0 - top_k / E) ** T) if T > 0 else 0.0
@@ -291,32 +326,45 @@ class RooflineCost(CostModel):
                   for name, n, k in self.expert_gemms]
             if self.moe_table_key is None:
                 ops += gg
-        table = Lm and self.moe_table_key is not None
-        ew = [Op(name, "elementwise", count, 0.0, T * per_token, (kernels,))
-              for name, kernels, count, per_token in self._elementwise]
-        if table:   # one measured op in place of the routed experts' kernels (FLOPs and bytes kept)
+        ew = [Op(name, "elementwise", n_of[g], 0.0, (T if name == "experts_act" else Ta) * per_token, (kernels,))
+              for name, kernels, g, per_token in self._elementwise]
+        if self.moe_layers and self.moe_table_key is not None:
+            # one measured op in place of the routed experts' kernels (FLOPs and bytes kept)
             part = [o for o in ew if o.name in ("experts_act", "moe_route")]
             ew = [o for o in ew if o.name not in ("experts_act", "moe_route")]
             ops.append(Op("experts", "moe", Lm, sum(o.flops for o in gg), sum(o.bytes for o in gg + part),
                           (T, self.moe_table_key)))
         ops += ew
         # embedding gather (read, write h) and the final fused add + RMSNorm (read 2h, write h), once a step
-        ops.append(Op("embed", "elementwise", 1, 0.0, T * 5 * h * 2.0, (2,)))
-        if sampled:
+        # (under pipeline parallelism both are priced on the first stage: a few microseconds)
+        if first:
+            ops.append(Op("embed", "elementwise", 1, 0.0, Ta * 5 * h * 2.0, (2,)))
+        if sampled and last:
             _, n, k = self.lm_head     # the LM head stays bf16 under weight quantisation
-            ops.append(Op("lm_head", "gemm", 1, 2.0 * sampled * n * k, n * k * 2.0 + sampled * (n + k) * 2.0,
-                          (sampled, n, k, 2.0, "bf16", None, "bf16")))
-        ep = self.ep
-        if self.tp > 1:
+            ops.append(Op("lm_head", "gemm", 1, 2.0 * Sa * n * k, n * k * 2.0 + Sa * (n + k) * 2.0,
+                          (Sa, n, k, 2.0, "bf16", None, "bf16")))
+        ep, ta = self.ep, self.tp // self.attn_dp
+        if ta > 1:
             # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding;
             # with ep = tp an MoE layer's all-to-all combine takes the place of its MLP all-reduce
-            n_ar = 2 * L + 1 - (Lm if ep > 1 and ep == self.tp else 0)
-            ops.append(Op("allreduce", "allreduce", n_ar, 0.0, 0.0, (T * h * 2.0, self.tp)))
-        if ep > 1 and Lm:
+            # (under pipeline parallelism: within the stage's TP group only; none under DP attention)
+            n_ar = 2 * L + (1 if first else 0) - (Lm if ep > 1 and ep == self.tp else 0)
+            ops.append(Op("allreduce", "allreduce", n_ar, 0.0, 0.0, (Ta * h * 2.0, ta)))
+        if ep > 1 and self.moe_layers:
             # dispatch and combine per MoE layer: bf16 tokens, (ep - 1)/ep of them leave each GPU each way
-            ops.append(Op("alltoall", "alltoall", 2 * Lm, 0.0, 0.0, (T * h * 2.0 * (ep - 1) / ep, ep)))
-        ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
+            # (under DP attention: the busiest rank's own tokens)
+            ops.append(Op("alltoall", "alltoall", 2 * Lm, 0.0, 0.0, (Ta * h * 2.0 * (ep - 1) / ep, ep)))
+        if stage is None:
+            ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
         return ops
+
+    def _stage_counts(self) -> list[dict[str, int]]:
+        """Kernels of each operator on each pipeline stage (what :meth:`_stage_static` weighs by)."""
+        got = getattr(self, "_stage_counts_memo", None)
+        if got is None:
+            got = self._stage_counts_memo = [
+                {op.name: op.count for op in self._static_ops(1, 1, j)} for j in range(self.pp)]
+        return got
 
     def _attention_op(self, tokens, attn_work, kv_read_tokens, batch, prefill: bool) -> Op:
         """Attention of one layer; ``attn_work`` and ``kv_read_tokens`` may be arrays over steps."""
@@ -337,10 +385,22 @@ class RooflineCost(CostModel):
         return Op("attention", "attention", m.layers, flops, bytes_,
                   (tokens, attn_work, kv_read_tokens, batch, prefill))
 
+    def _rank(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+        """Under DP attention, the busiest attention rank's share of the step: the batch's requests are
+        dealt over the ranks as evenly as whole requests allow (ceil(batch / ranks) on the busiest), each
+        carrying its share of the aggregates (ASSUMPTION: balanced ranks; a lone request runs on one
+        rank while the others idle in the all-to-alls).  (tokens, attn, kv, sampled, requests)."""
+        b = max(1, batch)
+        rb = -(-b // self.attn_dp)
+        return tokens * rb / b, attn_work * rb / b, kv_read_tokens * rb / b, sampled * rb / b, rb
+
     def ops(self, tokens: int, attn_work, kv_read_tokens, sampled: int, batch: int) -> list[Op]:
         """The operators of one step (what :meth:`op_time` evaluates)."""
         # prefill vs decode attention only changes the kernel: the mix is judged by work
         prefill = _is_prefill(attn_work, kv_read_tokens)
+        if self.attn_dp > 1:
+            Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
+            return [self._attention_op(Ta, aw, kv, rb, prefill), *self._static_ops(tokens, sampled, rank=(Ta, Sa))]
         return [self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill),
                 *self._static_ops(tokens, sampled)]
 
@@ -374,14 +434,14 @@ class RooflineCost(CostModel):
         raise AssertionError(op.kind)
 
     # --- derived: scalar step, per-op breakdown, k decode steps --------------
-    def _static(self, tokens: int, sampled: int) -> tuple[float, float, float]:
+    def _static(self, tokens: int, sampled: int, rank=None) -> tuple[float, float, float]:
         """Summed (time_s, flops, bytes) of the non-attention operators; cached by (tokens, sampled)."""
-        key = (tokens, sampled)
+        key = (tokens, sampled) if rank is None else (tokens, sampled, rank)
         hit = self._static_cache.get(key)
         if hit is not None:
             return hit
         time_s = flops = bytes_ = 0.0
-        for op in self._static_ops(tokens, sampled):
+        for op in self._static_ops(tokens, sampled, rank=rank):
             time_s += float(self.op_time(op)[0]) * op.count
             flops += op.flops * op.count
             bytes_ += op.bytes * op.count
@@ -392,9 +452,14 @@ class RooflineCost(CostModel):
 
     def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch):
         """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays)."""
-        t_s, f_s, b_s = self._static(tokens, sampled)
         prefill = _is_prefill(attn_work, kv_read_tokens)
-        att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
+        if self.attn_dp > 1:
+            Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
+            t_s, f_s, b_s = self._static(tokens, sampled, (Ta, Sa))
+            att = self._attention_op(Ta, aw, kv, rb, prefill)
+        else:
+            t_s, f_s, b_s = self._static(tokens, sampled)
+            att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
         t_a = self.op_time(att)[0]
         L = att.count
         return t_s + t_a * L, f_s + att.flops * L, b_s + att.bytes * L
@@ -402,6 +467,55 @@ class RooflineCost(CostModel):
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
         t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch)
         return StepCost(float(t), float(f), float(b))
+
+    # --- pipeline stages (pdsim/pipeline.py combines them) ----------------------
+    def _stage_static(self, tokens, sampled) -> tuple[list[float], float, float]:
+        """Per-stage seconds of the non-attention operators (per-step overhead excluded) and their summed
+        FLOPs and bytes over all stages; cached by (tokens, sampled)."""
+        key = ("stages", tokens, sampled)
+        hit = self._static_cache.get(key)
+        if hit is not None:
+            return hit
+        counts = self._stage_counts()
+        times = [0.0] * self.pp
+        flops = bytes_ = 0.0
+        for op in self._static_ops(tokens, sampled):
+            if op.kind == "overhead":
+                continue
+            t = float(self.op_time(op)[0])
+            for j in range(self.pp):
+                times[j] += t * counts[j].get(op.name, 0)
+            flops += op.flops * op.count
+            bytes_ += op.bytes * op.count
+        out = (times, flops, bytes_)
+        if len(self._static_cache) < 1 << 16:
+            self._static_cache[key] = out
+        return out
+
+    def stage_times(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+        """One micro-batch through each pipeline stage: (seconds per stage, FLOPs, bytes over all stages),
+        without the per-step overhead.  ``attn_work`` and ``kv_read_tokens`` may be arrays over decode
+        steps (then the stage times are arrays).  Every stage holds L / pp layers, hence L / pp attention
+        kernels; the embedding sits on the first stage, the LM head on the last, and each stage's TP group
+        all-reduces its own layers' activations."""
+        t_s, f_s, b_s = self._stage_static(tokens, sampled)
+        prefill = _is_prefill(attn_work, kv_read_tokens)
+        att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
+        t_a = self.op_time(att)[0]
+        lp = self.model.layers // self.pp
+        L = att.count
+        return [t + t_a * lp for t in t_s], f_s + att.flops * L, b_s + att.bytes * L
+
+    def stage_transfer_s(self, tokens) -> float:
+        """Activations of ``tokens`` tokens (hidden x bf16) from one stage to the next: point to point over
+        the device's interconnect (its latency, and its bandwidth at the collectives' link efficiency)."""
+        if tokens <= 0:
+            return 0.0
+        return kernels.p2p_roofline(self.device, tokens * self.model.hidden * 2.0)
+
+    def overhead_s(self) -> float:
+        """The device's flat per-step engine overhead (once per micro-batch under pipeline parallelism)."""
+        return self.device.step_overhead_s
 
     def breakdown(self, tokens: int, attn_work: float, kv_read_tokens: int, sampled: int,
                   batch: int) -> dict[str, dict]:
@@ -426,7 +540,7 @@ class RooflineCost(CostModel):
 
     # --- memory -------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep)
+        return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep, self.pp, self.dp_attention)
 
 
 def _is_prefill(attn_work, kv_read_tokens) -> bool:

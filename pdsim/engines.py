@@ -147,7 +147,7 @@ def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float) -
     """
     p = PRESETS[pool.engine]
     mem = float(device_memory_bytes)
-    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep)
+    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention)
     act = activation_peak_bytes(model, pool.max_batched_tokens, pool.max_running, pool.tp)
     graph = (pool.cuda_graph_GiB if pool.cuda_graph_GiB is not None else p.cuda_graph_GiB) * GiB
     non_torch = p.non_torch_GiB * GiB
@@ -234,5 +234,8 @@ def wrap_cost(cost, pool):
         return cost
     if pool.step_overhead is None and getattr(cost, "device", None) is None:
         return cost      # constant / linear what-if models stay as given unless overhead is explicit
+    from .pipeline import PipelineCost
+    if isinstance(cost, PipelineCost):
+        return cost.with_overhead(ovh)     # once per micro-batch, in place of the device's flat one
     return EngineCost(cost, ovh)
 

@@ -129,6 +129,14 @@ def alltoall_roofline(dev, bytes_: float, ep: int) -> float:
     return base + bytes_ / (dev.interconnect_Bps * e.allreduce)
 
 
+def p2p_roofline(dev, bytes_: float) -> float:
+    """A point-to-point send of ``bytes_`` between two GPUs (pipeline stages): the interconnect's
+    latency plus the bytes at its bandwidth times the collectives' link efficiency."""
+    if bytes_ <= 0:
+        return 0.0
+    return dev.interconnect_latency_s + bytes_ / (dev.interconnect_Bps * dev.spec.efficiency.allreduce)
+
+
 _ATTN_CONSTS: dict = {}
 
 

@@ -309,7 +309,8 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             bytes_ = sum(i.bytes for i in p.instances)
             dev = getattr(p.cost, "device", None)
             pools[p.name] = {
-                "instances": len(p.instances), "tp": p.spec.tp, "gpus": p.gpus,
+                "instances": len(p.instances), "tp": p.spec.tp, "pp": p.spec.pp, "ep": p.spec.ep, "dp_attention": p.spec.dp_attention,
+                "micro_batches": (p.spec.micro_batches or p.spec.pp) if p.spec.pp > 1 else None, "gpus": p.gpus,
                 "device": p.spec.device, "device_source": dev.source if dev else "n/a (constant/linear cost model)",
                 "busy_fraction": busy / (span * len(p.instances)),
                 # instance FLOPs and bytes are per GPU (the cost model prices one GPU's shard of a step)

@@ -158,12 +158,56 @@ class ModelShape:
         wb = dtype_bytes(weight_dtype)
         return (self.decoder_params - self.router_params) * wb + (self.embedding_params + self.router_params) * 2.0
 
-    def weight_bytes_per_gpu(self, weight_dtype: str = "bf16", tp: int = 1, ep: int = 1) -> float:
+    def stage_layers(self, pp: int) -> list[tuple[int, int]]:
+        """(dense-MLP layers, MoE layers) of each of ``pp`` pipeline stages: L / pp consecutive layers
+        each, so the first ``dense_layers`` dense ones fall in the first stage(s)."""
+        assert pp >= 1 and self.layers % pp == 0, (self.layers, pp)
+        lp, ld = self.layers // pp, self.dense_mlp_layers
+        out = []
+        for j in range(pp):
+            dense = min(lp, max(0, ld - j * lp))
+            out.append((dense, lp - dense))
+        return out
+
+    def stage_shape(self, pp: int, stage: int) -> "ModelShape":
+        """The decoder layers of one pipeline stage as a shape of L / pp layers (embeddings kept in the
+        shape; :meth:`weight_bytes_per_gpu` places them on the first and last stage)."""
+        from dataclasses import replace
+        dense, _ = self.stage_layers(pp)[stage]
+        return replace(self, layers=self.layers // pp, dense_layers=dense if self.is_moe else 0)
+
+    def weight_bytes_per_gpu(self, weight_dtype: str = "bf16", tp: int = 1, ep: int = 1, pp: int = 1,
+                             dp_attention: bool = False) -> float:
         """Weights on one GPU of an instance of ``tp`` GPUs whose routed experts are split over ``ep`` of
         them: the dense part / tp (tensor parallel); routed experts / ep whole experts per GPU group, each
         expert split over the tp / ep GPUs of its group, i.e. / tp in all (= experts / ep when ep = tp);
-        MoE routers (bf16) and MLA down-projections replicated on every GPU, as vLLM shards them."""
+        MoE routers (bf16) and MLA down-projections replicated on every GPU, as vLLM shards them.
+
+        With ``pp`` pipeline stages each GPU holds its stage's L / pp layers; the input embedding lives
+        on the first stage and the LM head on the last (a tied LM head is a second copy there, as vLLM
+        keeps it), both vocab-parallel over tp.  Returned: the most loaded stage's GPU (it bounds the
+        KV pool, as an engine sizes one pool for all stages).
+
+        With ``dp_attention`` (ep = tp, pp = 1) every GPU is an attention rank of its own: attention,
+        dense MLPs, shared experts, embedding and LM head whole on every GPU, routed experts / ep, as
+        SGLang and TensorRT-LLM place DeepSeek with DP attention."""
         assert tp % ep == 0
+        if dp_attention:
+            assert ep == tp and pp == 1, (tp, ep, pp)
+            wb = dtype_bytes(weight_dtype)
+            return ((self.decoder_params - self.routed_params - self.router_params) * wb
+                    + self.embedding_params * 2.0 + self.routed_params * wb / ep + self.router_params * 2.0)
+        if pp > 1:
+            wb = dtype_bytes(weight_dtype)
+            emb = self.vocab * self.hidden * 2.0 / tp         # bf16, on the first and on the last stage
+            worst = 0.0
+            for j in range(pp):
+                s = self.stage_shape(pp, j)
+                repl = s.replicated_attn_params
+                dense = (s.decoder_params - s.routed_params - s.router_params - repl) * wb
+                w = dense / tp + s.routed_params * wb / (ep * (tp // ep)) + repl * wb + s.router_params * 2.0
+                worst = max(worst, w + (emb if j in (0, pp - 1) else 0.0))
+            return worst
         wb = dtype_bytes(weight_dtype)
         repl = self.replicated_attn_params
         dense = (self.decoder_params - self.routed_params - self.router_params - repl) * wb + self.embedding_params * 2.0
@@ -176,13 +220,16 @@ class ModelShape:
             return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes(kv_dtype)
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype)
 
-    def kv_bytes_per_token_per_gpu(self, kv_dtype: str = "bf16", tp: int = 1) -> float:
+    def kv_bytes_per_token_per_gpu(self, kv_dtype: str = "bf16", tp: int = 1, pp: int = 1) -> float:
         """KV cache per token on one GPU of a tp instance.  GQA: KV heads split over the GPUs (one
         replicated head each when tp > kv_heads).  MLA: ASSUMPTION, as vLLM and SGLang do with tensor-
-        parallel attention: the latent is shared by all heads, so every GPU keeps the whole latent."""
+        parallel attention: the latent is shared by all heads, so every GPU keeps the whole latent.
+        With ``pp`` pipeline stages a GPU keeps the KV of its stage's L / pp layers only."""
         if self.is_mla:
-            return self.kv_bytes_per_token(kv_dtype)
-        return self.kv_bytes_per_token(kv_dtype) * max(1, self.kv_heads // tp) / self.kv_heads
+            per = self.kv_bytes_per_token(kv_dtype)
+        else:
+            per = self.kv_bytes_per_token(kv_dtype) * max(1, self.kv_heads // tp) / self.kv_heads
+        return per if pp == 1 else per / pp
 
     def linear_flops_per_token(self) -> float:
         """2 FLOPs per active weight per token over the decoder layers (LM head excluded)."""
@@ -192,6 +239,23 @@ class ModelShape:
         if tp < 1 or self.heads % tp:
             raise ConfigError(f"tensor parallelism must divide the {self.heads} attention heads of {self.name}",
                               key=key, value=tp)
+
+    def validate_pp(self, pp: int, key: str = "pp") -> None:
+        """Pipeline parallelism splits the layers into pp equal stages (uniform stages: no uneven splits)."""
+        if pp < 1 or self.layers % pp:
+            raise ConfigError(f"pipeline parallelism must divide the {self.layers} layers of {self.name} "
+                              "into equal stages", key=key, value=pp)
+
+    def validate_dp_attention(self, tp: int, ep: int, pp: int, key: str = "dp_attention") -> None:
+        """DP attention: attention data-parallel over the instance's tp GPUs, experts over all of them."""
+        if not self.is_moe:
+            raise ConfigError(f"DP attention pairs data-parallel attention with expert-parallel MoE layers; "
+                              f"{self.name} is dense", key=key, value=True)
+        if tp < 2 or ep != tp:
+            raise ConfigError(f"DP attention spreads attention over the tp={tp} GPUs and the experts over all of "
+                              f"them: it needs tp >= 2 and ep = tp (ep is {ep})", key=key, value=True)
+        if pp != 1:
+            raise ConfigError(f"DP attention with pipeline parallelism (pp={pp}) is not modelled", key=key, value=True)
 
     def validate_ep(self, ep: int, tp: int, key: str = "ep") -> None:
         """Expert parallelism shards the routed experts over ep of the instance's tp GPUs."""

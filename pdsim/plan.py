@@ -50,14 +50,17 @@ class DeviceChoice(_Strict):
 
 class ColocatedSpace(_Strict):
     tp: list[int] = [1]
+    pp: list[int] = [1]                            # pipeline stages (pdsim/pipeline.py); 1 = none
     replicas: list[int] = [1]
     chunked_prefill: list[int | None] = [None]     # token budgets; null = no chunking (fcfs)
 
 
 class DisaggregatedSpace(_Strict):
     prefill_tp: list[int] = [1]
+    prefill_pp: list[int] = [1]
     prefill_instances: list[int] = [1]
     decode_tp: list[int] = [1]
+    decode_pp: list[int] = [1]
     decode_instances: list[int] = [1]
     decode_devices: list[str | DeviceChoice] | None = None   # default: the prefill device
     kv_link: list[Literal["nvlink", "infiniband", "roce", "ethernet", "pcie"]] = ["infiniband"]
@@ -209,6 +212,15 @@ def _pool(plan: Plan, dev: DeviceChoice, **keys) -> dict:
     return d
 
 
+def _pp(pp: int) -> dict:
+    """The pool key of a pipeline depth (none at 1: such configs, names and cache keys stay as before)."""
+    return {"pp": pp} if pp != 1 else {}
+
+
+def _pp_name(pp: int) -> str:
+    return f"pp{pp}" if pp != 1 else ""
+
+
 def _enumerate(plan: Plan) -> None:
     from .simulation import resolve_model
     s = plan.spec.search
@@ -218,20 +230,21 @@ def _enumerate(plan: Plan) -> None:
         short = Path(dev.name).stem
         if s.colocated:
             c = s.colocated
-            for tp, n, chunk in itertools.product(c.tp, c.replicas, c.chunked_prefill):
-                t = {"kind": "colocated", "replicas": n, **_pool(plan, dev, tp=tp)}
+            for tp, pp, n, chunk in itertools.product(c.tp, c.pp, c.replicas, c.chunked_prefill):
+                t = {"kind": "colocated", "replicas": n, **_pool(plan, dev, tp=tp, **_pp(pp))}
                 if chunk:
                     t["chunked_prefill"] = {"token_budget": chunk}
-                raw_topos.append((f"colo-{short}-tp{tp}x{n}" + (f"-chunk{chunk}" if chunk else ""), t))
+                raw_topos.append((f"colo-{short}-tp{tp}{_pp_name(pp)}x{n}" + (f"-chunk{chunk}" if chunk else ""), t))
         if s.disaggregated:
             d = s.disaggregated
             decs = [_device(x) for x in d.decode_devices] if d.decode_devices else [dev]
-            for ptp, pn, dec, dtp, dn, link in itertools.product(d.prefill_tp, d.prefill_instances, decs,
-                                                                 d.decode_tp, d.decode_instances, d.kv_link):
-                t = {"kind": "disaggregated", "prefill": _pool(plan, dev, tp=ptp, instances=pn),
-                     "decode": _pool(plan, dec, tp=dtp, instances=dn), "kv_link": {"preset": link}}
+            for ptp, ppp, pn, dec, dtp, dpp, dn, link in itertools.product(
+                    d.prefill_tp, d.prefill_pp, d.prefill_instances, decs, d.decode_tp, d.decode_pp,
+                    d.decode_instances, d.kv_link):
+                t = {"kind": "disaggregated", "prefill": _pool(plan, dev, tp=ptp, instances=pn, **_pp(ppp)),
+                     "decode": _pool(plan, dec, tp=dtp, instances=dn, **_pp(dpp)), "kv_link": {"preset": link}}
                 dshort = "" if dec.name == dev.name else f"-{Path(dec.name).stem}"
-                raw_topos.append((f"pd-{short}-{pn}p{ptp}-{dn}d{dtp}{dshort}-{link}", t))
+                raw_topos.append((f"pd-{short}-{pn}p{ptp}{_pp_name(ppp)}-{dn}d{dtp}{_pp_name(dpp)}{dshort}-{link}", t))
     # validate each, price it, and check the budget and that it can run at all
     sc_all = parse(_scenario_dict(plan, dict(raw_topos[:1]), 1.0, plan.spec.seed), plan.file,
                    base_dir=plan.base_dir)
@@ -362,8 +375,10 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
         p_max = int(prompt.max())
         t_max = max(min(spec.token_budget, spec.max_running * p_max), min(p_max, spec.max_running * p_max))
         best = math.inf
+        # a pipelined pool overlaps its micro-batches: price T tokens spread over them (steady state)
+        mb = getattr(cm, "micro_batches", 1)
         for T in {t_max, min(spec.token_budget, t_max), min(p_max, t_max)}:
-            best = min(best, cm.step(T, 0.0, 0, 0, 1).time_s / T)
+            best = min(best, cm.step(T, 0.0, 0, 0, mb).time_s / T)
         return best
 
     def tokens_per_step(pool) -> int:

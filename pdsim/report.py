@@ -583,6 +583,15 @@ def _engine_items(t: dict) -> list:
     engine and GPU (or 'unvalidated')."""
     out = []
     for name, p in (t.get("pools") or {}).items():
+        if p.get("tp") is not None:
+            par = f"{num(p.get('instances'))} x tp {num(p.get('tp'))}"
+            if (p.get("pp") or 1) > 1:
+                par += f" x pp {num(p.get('pp'))} ({num(p.get('micro_batches'))} micro-batches)"
+            if (p.get("ep") or 1) > 1:
+                par += f", ep {num(p.get('ep'))}"
+            if p.get("dp_attention"):
+                par += ", DP attention"
+            out.append((f"{name}: instances x GPUs", f"{par} = {num(p.get('gpus'))} GPUs"))
         if p.get("kv_capacity_tokens") is not None:
             out.append((f"{name}: engine / KV capacity per instance",
                         f"{p.get('engine') or 'none (idealised)'} / {num(p.get('kv_capacity_tokens'))} tokens / "

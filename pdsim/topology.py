@@ -96,41 +96,67 @@ ASSIGNERS = {"round_robin": round_robin, "least_loaded": least_loaded, "least_de
 
 # --- building instances ----------------------------------------------------------------
 def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir, key: str):
+    """The pool's cost model; with pp > 1 a :class:`~pdsim.pipeline.PipelineCost` over its stages
+    (``constant`` / ``linear`` then price one stage of one micro-batch)."""
     cm = pool.cost_model
+    model.validate_pp(pool.pp, key=f"{key}.pp")
     if cm.kind == "constant":
-        return ConstantCost(cm.step_s, pool.tp)
-    if cm.kind == "linear":
-        return LinearCost(cm.base_s, cm.per_token_s, cm.per_kv_token_s, pool.tp)
-    device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
-    model.validate_tp(pool.tp, key=f"{key}.tp")
-    model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
-    if pool.expert_skew and not model.is_moe:
-        raise ConfigError(f"expert popularity skew needs a mixture-of-experts model; {model.name} is dense",
-                          key=f"{key}.expert_skew", value=pool.expert_skew)
-    return RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep, pool.expert_skew)
+        cost = ConstantCost(cm.step_s, pool.tp)
+    elif cm.kind == "linear":
+        cost = LinearCost(cm.base_s, cm.per_token_s, cm.per_kv_token_s, pool.tp)
+    else:
+        device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
+        model.validate_tp(pool.tp, key=f"{key}.tp")
+        model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
+        if pool.dp_attention:
+            model.validate_dp_attention(pool.tp, pool.ep, pool.pp, key=f"{key}.dp_attention")
+        if pool.expert_skew and not model.is_moe:
+            raise ConfigError(f"expert popularity skew needs a mixture-of-experts model; {model.name} is dense",
+                              key=f"{key}.expert_skew", value=pool.expert_skew)
+        cost = RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep, pool.expert_skew, pool.pp,
+                            pool.dp_attention)
+    if pool.pp == 1:
+        return cost
+    from .pipeline import PipelineCost, UniformStages
+    stages = cost if cm.kind == "roofline" else UniformStages(cost, pool.pp)
+    return PipelineCost(stages, pool.pp, pool.micro_batches)
 
 
 def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir, key: str) -> tuple[int, float]:
-    """(blocks, bytes per block per GPU): device memory x utilisation - weights/tp - activation reserve."""
+    """(blocks, bytes per block per GPU): device memory x utilisation - weights/tp - activation reserve.
+    Under pipeline parallelism a GPU holds its stage's L / pp layers' weights and KV: blocks are sized
+    on the most loaded stage's GPU (first or last: the embedding / LM head), as an engine sizes one
+    pool for all stages."""
     # KV heads split across the tp GPUs; with tp > kv_heads each GPU keeps one (replicated) head; MLA: the whole latent
     model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
-    kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, pool.tp)
+    model.validate_pp(pool.pp, key=f"{key}.pp")
+    ranks = 1
+    if pool.dp_attention:
+        # each GPU is an attention rank keeping its own requests' whole KV (attention TP 1): the instance's
+        # pool is the sum of the ranks' pools (ASSUMPTION: requests spread evenly over the ranks);
+        # block_bytes stays per GPU (a block lives on one of the tp GPUs)
+        model.validate_dp_attention(pool.tp, pool.ep, pool.pp, key=f"{key}.dp_attention")
+        ranks = pool.tp
+        kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, 1)
+    else:
+        kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, pool.tp, pool.pp)
     block_bytes = pool.block_size * kv_tok_shard
     if pool.kv_blocks is not None:
-        return pool.kv_blocks, block_bytes
+        return pool.kv_blocks, block_bytes / ranks
     device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
-    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep)
+    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention)
     free = device.memory_bytes * pool.gpu_memory_utilization - weights - pool.activation_reserve_GiB * GiB
     if pool.engine is not None:       # sized as the engine sizes it (pdsim/engines.py)
         from .engines import kv_cache_bytes
         free = kv_cache_bytes(pool, model, weight_dtype, device.memory_bytes)["kv_bytes"]
     if free < block_bytes:
         raise ConfigError(
-            f"{model.name} weights ({weights / GiB:.1f} GiB per GPU at tp={pool.tp}) plus "
+            f"{model.name} weights ({weights / GiB:.1f} GiB per GPU at tp={pool.tp}"
+            f"{f' pp={pool.pp}' if pool.pp > 1 else ''}) plus "
             f"{pool.activation_reserve_GiB} GiB activations do not fit {device.name} "
             f"({device.memory_bytes / GiB:.1f} GiB x {pool.gpu_memory_utilization}); raise tp or use a larger device",
             key=f"{key}.device", value=pool.device)
-    return int(free // block_bytes), block_bytes
+    return int(free // block_bytes) * ranks, block_bytes / ranks
 
 
 class Pool:
@@ -176,7 +202,7 @@ class Pool:
             (lambda: KVCache(blocks, spec.block_size, spec.watermark))
         self.instances = [
             Instance(env, f"{name}-{i}", name, role, self.cost,
-                     make_kv(), policy, limits, spec.tp, sink, ctx.bin_s,
+                     make_kv(), policy, limits, spec.gpus_per_instance, sink, ctx.bin_s,
                      fast=ctx.fast)
             for i in range(count)]
         for inst in self.instances:
@@ -192,7 +218,7 @@ class Pool:
 
     @property
     def gpus(self) -> int:
-        return self.spec.tp * len(self.instances)
+        return self.spec.gpus_per_instance * len(self.instances)
 
     def _prefix_kv(self, spec: PoolSpec, blocks: int, key: str):
         """A factory of prefix-caching KV pools for this pool's instances (checks the sizes once)."""
@@ -203,9 +229,9 @@ class Pool:
         host_blocks, host_bw = 0, 0.0
         if pc.host is not None:
             # the host tier holds whole blocks (every GPU's shard); each GPU copies its shard over its own link
-            host_blocks = int(pc.host.capacity_GiB * GiB // (self.block_bytes * spec.tp))
+            host_blocks = int(pc.host.capacity_GiB * GiB // (self.block_bytes * spec.gpus_per_instance))
             if host_blocks < 1:
-                raise ConfigError(f"smaller than one KV block ({self.block_bytes * spec.tp:,.0f} bytes)",
+                raise ConfigError(f"smaller than one KV block ({self.block_bytes * spec.gpus_per_instance:,.0f} bytes)",
                                   key=f"{key}.prefix_cache.host.capacity_GiB", value=pc.host.capacity_GiB)
             host_bw = pc.host.bandwidth_GBps * 1e9
         return lambda: PrefixKVCache(blocks, spec.block_size, spec.watermark, pc.capacity_blocks, host_blocks,
@@ -333,8 +359,9 @@ class Disaggregated(_Serving):
         self.router = make_router(spec)
         self.assign = ASSIGNERS[spec.assignment]()
         link = spec.kv_link
-        # every GPU of a prefill instance sends its own KV shard in parallel
-        bw = link.bandwidth_GBps * 1e9 * spec.prefill.tp
+        # every GPU of a prefill instance sends its own KV shard in parallel: under pipeline parallelism
+        # each stage's tp GPUs send their stage's layers, so tp x pp links at once (bytes unchanged)
+        bw = link.bandwidth_GBps * 1e9 * spec.prefill.gpus_per_instance
         if link.shared:
             shared = KVLink(env, "kv-link", bw, link.latency_us * 1e-6)
             self.links = [shared]

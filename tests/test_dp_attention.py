@@ -1,0 +1,132 @@
+"""DP attention (a pool's ``dp_attention``): attention data-parallel over the instance's GPUs, MoE layers
+expert-parallel over all of them, as SGLang and TensorRT-LLM serve DeepSeek.
+
+Oracles: weights and KV per GPU from DeepSeek-V3's Hugging Face config by hand; a rank's attention equals a
+one-GPU instance's attention on that rank's requests (the unchanged tp=1 path); the experts equal the TP
+attention instance's (same tokens over the same EP ranks); the all-to-all by hand from the device file; and
+the step-by-step loop for the fast path.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from pdsim import config, metrics
+from pdsim.costmodel import RooflineCost
+from pdsim.devices import GiB, get_device
+from pdsim.models import get_model
+from pdsim.simulation import simulate
+from pdsim.topology import kv_blocks
+
+from test_fastpath import _assert_same, _both
+from test_moe import _err, _run_yaml
+
+H200 = get_device("h200")
+DS = get_model("deepseek-v3")
+
+
+def test_weights_and_kv_per_gpu_by_hand():
+    """DeepSeek-V3 fp8 on 8 x H200, DP attention: every GPU holds the whole attention (61 layers of MLA
+    projections), the 3 dense MLPs, the 58 shared experts, embedding and LM head (bf16) and the routers
+    (bf16); a 1/8 of the 58 x 256 routed experts.  KV: a GPU keeps the whole 576-dim fp8 latent of its own
+    requests only, so the instance holds 8 GPUs' worth of distinct tokens."""
+    h = 7168
+    attn = h * 1536 + 1536 * 128 * 192 + h * 576 + 512 * 128 * 256 + 128 * 128 * h   # q_a, q_b, kv_a, kv_b, o
+    dense_mlp = 3 * h * 18432
+    expert = 3 * h * 2048
+    weights = (61 * attn + 3 * dense_mlp + 58 * expert) * 1 + 2 * 129280 * h * 2 + 58 * 256 * expert / 8 \
+        + 58 * h * 256 * 2
+    assert DS.weight_bytes_per_gpu("fp8", 8, 8, 1, True) == pytest.approx(weights, rel=1e-12)
+    pool = config.PoolSpec(device="h200", tp=8, ep=8, dp_attention=True)
+    blocks, block_bytes = kv_blocks(pool, DS, "fp8", "fp8", None, "p")
+    per_rank_block = 16 * 576 * 61
+    free = H200.memory_bytes * 0.9 - weights - 2 * GiB
+    assert blocks == 8 * int(free // per_rank_block)
+    assert block_bytes == per_rank_block / 8          # per GPU, averaged: a block lives on one of the 8
+    tp_blocks, _ = kv_blocks(config.PoolSpec(device="h200", tp=8, ep=8), DS, "fp8", "fp8", None, "p")
+    assert blocks > 4 * tp_blocks                     # the latent is no longer replicated on every GPU
+
+
+def test_a_decode_step_by_its_parts():
+    """64 decoding requests at context 2000 on 8 ranks: each rank's attention is a one-GPU instance's on its
+    8 requests (all 128 heads); the routed experts see all 64 tokens over 8 EP ranks, as with TP attention;
+    no all-reduce; the all-to-all moves a rank's 8 tokens, 7/8 of them off the GPU, each way per MoE layer."""
+    dp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8, 0.0, 1, True)
+    tp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8)
+    one = RooflineCost(DS, H200, 1, "fp8", "fp8")
+    b, c = 64, 2000
+    agg = lambda n: (n, float(n * c), n * (c + 1), n, n)       # noqa: E731
+    got = dp.breakdown(*agg(b))
+    assert got["attention"] == one.breakdown(*agg(8))["attention"]
+    assert got["attn_out"] == one.breakdown(*agg(8))["attn_out"]
+    for op in ("experts_gate_up", "experts_down", "experts_act"):
+        assert got[op] == tp.breakdown(*agg(b))[op]
+    assert "allreduce" not in got and "allreduce" in tp.breakdown(*agg(b))
+    e = H200.spec.efficiency
+    one_a2a = (e.allreduce_base_us + 7 * e.allreduce_per_peer_us) * 1e-6 + 8 * h_bytes() * 7 / 8 \
+        / (H200.interconnect_Bps * e.allreduce)
+    assert got["alltoall"]["time_s"] == pytest.approx(2 * 58 * one_a2a, rel=1e-12)
+    assert sum(v["time_s"] for v in got.values()) == pytest.approx(dp.step(*agg(b)).time_s, rel=1e-12)
+    # 12 requests over 8 ranks: the step waits for a rank with 2 of them
+    assert dp.breakdown(*agg(12))["attention"] == one.breakdown(*agg(2))["attention"]
+
+
+def h_bytes() -> float:
+    return 7168 * 2.0
+
+
+def test_a_lone_request_runs_on_one_rank():
+    """One request is not split: its rank does all its attention, at prefill and at decode."""
+    dp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8, 0.0, 1, True)
+    one = RooflineCost(DS, H200, 1, "fp8", "fp8")
+    P = 3000
+    assert dp.breakdown(P, P * P / 2.0, P, 1, 1)["attention"] == one.breakdown(P, P * P / 2.0, P, 1, 1)["attention"]
+    assert dp.breakdown(1, 5000.0, 5001, 1, 1)["attention"] == one.breakdown(1, 5000.0, 5001, 1, 1)["attention"]
+
+
+DP_TOPOS = [
+    {"kind": "colocated", "replicas": 1, "device": "h200", "tp": 8, "ep": 8, "dp_attention": True, "kv_blocks": 300,
+     "max_running": 12},
+    {"kind": "disaggregated", "prefill": {"device": "h200", "tp": 8, "ep": 8, "kv_blocks": 200},
+     "decode": {"instances": 2, "device": "h200", "tp": 8, "ep": 8, "dp_attention": True, "kv_blocks": 150,
+                "max_running": 10, "chunked_prefill": {"token_budget": 64}},
+     "kv_link": {"bandwidth_GBps": 5}},
+]
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=10)
+@given(topo=st.integers(0, len(DP_TOPOS) - 1), seed=st.integers(0, 10**6), n=st.integers(1, 25),
+       rate=st.floats(1, 100))
+def test_fast_path_equals_step_by_step_and_nothing_lost_with_dp_attention(topo, seed, n, rate):
+    sc = config.parse({"seed": seed, "model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                       "workload": {"rate": rate, "num_requests": n,
+                                    "prompt_tokens": {"dist": "uniform", "low": 1, "high": 600},
+                                    "output_tokens": {"dist": "uniform", "low": 1, "high": 120}},
+                       "topologies": {"t": DP_TOPOS[topo]}})
+    fast, slow = _both(sc)
+    _assert_same(fast, slow)
+    df = metrics.requests_frame(fast)
+    assert len(df) == n == (df.status == "finished").sum() + (df.status == "rejected").sum()
+    for inst in fast[0].topology.instances:
+        assert inst.kv.free_blocks == inst.kv.total_blocks
+
+
+def test_dp_attention_on_a_bad_pool_is_one_line(tmp_path, capsys):
+    err = _err(_run_yaml(tmp_path, "llama-3.1-70b", "tp: 8, dp_attention: true"), capsys)
+    assert "topologies.a.dp_attention = True" in err and "dense" in err
+    err = _err(_run_yaml(tmp_path, "deepseek-v3", "tp: 8, ep: 4, dp_attention: true"), capsys)
+    assert "topologies.a.dp_attention = True" in err and "ep = tp" in err
+    err = _err(_run_yaml(tmp_path, "qwen3-30b-a3b", "tp: 2, ep: 2, pp: 2, dp_attention: true"), capsys)
+    assert "topologies.a.dp_attention = True" in err and "pp=2" in err
+    err = _err(["estimate", "--model", "deepseek-v3", "--device", "h200", "--tp", "8", "--dp-attention",
+                "--decode-batch", "4"], capsys)
+    assert "--dp-attention = True" in err
+
+
+def test_summary_says_dp_attention():
+    sc = config.parse({"model": "qwen3-30b-a3b", "workload": {"rate": 5, "num_requests": 4},
+                       "topologies": {"t": {"kind": "colocated", "device": "h100-sxm", "tp": 2, "ep": 2,
+                                            "dp_attention": True}}})
+    res = simulate(sc)
+    pool = metrics.summarize(res, metrics.requests_frame(res), sc)["t"]["pools"]["replica"]
+    assert pool["dp_attention"] is True and pool["gpus"] == 2
