@@ -104,8 +104,8 @@ MUTANTS: list[Mutant] = [
            (SEM + "test_max_queue_rejects_exactly_beyond_the_limit",),
            "max_queue lets one request more wait than the limit"),
     Mutant("kv-pool-ignores-tp-sharding", "pdsim/topology.py",
-           "weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep)",
-           "weights = model.weight_bytes_per_gpu(weight_dtype, 1, pool.ep)",
+           "weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention)",
+           "weights = model.weight_bytes_per_gpu(weight_dtype, 1, pool.ep, pool.pp, pool.dp_attention)",
            (SEM + "test_kv_pool_size_by_hand_with_tp_sharded_weights",),
            "the KV pool sized as if each GPU held all the weights (TP sharding ignored)"),
     Mutant("spec-pool-fast-path-left-on", "pdsim/topology.py",
@@ -172,7 +172,7 @@ MUTANTS: list[Mutant] = [
            "the decode side reserves blocks for arriving KV out of the watermark"),
     # --- costmodel -------------------------------------------------------------------------------
     Mutant("tp-one-allreduce-per-layer", "pdsim/costmodel.py",
-           "n_ar = 2 * L + 1 -", "n_ar = L + 1 -",
+           "n_ar = 2 * L + (1 if first else 0) -", "n_ar = L + (1 if first else 0) -",
            (SEM + "test_tensor_parallel_step_pays_two_allreduces_per_layer",),
            "TP pays one all-reduce per layer instead of two (attention out, MLP down)"),
     # --- plan ------------------------------------------------------------------------------------
@@ -279,6 +279,24 @@ MUTANTS: list[Mutant] = [
            '("J per output token (est.)", num(e.get("J_per_request")))',
            (EN + "test_report_shows_the_energy_of_summary_json",),
            "the report's J per output token card shows J per request"),
+    # --- KV reservation, the prefix fast path, measured MoE tables ---------------------------------
+    Mutant("full-reservation-ignored", "pdsim/scheduler.py",
+           "        if full and final_kv_tokens(req) > want:", "        if False and full and final_kv_tokens(req) > want:",
+           ("tests/test_reservation.py::test_full_reservation_serialises_what_would_not_fit_to_the_end_by_hand",),
+           "kv_reservation full admits with blocks for the prompt only (grows and preempts like vLLM)"),
+    Mutant("decode-reservation-incremental", "pdsim/topology.py",
+           "total = max(req.computed, final_kv_tokens(req)) if dec.limits.reserve_full else req.computed",
+           "total = req.computed",
+           ("tests/test_reservation.py::test_full_decode_pool_reserves_the_whole_sequence_when_the_kv_arrives",),
+           "a full-reservation decode pool reserves only the transferred KV"),
+    Mutant("window-ignores-evictable-prefix", "pdsim/instance.py",
+           "            free1 -= self.kv.lru_blocks", "            free1 -= 0",
+           ("tests/test_prefix.py::test_fast_path_equals_step_by_step_known_counterexample_chunked_prefix_fault",),
+           "a fast-path window runs through an eviction that lets the queue's head in under a token budget"),
+    Mutant("moe-table-skewed-rows-used", "pdsim/profile_tables.py",
+           'if t.distribution == "balanced":', "if True:",
+           ("tests/test_profile_import.py::test_only_balanced_moe_tables_are_used_and_bad_ones_are_refused",),
+           "power-law (skewed) MoE tables priced as uniform routing"),
 ]
 
 
