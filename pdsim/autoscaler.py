@@ -19,11 +19,15 @@ Policies (plain functions of the pool state, chosen by name):
   queued on it, plus for prefill/replicas the topology's backlog and for decode the hand-offs waiting
   for decode blocks; ``outstanding_tokens``: tokens still to compute; ``utilization``: busy fraction
   over the last interval) above ``scale_out_above`` adds ``step`` instances, below ``scale_in_below``
-  drains ``step``; at most one action per ``cooldown_s`` per pool.
+  drains ``step``; at most one action per ``cooldown_s`` per pool.  For ``threshold`` and ``slo`` a
+  scale-in goes only down to the largest count asked for over the last ``scale_in_window_s``
+  (Kubernetes HPA's scale-down stabilization), so a dip between two looks does not drain (or cancel
+  the provisioning of) what the next look would add back.
 - ``schedule``: the pool sizes of ``{at_s, ...}`` entries, applied at those times (no cooldown).
 - ``slo`` (after NVIDIA Dynamo's SLA planner): every ``interval_s`` forecast the arrival rate from
   the arrivals of the last ``window_s`` (mean, or a least-squares trend extrapolated ``lead_s``
-  ahead, by default provisioning + load time: the capacity ordered now arrives then), and size each
+  ahead, by default provisioning + load time: the capacity ordered now arrives then; never below the
+  mean, so a trend anticipates growth but does not cut capacity ahead of a fall), and size each
   pool as forecast / (capacity per instance x ``target_utilization``).  Capacity per instance is a
   cost-model estimate at the workload's observed means (prompt length of recent arrivals, output
   length of recent completions, as the planner reads ISL/OSL from its metrics; nothing here reads a
@@ -53,6 +57,7 @@ class PoolScaler:
         self.scale_outs = self.scale_ins = 0
         self.timeline: list[tuple[float, int, int]] = []     # (t_s, alive, serving) after each change
         self.busy_seen: dict[str, float] = {}                  # utilization: busy_s at the previous look
+        self.asked: deque = deque()                            # (t_s, count the policy asked for)
         self.gen: dict[str, int] = {}                          # provisioning generation (a cancel voids it)
 
     def of(self, state: str) -> list:
@@ -216,7 +221,15 @@ class Autoscaler:
                 {name: self._threshold_target(sc) for name, sc in self.scalers.items()}
             for name, n in targets.items():
                 sc = self.scalers[name]
-                if n is None or n == sc.active:
+                if n is None:
+                    n = sc.active
+                n = max(sc.bounds.min, min(sc.bounds.max, n))
+                sc.asked.append((env.now, n))
+                while sc.asked and sc.asked[0][0] < env.now - spec.scale_in_window_s:
+                    sc.asked.popleft()
+                if n < sc.active:          # scale in only as far as every recent look allows
+                    n = max(k for _, k in sc.asked)
+                if n == sc.active:
                     continue
                 if env.now - sc.last_action_s < spec.cooldown_s:
                     continue
@@ -266,7 +279,7 @@ class Autoscaler:
             return 0.0
         times = np.fromiter((t for t, _ in self.arrived), float, len(self.arrived))
         mean = len(times) / w
-        if p.forecast == "average" or len(times) < 2:
+        if p.forecast == "average" or len(times) < 2 or now < p.window_s:   # a trend needs a whole window
             return mean
         # least squares over 6 sub-windows' rates, extrapolated to now + lead
         bins = 6
@@ -277,7 +290,7 @@ class Autoscaler:
         slope, icpt = np.polyfit(x, y, 1)
         lead = p.lead_s if p.lead_s is not None else self.spec.provisioning_s + max(
             s.load_s for s in self.scalers.values())
-        return max(0.0, float(icpt + slope * (now + lead)))
+        return max(mean, float(icpt + slope * (now + lead)))
 
     def _means(self) -> tuple[float, float] | None:
         now, w = self.env.now, self.spec.slo.window_s

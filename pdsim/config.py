@@ -223,9 +223,10 @@ class ScheduleTargetSpec(_Strict):
 
 
 class SLOPlannerSpec(_Strict):
-    """Policy ``slo``: forecast the arrival rate over the last ``window_s`` (``average``, or a least-squares
-    ``trend`` extrapolated ``lead_s`` ahead; default lead = provisioning + load time) and size each pool as
-    forecast / (per-instance capacity x target_utilization)."""
+    """Policy ``slo``: forecast the arrival rate from the last ``window_s`` (``average``: its mean rate;
+    ``trend``: a least-squares line extrapolated ``lead_s`` ahead, default provisioning + load time, but
+    never below the mean: the trend anticipates growth, it does not cut ahead of a fall) and size each pool
+    as forecast / (per-instance capacity x target_utilization)."""
     window_s: PosFloat = 60.0
     forecast: Literal["average", "trend"] = "trend"
     lead_s: NonNegFloat | None = None
@@ -238,6 +239,9 @@ class AutoscalerSpec(_Strict):
     policy: Literal["threshold", "schedule", "slo"]
     interval_s: PosFloat = 10.0                 # how often threshold / slo look
     cooldown_s: NonNegFloat = 60.0              # no action on a pool within this of its last one (not schedule)
+    # scale in only to the largest count the policy asked for over this window (Kubernetes HPA's
+    # scale-down stabilization): a dip in the signal does not drain what the next look adds back
+    scale_in_window_s: NonNegFloat = 120.0
     provisioning_s: NonNegFloat = 60.0          # VM / GPU allocation, paid
     load_GBps: PosFloat = DEFAULT_LOAD_GBPS     # model load per GPU (an estimate, see DEFAULT_LOAD_GBPS)
     load_s: NonNegFloat | None = None           # the load time itself (overrides weights / load_GBps)

@@ -341,7 +341,9 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "kv_transfer_s": _stats(fin.kv_transfer_s) if topo.kind == "disaggregated" else None,
             "requests": counts,
             "throughput": {"requests_per_s": len(fin) / span, "output_tokens_per_s": out_tokens / span,
-                           "output_tokens_per_s_per_gpu": out_tokens / span / gpus},
+                           # an autoscaled topology: per GPU alive on average (its peak would flatter nothing)
+                           "output_tokens_per_s_per_gpu": out_tokens / span / (gpu_hours * 3600 / span if scaled
+                                                                               else gpus)},
             "slo_attainment": slo_attainment(d, sc.slo),
             "slo_met": verdict["met"],
             "slo": verdict,

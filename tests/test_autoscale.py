@@ -211,6 +211,7 @@ def test_threshold_scales_out_under_overload_and_back_in_when_it_passes():
     # 4 s at 40 req/s (too much for one prefill instance), then 0.5 req/s for a minute
     topo = {"kind": "disaggregated", "prefill": {"instances": 1, **H100}, "decode": {"instances": 1, **H100},
             "autoscaler": {"policy": "threshold", "interval_s": 1, "cooldown_s": 2, "provisioning_s": 1, "load_s": 1,
+                           "scale_in_window_s": 5,
                            "prefill": {"max": 4, "metric": "queue", "scale_out_above": 4, "scale_in_below": 0.5},
                            "decode": {"max": 1, "scale_out_above": 1e9, "scale_in_below": 0}}}
     sc = scenario({"t": topo}, rate=None, num_requests=None, duration_s=64,
@@ -227,6 +228,7 @@ def test_slo_planner_follows_the_rate():
     # 60 s at 2 req/s, 60 s at 20 req/s, 60 s at 2 req/s: the prefill pool is sized up for the middle minute
     topo = {"kind": "disaggregated", "prefill": {"instances": 1, **H100}, "decode": {"instances": 1, **H100},
             "autoscaler": {"policy": "slo", "interval_s": 5, "cooldown_s": 10, "provisioning_s": 2, "load_s": 2,
+                           "scale_in_window_s": 10,
                            "slo": {"window_s": 20, "forecast": "average"},
                            "prefill": {"max": 8}, "decode": {"max": 4}}}
     sc = scenario({"t": topo}, rate=None, num_requests=None, duration_s=180,
