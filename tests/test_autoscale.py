@@ -272,3 +272,17 @@ def test_fast_path_equals_step_by_step_with_an_autoscaler(topo, seed):
         _timeline(slow[0], slow[0].topology.pools[-1].name.replace("replica", "replicas"))
     assert len(_timeline(fast[0], "decode" if topo["kind"] == "disaggregated" else "replicas")) > 1   # it scaled
     assert sum(i.windows for i in fast[0].topology.instances) > 0                            # windows opened
+
+
+def test_readme_autoscaling_example_is_a_valid_scenario():
+    from pathlib import Path
+
+    import yaml
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    part = text.split("## Autoscaling and diurnal traffic", 1)[1]
+    block = part.split("```yaml", 1)[1].split("```", 1)[0]
+    raw = yaml.safe_load(block)
+    sc = config.parse({**raw, "workload": {**raw["workload"], "prompt_tokens": 100, "output_tokens": 10}},
+                      "README.md")
+    a = sc.topologies["pd"].autoscaler
+    assert a.policy == "slo" and a.prefill.max == 4 and sc.workload.rate_curve.scale == 28
