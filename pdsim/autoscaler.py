@@ -24,6 +24,14 @@ Policies (plain functions of the pool state, chosen by name):
   (Kubernetes HPA's scale-down stabilization), so a dip between two looks does not drain (or cancel
   the provisioning of) what the next look would add back.
 - ``schedule``: the pool sizes of ``{at_s, ...}`` entries, applied at those times (no cooldown).
+- ``mix`` (role switching, disaggregated pools on the same device and TP): the total stays the initial
+  P + D; every ``interval_s`` the split follows the observed token mix: prefill gets
+  round(total x n_p / (n_p + n_d)) instances, n_p and n_d the instance-seconds one request needs in each
+  role (1 / the capacities below, at the window's mean prompt and output).  One switch at a time, at
+  most one per ``cooldown_s``: the least loaded serving instance of the pool that gives drains (a
+  prefill instance hands all its KV off, a decode one finishes its batch; its KV cache is empty when it
+  goes), then the same GPUs serve in the other role ``switch_s`` later (engine restart, weights kept),
+  under the other pool's next free instance name, paid without a break.
 - ``slo`` (after NVIDIA Dynamo's SLA planner): every ``interval_s`` forecast the arrival rate from
   the arrivals of the last ``window_s`` (mean, or a least-squares trend extrapolated ``lead_s``
   ahead, by default provisioning + load time: the capacity ordered now arrives then; never below the
@@ -104,7 +112,8 @@ class Autoscaler:
         self.completed: deque = deque()
         self.seen_prompt = [0, 0]         # all arrivals so far: (count, tokens)
         self.seen_output = [0, 0]
-        if spec.policy == "slo":
+        self.switches: list[dict] = []          # policy mix: role switches (t_s, from, to, KV blocks left)
+        if spec.policy in ("slo", "mix"):
             route, finished = topo.route, sink.finished
 
             def observed_route(req, _route=route):
@@ -143,7 +152,7 @@ class Autoscaler:
             inst.state = PROVISIONING
             inst.alive_from_s = now
             g = sc.gen[inst.name] = sc.gen.get(inst.name, 0) + 1
-            self.env.process(self._provision(sc, inst, g, sc.load_s))
+            self.env.process(self._provision(sc, inst, g, self.spec.provisioning_s + sc.load_s))
             sc.scale_outs += 1
         while sc.active > n:
             changed = True
@@ -167,8 +176,8 @@ class Autoscaler:
             sc.last_action_s = now
             sc.record(now)
 
-    def _provision(self, sc: PoolScaler, inst, gen: int, load_s: float):
-        yield self.env.timeout(self.spec.provisioning_s + load_s)
+    def _provision(self, sc: PoolScaler, inst, gen: int, delay_s: float):
+        yield self.env.timeout(delay_s)
         if sc.gen.get(inst.name) != gen or inst.state != PROVISIONING:
             return                          # cancelled meanwhile
         self._serve(sc, inst)
@@ -184,10 +193,25 @@ class Autoscaler:
         inst.kv.reset()                     # its memory goes with the machine (a prefix cache too)
 
     def drained(self, inst) -> None:
-        """A draining instance holds nothing any more: it leaves."""
+        """A draining instance holds nothing any more: it leaves (or, switching roles, joins the other pool)."""
         sc = self.by_pool[inst.pool]
+        to = inst.switch_to
+        inst.switch_to = None
+        blocks = inst.kv.used_blocks
         self._leave(sc, inst)
         sc.record(self.env.now)
+        if to is not None:
+            # the same GPUs, weights loaded, under the other pool's next free name: paid without a break,
+            # serving after switch_s (the engine restarts in the new role with an empty KV cache)
+            dst = self.scalers[to]
+            new = dst.of(OFF)[0]
+            new.state, new.alive_from_s = PROVISIONING, self.env.now
+            g = dst.gen[new.name] = dst.gen.get(new.name, 0) + 1
+            self.env.process(self._provision(dst, new, g, self.spec.switch_s))
+            dst.record(self.env.now)
+            self.switches.append({"decided_s": inst.switch_decided_s, "t_s": self.env.now,
+                                  "from": inst.name, "to": new.name,
+                                  "kv_blocks_in_use": blocks, "serves_at_s": self.env.now + self.spec.switch_s})
 
     # --- policies ------------------------------------------------------------------------------
     def _schedule(self):
@@ -217,6 +241,9 @@ class Autoscaler:
             else:
                 quiet = 0
             last = progress
+            if spec.policy == "mix":
+                self._mix()
+                continue
             targets = self._slo_targets() if spec.policy == "slo" else \
                 {name: self._threshold_target(sc) for name, sc in self.scalers.items()}
             for name, n in targets.items():
@@ -323,6 +350,47 @@ class Autoscaler:
                for name, sc in self.scalers.items()}
         return out
 
+    # --- role switching (policy mix) -----------------------------------------------------------------
+    def mix_split(self) -> int | None:
+        """Prefill instances of the fixed total that the observed token mix asks for: the share of an
+        instance-second each request needs in prefill (1 / prefill capacity) against decode (1 / decode
+        capacity), at the window's mean prompt and output lengths; None before anything finished."""
+        means = self._means()
+        if means is None:
+            return None
+        prompt, out = means
+        p, d = self.scalers["prefill"], self.scalers["decode"]
+        need_p = 1.0 / capacity_per_instance(p.pool, prompt, out, self.tpot_s)
+        need_d = 1.0 / capacity_per_instance(d.pool, prompt, out, self.tpot_s)
+        total = p.initial + d.initial
+        n = int(round(total * need_p / (need_p + need_d)))
+        return max(p.bounds.min, total - d.bounds.max, min(p.bounds.max, total - d.bounds.min, n))
+
+    def _mix(self) -> None:
+        want = self.mix_split()
+        p, d = self.scalers["prefill"], self.scalers["decode"]
+        if want is None or any(i.switch_to for i in self.topo.instances) or p.of(PROVISIONING) or d.of(PROVISIONING):
+            return                          # one switch at a time
+        have = len(p.of(SERVING))
+        if want == have or self.env.now - max(p.last_action_s, d.last_action_s) < self.spec.cooldown_s:
+            return
+        src, dst = (p, d) if want < have else (d, p)
+        serving = src.of(SERVING)
+        if len(serving) <= max(1, src.bounds.min):
+            return
+        for i in serving:
+            i.sync()
+        inst = min(reversed(serving), key=lambda i: i.load_tokens())
+        inst.state, inst.draining, inst.down, inst.switch_to = DRAINING, True, True, dst.name
+        inst.switch_decided_s = self.env.now
+        src.last_action_s = dst.last_action_s = self.env.now
+        src.scale_ins += 1
+        dst.scale_outs += 1
+        if inst.role == "decode":
+            self.topo.on_decode_freed(inst)
+        inst.wake()
+        src.record(self.env.now)
+
     # --- results ------------------------------------------------------------------------------------
     def summary(self, end_s: float) -> dict:
         pools = {}
@@ -337,6 +405,8 @@ class Autoscaler:
                            "scale_outs": sc.scale_outs, "scale_ins": sc.scale_ins,
                            "timeline": [{"t_s": t, "alive": a, "serving": s} for t, a, s in sc.timeline]}
         out = {"policy": self.spec.policy, "pools": pools}
+        if self.switches:
+            out["role_switches"] = self.switches
         if self.forecasts:
             out["forecast_requests_per_s"] = [{"t_s": t, "rate": r} for t, r in self.forecasts]
         return out

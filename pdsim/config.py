@@ -236,7 +236,7 @@ class SLOPlannerSpec(_Strict):
 class AutoscalerSpec(_Strict):
     """Pools that grow and shrink during the run: a scale-out serves ``provisioning_s`` + weights /
     ``load_GBps`` after the decision; a scale-in drains (no new requests, finishes what it holds)."""
-    policy: Literal["threshold", "schedule", "slo"]
+    policy: Literal["threshold", "schedule", "slo", "mix"]
     interval_s: PosFloat = 10.0                 # how often threshold / slo look
     cooldown_s: NonNegFloat = 60.0              # no action on a pool within this of its last one (not schedule)
     # scale in only to the largest count the policy asked for over this window (Kubernetes HPA's
@@ -245,6 +245,9 @@ class AutoscalerSpec(_Strict):
     provisioning_s: NonNegFloat = 60.0          # VM / GPU allocation, paid
     load_GBps: PosFloat = DEFAULT_LOAD_GBPS     # model load per GPU (an estimate, see DEFAULT_LOAD_GBPS)
     load_s: NonNegFloat | None = None           # the load time itself (overrides weights / load_GBps)
+    # policy mix: a drained instance serves in the other role this long after (engine restart, KV cache
+    # re-allocated, weights kept): an ESTIMATE
+    switch_s: NonNegFloat = 30.0
     replicas: ScalePoolSpec | None = None
     prefill: ScalePoolSpec | None = None
     decode: ScalePoolSpec | None = None
@@ -259,6 +262,9 @@ def check_autoscaler(a: AutoscalerSpec, initial: dict[str, int]) -> None:
     for other in ("replicas", "prefill", "decode"):
         if other not in names and getattr(a, other) is not None:
             raise ValueError(f"autoscaler.{other}: this topology has no {other} pool (pools: {', '.join(names)})")
+    if a.policy == "mix" and names != ["prefill", "decode"]:
+        raise ValueError("autoscaler.policy: mix switches instances between prefill and decode: it needs a "
+                         "disaggregated topology")
     if a.policy != "schedule" and a.schedule:
         raise ValueError(f"autoscaler.schedule is read only by policy: schedule (policy is {a.policy})")
     if a.policy == "schedule":
@@ -282,6 +288,9 @@ def check_autoscaler(a: AutoscalerSpec, initial: dict[str, int]) -> None:
             b = ScalePoolSpec()
             setattr(a, n, b)
         targets = [getattr(e, n) for e in a.schedule if getattr(e, n) is not None]
+        if b.max is None and a.policy == "mix":      # the total stays the initial one
+            other = [m for m in names if m != n][0]
+            b.max = sum(initial.values()) - (getattr(a, other).min if getattr(a, other) is not None else 1)
         if b.max is None:
             if a.policy != "schedule":
                 raise ValueError(f"autoscaler.{n}.max: policy {a.policy} needs the most instances it may run")
@@ -369,6 +378,12 @@ class DisaggregatedSpec(_Strict):
     def _check_autoscaler(self):
         if self.autoscaler is not None:
             check_autoscaler(self.autoscaler, {"prefill": self.prefill.instances, "decode": self.decode.instances})
+            if self.autoscaler.policy == "mix":
+                for k in ("device", "tp"):
+                    if getattr(self.prefill, k) != getattr(self.decode, k):
+                        raise ValueError(f"autoscaler.policy: mix switches GPUs between the pools: prefill.{k} "
+                                         f"(={getattr(self.prefill, k)}) must equal decode.{k} "
+                                         f"(={getattr(self.decode, k)})")
         return self
 
 

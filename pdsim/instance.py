@@ -176,6 +176,7 @@ class Instance:
     # draining (routers skip it; it finishes what it holds, then leaves) | off (not paid)
     state = "serving"
     draining = False
+    switch_to = None    # draining to come back in the other pool's role (autoscaler policy mix)
     alive_from_s = 0.0  # when the current paid period began (the scale-out decision)
     alive_total_s = 0.0  # paid time of earlier periods
 

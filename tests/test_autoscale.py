@@ -286,3 +286,59 @@ def test_readme_autoscaling_example_is_a_valid_scenario():
                       "README.md")
     a = sc.topologies["pd"].autoscaler
     assert a.policy == "slo" and a.prefill.max == 4 and sc.workload.rate_curve.scale == 28
+
+
+# --- role switching (policy mix) --------------------------------------------------------------------------
+def _mix_run(prompt, out, rate, fast=True):
+    # decode KV for about 20 requests each: hand-offs wait for decode blocks holding their KV on the prefill side
+    topo = {"kind": "disaggregated", "prefill": {"instances": 2, **H100},
+            "decode": {"instances": 2, **H100, "kv_blocks": 2500},
+            "autoscaler": {"policy": "mix", "interval_s": 1, "cooldown_s": 3, "switch_s": 2.5}}
+    sc = scenario({"t": topo}, rate=rate, num_requests=500, prompt_tokens=prompt, output_tokens=out)
+    res = simulate(sc, fast=fast)
+    return sc, res
+
+
+@pytest.mark.parametrize("prompt, out, more", [(6000, 10, "prefill"), (300, 1500, "decode")])
+def test_role_switch_follows_the_token_mix_conserves_kv_and_keeps_the_gpus_paid(prompt, out, more):
+    sc, res = _mix_run(prompt, out, rate=25)
+    r = res[0]
+    a = r.topology.autoscaler
+    sw = a.switches
+    assert sw, "no role switch"
+    # the pool the mix needs more of grew, the other shrank, the total stayed 4 (all finished: conservation)
+    final = {k: _timeline(r, k)[-1][1] for k in ("prefill", "decode")}
+    assert final[more] > 2 and sum(final.values()) == 4
+    assert all(q.status == "finished" for q in r.requests)
+    for e in sw:
+        assert e["kv_blocks_in_use"] == 0                      # it left with an empty KV cache...
+        src = r.topology.by_name[e["from"]]
+        assert src.kv.free_blocks == src.kv.total_blocks
+        # ...and the same GPUs serve in the other role exactly switch_s after it left
+        dst_pool = e["to"].split("-")[0]
+        assert (pytest.approx(e["t_s"] + 2.5, abs=1e-9), ) in [(t,) for t, _, _ in _timeline(r, dst_pool)]
+        assert all(q.arrival_s <= e["decided_s"] for q in r.requests if q.instance == e["from"])
+    # a prefill instance that switches had prompts' KV to hand off first: it left after the decision
+    if more == "decode":
+        assert any(e["t_s"] > e["decided_s"] for e in sw)
+    # GPU-hours: 4 instances x 1 GPU paid without a break through every switch
+    s = metrics.summarize(res, metrics.requests_frame(res), sc)["t"]
+    assert s["gpu_hours"] == pytest.approx(4 * r.sim_end_s / 3600, rel=1e-12)
+
+
+def test_role_switching_fast_path_equals_step_by_step():
+    _, fast = _mix_run(300, 1500, rate=25)
+    _, slow = _mix_run(300, 1500, rate=25, fast=False)
+    _assert_same(fast, slow)
+    assert fast[0].topology.autoscaler.switches == slow[0].topology.autoscaler.switches
+
+
+@pytest.mark.parametrize("topo, match", [
+    ({"kind": "colocated", "replicas": 2, "autoscaler": {"policy": "mix"}}, "mix switches instances between prefill "
+                                                                            "and decode: it needs a disaggregated"),
+    ({**PD, "decode": {"instances": 2, "device": "h200"}, "autoscaler": {"policy": "mix"}},
+     r"prefill\.device \(=h100-sxm\) must equal decode\.device \(=h200\)"),
+])
+def test_role_switching_needs_matching_pools(topo, match):
+    with pytest.raises(ConfigError, match=match):
+        scenario({"t": topo})
