@@ -64,7 +64,8 @@ class PoolScaler:
         self.last_action_s = -math.inf
         self.scale_outs = self.scale_ins = 0
         self.timeline: list[tuple[float, int, int]] = []     # (t_s, alive, serving) after each change
-        self.busy_seen: dict[str, float] = {}                  # utilization: busy_s at the previous look
+        # utilization: each instance's busy_s at the previous look (0 at t=0, so the first look sees [0, interval])
+        self.busy_seen: dict[str, float] = {i.name: 0.0 for i in pool.instances}
         self.asked: deque = deque()                            # (t_s, count the policy asked for)
         self.gen: dict[str, int] = {}                          # provisioning generation (a cancel voids it)
 

@@ -342,3 +342,15 @@ def test_role_switching_fast_path_equals_step_by_step():
 def test_role_switching_needs_matching_pools(topo, match):
     with pytest.raises(ConfigError, match=match):
         scenario({"t": topo})
+
+
+def test_utilization_threshold_reads_the_busy_fraction_of_the_last_interval():
+    # one replica kept busy from t=0 (a closed loop of 4 clients, no think time): the first look at t=1 sees
+    # a busy fraction of 1, above 0.5, and adds a replica; it must not read 0 (nothing seen yet) and drain
+    topo = {"kind": "colocated", "replicas": 1, "cost_model": {"kind": "constant", "step_s": 0.01}, "kv_blocks": 10000,
+            "autoscaler": {"policy": "threshold", "interval_s": 1, "cooldown_s": 0, "provisioning_s": 0.5,
+                           "replicas": {"max": 2, "metric": "utilization", "scale_out_above": 0.5,
+                                        "scale_in_below": 0.1}}}
+    sc = scenario({"c": topo}, arrival="closed", clients=4, num_requests=400, prompt_tokens=100, output_tokens=20)
+    res = simulate(sc)[0]
+    assert _timeline(res, "replicas")[:3] == [(0.0, 1, 1), (1.0, 2, 1), (1.5, 2, 2)]
