@@ -354,3 +354,24 @@ def test_utilization_threshold_reads_the_busy_fraction_of_the_last_interval():
     sc = scenario({"c": topo}, arrival="closed", clients=4, num_requests=400, prompt_tokens=100, output_tokens=20)
     res = simulate(sc)[0]
     assert _timeline(res, "replicas")[:3] == [(0.0, 1, 1), (1.0, 2, 1), (1.5, 2, 2)]
+
+
+def test_summary_json_and_report_show_pool_sizes_and_gpu_hours(tmp_path):
+    import json
+
+    from pdsim.output import write_outputs
+    from pdsim.report import build_report
+    topo = {"kind": "colocated", "replicas": 1, "tp": 2, **H100, "price_per_gpu_hour_usd": 4.0,
+            "autoscaler": {"policy": "schedule", "provisioning_s": 4, "load_s": 6,
+                           "schedule": [{"at_s": 10, "replicas": 3}, {"at_s": 50.5, "replicas": 1}]}}
+    sc = scenario({"auto": topo, "static": {"kind": "colocated", "replicas": 1, "tp": 2, **H100}},
+                  arrival="constant", rate=1.0, num_requests=100, prompt_tokens=100, output_tokens=10)
+    sc = sc.model_copy(update={"horizon_s": 120.0})
+    write_outputs(simulate(sc), sc, tmp_path)
+    s = json.loads((tmp_path / "summary.json").read_text())["topologies"]
+    assert s["auto"]["gpu_hours"] == pytest.approx((2 * 120 + 4 * 40.5) / 3600, rel=1e-12)
+    assert s["static"]["gpu_hours"] == pytest.approx(2 * 120 / 3600, rel=1e-12) and "autoscaling" not in s["static"]
+    assert [e["alive"] for e in s["auto"]["autoscaling"]["pools"]["replicas"]["timeline"]] == [1, 3, 3, 1]
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert 'id="autoscaling"' in html and "instances alive" in html and "<svg" in html
+    assert build_report(tmp_path).read_text(encoding="utf-8").count('id="autoscaling"') == 1   # pdsim report DIR
