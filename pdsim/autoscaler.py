@@ -44,6 +44,10 @@ Policies (plain functions of the pool state, chosen by name):
   step time at the mean context stays within the TPOT bound, so B / (output x step time(B)) requests/s;
   a colocated replica 1 / (prefill_time + output x step time(B) / B).  Dynamo profiles these on the
   real engine before deployment; here the cost model is that profile.  Cooldown applies.
+  ``slo.prefill_capacity: measured`` replaces the prefill estimate by what the pool measured over the
+  window: prompts handed off per busy second of its instances (it sees the batching the estimate of
+  one prompt per step ignores; the estimate is used until a window holds a busy second).  Decode has
+  no such measure here (a continuous-batching decode instance is busy whenever it holds a request).
 """
 from __future__ import annotations
 
@@ -131,7 +135,17 @@ class Autoscaler:
                 return _fin(req)
             topo.route = observed_route
             sink.finished = observed_finished
+            if getattr(topo, "prefill", None) is not None:
+                prefill_done = topo.prefill_done
+
+                def observed_prefill(req, inst, _done=prefill_done):
+                    self.prefilled += 1
+                    return _done(req, inst)
+                topo.prefill_done = observed_prefill
         self.forecasts: list[tuple[float, float]] = []         # (t_s, forecast requests/s), slo policy
+        self.prefilled = 0                                     # prompts a prefill pool handed off so far
+        self.prefill_seen: deque = deque()                     # (t_s, prompts handed off, pool busy s) per look
+        self.capacities: list[tuple[float, str, float, str]] = []   # (t_s, pool, requests/s, estimate|measured)
         if spec.policy == "schedule":
             env.process(self._schedule())
         else:
@@ -345,11 +359,31 @@ class Autoscaler:
         if means is None:
             return {}
         prompt, out = means
-        tpot_s = self.tpot_s
         u = self.spec.slo.target_utilization
-        out = {name: math.ceil(rate / (capacity_per_instance(sc.pool, prompt, out, tpot_s) * u) - 1e-9)
-               for name, sc in self.scalers.items()}
-        return out
+        targets = {}
+        for name, sc in self.scalers.items():
+            cap, how = capacity_per_instance(sc.pool, prompt, out, self.tpot_s), "estimate"
+            if name == "prefill" and self.spec.slo.prefill_capacity == "measured":
+                got = self._measured_prefill_capacity(sc)
+                if got is not None:
+                    cap, how = got, "measured"
+            self.capacities.append((self.env.now, name, cap, how))
+            targets[name] = math.ceil(rate / (cap * u) - 1e-9)
+        return targets
+
+    def _measured_prefill_capacity(self, sc: PoolScaler) -> float | None:
+        """Prompts the prefill pool handed off per busy second over the last ``window_s``: what one
+        instance serves when busy all the time, batching as the run's prompts let it (None while the
+        window holds less than one busy second)."""
+        now, w = self.env.now, self.spec.slo.window_s
+        busy = sum(i.busy_s for i in sc.pool.instances)
+        self.prefill_seen.append((now, self.prefilled, busy))
+        while len(self.prefill_seen) > 1 and self.prefill_seen[1][0] <= now - w:
+            self.prefill_seen.popleft()
+        t0, n0, b0 = self.prefill_seen[0]
+        if busy - b0 < 1.0 or self.prefilled == n0:
+            return None
+        return (self.prefilled - n0) / (busy - b0)
 
     # --- role switching (policy mix) -----------------------------------------------------------------
     def mix_split(self) -> int | None:
@@ -408,6 +442,9 @@ class Autoscaler:
         out = {"policy": self.spec.policy, "pools": pools}
         if self.switches:
             out["role_switches"] = self.switches
+        if self.capacities:
+            out["capacity_requests_per_s"] = [{"t_s": t, "pool": p, "per_instance": c, "source": how}
+                                              for t, p, c, how in self.capacities]
         if self.forecasts:
             out["forecast_requests_per_s"] = [{"t_s": t, "rate": r} for t, r in self.forecasts]
         return out

@@ -231,6 +231,8 @@ class SLOPlannerSpec(_Strict):
     forecast: Literal["average", "trend"] = "trend"
     lead_s: NonNegFloat | None = None
     target_utilization: float = Field(0.7, gt=0, le=1)
+    # prefill capacity per instance: the cost model's estimate, or prompts handed off per busy second
+    prefill_capacity: Literal["estimate", "measured"] = "estimate"
 
 
 class AutoscalerSpec(_Strict):

@@ -258,6 +258,10 @@ def test_slo_planner_follows_the_rate():
     {"kind": "disaggregated", "prefill": {"instances": 1, **H100}, "decode": {"instances": 1, **H100, "kv_blocks": 400},
      "autoscaler": {"policy": "slo", "interval_s": 0.5, "cooldown_s": 0.5, "provisioning_s": 0.2, "load_s": 0.2,
                     "slo": {"window_s": 1.0}, "prefill": {"max": 3}, "decode": {"max": 3}}},
+    {"kind": "disaggregated", "prefill": {"instances": 1, **H100}, "decode": {"instances": 1, **H100, "kv_blocks": 400},
+     "autoscaler": {"policy": "slo", "interval_s": 0.5, "cooldown_s": 0.5, "provisioning_s": 0.2, "load_s": 0.2,
+                    "scale_in_window_s": 1, "slo": {"window_s": 1.5, "prefill_capacity": "measured"},
+                    "prefill": {"max": 3}, "decode": {"max": 3}}},
 ])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fast_path_equals_step_by_step_with_an_autoscaler(topo, seed):
@@ -375,3 +379,18 @@ def test_summary_json_and_report_show_pool_sizes_and_gpu_hours(tmp_path):
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert 'id="autoscaling"' in html and "instances alive" in html and "<svg" in html
     assert build_report(tmp_path).read_text(encoding="utf-8").count('id="autoscaling"') == 1   # pdsim report DIR
+
+
+def test_measured_prefill_capacity_is_prompts_per_busy_second():
+    # constant 50 ms steps and one 100-token prompt per step (max_batched_tokens 100): a busy prefill
+    # instance hands off exactly 1 / 0.05 = 20 prompts per busy second, whatever the load
+    const = {"cost_model": {"kind": "constant", "step_s": 0.05}, "kv_blocks": 10000}
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, **const, "max_batched_tokens": 100},
+            "decode": {"instances": 1, **const},
+            "autoscaler": {"policy": "slo", "interval_s": 2, "slo": {"window_s": 6, "prefill_capacity": "measured"},
+                           "prefill": {"max": 2}, "decode": {"max": 2}}}
+    sc = scenario({"t": topo}, rate=12, num_requests=400, prompt_tokens=100, output_tokens=5)
+    a = simulate(sc)[0].topology.autoscaler
+    got = [c for _, pool, c, how in a.capacities if pool == "prefill" and how == "measured"]
+    assert len(got) > 5
+    assert got == pytest.approx([20.0] * len(got), rel=1e-9)
