@@ -338,6 +338,8 @@ class Autoscaler:
         now, w = self.env.now, self.spec.slo.window_s
         while self.completed and self.completed[0][0] <= now - w:
             self.completed.popleft()
+        while self.arrived and self.arrived[0][0] <= now - w:
+            self.arrived.popleft()
         if self.arrived:
             prompt = sum(p for _, p in self.arrived) / len(self.arrived)
         elif self.seen_prompt[0]:
