@@ -221,6 +221,126 @@ class PoolSpec(_Strict):
         return self.chunked_prefill.token_budget if self.chunked_prefill else self.max_batched_tokens
 
 
+# --- autoscaling (pdsim/autoscaler.py) -------------------------------------------------------
+#: model-load bandwidth per GPU when nothing else is given: an ESTIMATE (safetensors from local NVMe or a
+#: warm network cache reach a few GB/s per GPU; cold object storage is slower), not measured here
+DEFAULT_LOAD_GBPS = 2.0
+
+
+class ScalePoolSpec(_Strict):
+    """Bounds and threshold rule of one autoscaled pool (``replicas``, ``prefill`` or ``decode``)."""
+    min: Annotated[int, Field(ge=1, le=MAX_INSTANCES)] = 1
+    max: Instances | None = None              # default (schedule only): the largest target
+    load_GBps: PosFloat | None = None         # per GPU; default: the autoscaler's
+    # policy threshold: the signal per serving instance and its bounds
+    metric: Literal["queue", "outstanding_tokens", "utilization"] = "queue"
+    scale_out_above: NonNegFloat | None = None
+    scale_in_below: NonNegFloat | None = None
+    step: Instances = 1                        # instances added or drained per threshold action
+
+
+class ScheduleTargetSpec(_Strict):
+    """From ``at_s`` on, the pool sizes given (``replicas`` for colocated; ``prefill`` / ``decode``)."""
+    at_s: NonNegFloat
+    replicas: Instances | None = None
+    prefill: Instances | None = None
+    decode: Instances | None = None
+
+
+class SLOPlannerSpec(_Strict):
+    """Policy ``slo``: forecast the arrival rate from the last ``window_s`` (``average``: its mean rate;
+    ``trend``: a least-squares line extrapolated ``lead_s`` ahead, default provisioning + load time, but
+    never below the mean: the trend anticipates growth, it does not cut ahead of a fall) and size each pool
+    as forecast / (per-instance capacity x target_utilization)."""
+    window_s: PosFloat = 60.0
+    forecast: Literal["average", "trend"] = "trend"
+    lead_s: NonNegFloat | None = None
+    target_utilization: float = Field(0.7, gt=0, le=1)
+    # prefill capacity per instance: the cost model's estimate, or prompts handed off per busy second
+    prefill_capacity: Literal["estimate", "measured"] = "estimate"
+
+
+class AutoscalerSpec(_Strict):
+    """Pools that grow and shrink during the run: a scale-out serves ``provisioning_s`` + weights /
+    ``load_GBps`` after the decision; a scale-in drains (no new requests, finishes what it holds)."""
+    policy: Literal["threshold", "schedule", "slo", "mix"]
+    interval_s: PosFloat = 10.0                 # how often threshold / slo look
+    cooldown_s: NonNegFloat = 60.0              # no action on a pool within this of its last one (not schedule)
+    # scale in only to the largest count the policy asked for over this window (Kubernetes HPA's
+    # scale-down stabilization): a dip in the signal does not drain what the next look adds back
+    scale_in_window_s: NonNegFloat = 120.0
+    provisioning_s: NonNegFloat = 60.0          # VM / GPU allocation, paid
+    load_GBps: PosFloat = DEFAULT_LOAD_GBPS     # model load per GPU (an estimate, see DEFAULT_LOAD_GBPS)
+    load_s: NonNegFloat | None = None           # the load time itself (overrides weights / load_GBps)
+    # policy mix: a drained instance serves in the other role this long after (engine restart, KV cache
+    # re-allocated, weights kept): an ESTIMATE
+    switch_s: NonNegFloat = 30.0
+    replicas: ScalePoolSpec | None = None
+    prefill: ScalePoolSpec | None = None
+    decode: ScalePoolSpec | None = None
+    schedule: list[ScheduleTargetSpec] = []
+    slo: SLOPlannerSpec = SLOPlannerSpec()
+
+
+def check_autoscaler(a: AutoscalerSpec, initial: dict[str, int]) -> None:
+    """Pool keys, bounds, rules and schedule against the topology's pools (``initial``: name -> count).
+    Fills each pool's bounds.  Raises ValueError naming the key and value."""
+    names = list(initial)
+    for other in ("replicas", "prefill", "decode"):
+        if other not in names and getattr(a, other) is not None:
+            raise ValueError(f"autoscaler.{other}: this topology has no {other} pool (pools: {', '.join(names)})")
+    if a.policy == "mix" and names != ["prefill", "decode"]:
+        raise ValueError("autoscaler.policy: mix switches instances between prefill and decode: it needs a "
+                         "disaggregated topology")
+    if a.policy != "schedule" and a.schedule:
+        raise ValueError(f"autoscaler.schedule is read only by policy: schedule (policy is {a.policy})")
+    if a.policy == "schedule":
+        if not a.schedule:
+            raise ValueError("autoscaler.schedule: policy schedule needs a list of {at_s, ...} targets")
+        last = -1.0
+        for i, e in enumerate(a.schedule):
+            if e.at_s <= last:
+                raise ValueError(f"autoscaler.schedule[{i}].at_s (={e.at_s}) must be after the previous "
+                                 f"entry's (={last}): sort the entries by time")
+            last = e.at_s
+            for other in ("replicas", "prefill", "decode"):
+                if other not in names and getattr(e, other) is not None:
+                    raise ValueError(f"autoscaler.schedule[{i}].{other}: this topology has no {other} pool "
+                                     f"(pools: {', '.join(names)})")
+            if all(getattr(e, n) is None for n in names):
+                raise ValueError(f"autoscaler.schedule[{i}]: give a target for {' or '.join(names)}")
+    for n in names:
+        b = getattr(a, n)
+        if b is None:
+            b = ScalePoolSpec()
+            setattr(a, n, b)
+        targets = [getattr(e, n) for e in a.schedule if getattr(e, n) is not None]
+        if b.max is None and a.policy == "mix":      # the total stays the initial one
+            other = [m for m in names if m != n][0]
+            b.max = sum(initial.values()) - (getattr(a, other).min if getattr(a, other) is not None else 1)
+        if b.max is None:
+            if a.policy != "schedule":
+                raise ValueError(f"autoscaler.{n}.max: policy {a.policy} needs the most instances it may run")
+            b.max = max([initial[n]] + targets)
+        if not b.min <= initial[n] <= b.max:
+            raise ValueError(f"autoscaler.{n}: the initial count (={initial[n]}) must lie within "
+                             f"min (={b.min}) and max (={b.max})")
+        for i, e in enumerate(a.schedule):
+            t = getattr(e, n)
+            if t is not None and not b.min <= t <= b.max:
+                raise ValueError(f"autoscaler.schedule[{i}].{n} (={t}) is outside min (={b.min}) and max (={b.max})")
+        if a.policy == "threshold":
+            if b.scale_out_above is None or b.scale_in_below is None:
+                raise ValueError(f"autoscaler.{n}: policy threshold needs scale_out_above and scale_in_below "
+                                 f"(of {b.metric} per serving instance)")
+            if b.scale_in_below >= b.scale_out_above:
+                raise ValueError(f"autoscaler.{n}.scale_in_below (={b.scale_in_below}) must be below "
+                                 f"scale_out_above (={b.scale_out_above})")
+            if b.metric == "utilization" and b.scale_out_above > 1:
+                raise ValueError(f"autoscaler.{n}.scale_out_above (={b.scale_out_above}): utilization is a "
+                                 "busy fraction in [0, 1]")
+
+
 ROUTER_NAMES = Literal["round_robin", "least_outstanding", "prefix_aware", "kv_aware"]
 
 
@@ -237,6 +357,13 @@ class ColocatedSpec(PoolSpec):
     replicas: Instances = 1
     router: ROUTER_NAMES = "least_outstanding"
     prefix_routing: PrefixRoutingSpec | None = None
+    autoscaler: AutoscalerSpec | None = None
+
+    @model_validator(mode="after")
+    def _check_autoscaler(self):
+        if self.autoscaler is not None:
+            check_autoscaler(self.autoscaler, {"replicas": self.replicas})
+        return self
 
 
 #: bandwidth per GPU (GB/s, one direction) and latency of common KV links
@@ -272,6 +399,19 @@ class DisaggregatedSpec(_Strict):
     router: ROUTER_NAMES = "least_outstanding"           # picks the prefill instance
     prefix_routing: PrefixRoutingSpec | None = None
     assignment: Literal["round_robin", "least_loaded", "least_decode_work"] = "least_loaded"
+    autoscaler: AutoscalerSpec | None = None
+
+    @model_validator(mode="after")
+    def _check_autoscaler(self):
+        if self.autoscaler is not None:
+            check_autoscaler(self.autoscaler, {"prefill": self.prefill.instances, "decode": self.decode.instances})
+            if self.autoscaler.policy == "mix":
+                for k in ("device", "tp"):
+                    if getattr(self.prefill, k) != getattr(self.decode, k):
+                        raise ValueError(f"autoscaler.policy: mix switches GPUs between the pools: prefill.{k} "
+                                         f"(={getattr(self.prefill, k)}) must equal decode.{k} "
+                                         f"(={getattr(self.decode, k)})")
+        return self
 
 
 Topology = Annotated[Union[ColocatedSpec, DisaggregatedSpec], Field(discriminator="kind")]
@@ -335,6 +475,66 @@ class ConversationSpec(_Strict):
         return self
 
 
+class BurstSpec(_Strict):
+    """The rate times ``multiplier`` from ``at_s`` for ``duration_s`` (simulated seconds)."""
+    at_s: NonNegFloat
+    duration_s: PosFloat
+    multiplier: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+
+
+class RateCurveSpec(_Strict):
+    """A time-varying Poisson rate (workload.generate thins a Poisson stream of the curve's peak).
+
+    ``hourly``: requests/s for each hour of the curve (constant within the hour; 24 values = a day), or
+    ``points``: ``[[t_s, rate], ...]`` in curve time, linear between points, constant outside them.
+    The curve repeats every ``period_s`` (default: the hours' length, or no repeat for points), is
+    multiplied by ``scale`` and compressed in time by ``time_scale`` (0.01: a 24 h day in 864 simulated
+    seconds, at the curve's rates).  ``bursts`` multiply the rate over windows of simulated time."""
+    hourly: list[Annotated[float, Field(allow_inf_nan=False)]] | None = None
+    points: list[list[Annotated[float, Field(allow_inf_nan=False)]]] | None = None
+    scale: Annotated[float, Field(gt=0, le=MAX_RATE, allow_inf_nan=False)] = 1.0
+    time_scale: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 1.0
+    period_s: PosFloat | None = None
+    bursts: list[BurstSpec] = []
+
+    @model_validator(mode="after")
+    def _need(self):
+        if (self.hourly is None) == (self.points is None):
+            raise ValueError("rate_curve needs hourly: [rates] or points: [[t_s, rate], ...] (one of them)")
+        if self.hourly is not None:
+            if not self.hourly:
+                raise ValueError("rate_curve.hourly is empty")
+            for i, r in enumerate(self.hourly):
+                if r < 0:
+                    raise ValueError(f"rate_curve.hourly[{i}] (={r}) is a negative rate")
+            rates = self.hourly
+        else:
+            if not self.points:
+                raise ValueError("rate_curve.points is empty")
+            last = None
+            for i, pt in enumerate(self.points):
+                if len(pt) != 2:
+                    raise ValueError(f"rate_curve.points[{i}] (={pt}) must be [t_s, rate]")
+                if pt[0] < 0:
+                    raise ValueError(f"rate_curve.points[{i}] time (={pt[0]}) is negative")
+                if pt[1] < 0:
+                    raise ValueError(f"rate_curve.points[{i}] rate (={pt[1]}) is negative")
+                if last is not None and pt[0] <= last:
+                    raise ValueError(f"rate_curve.points[{i}] time (={pt[0]}) is not after the previous "
+                                     f"point's (={last}): sort the points by time")
+                last = pt[0]
+            rates = [pt[1] for pt in self.points]
+            if self.period_s is not None and self.points[-1][0] > self.period_s:
+                raise ValueError(f"rate_curve.period_s (={self.period_s}) ends before the last point "
+                                 f"(t_s={self.points[-1][0]})")
+        if max(rates) <= 0:
+            raise ValueError("rate_curve: every rate is zero")
+        if max(rates) * self.scale > MAX_RATE:
+            raise ValueError(f"rate_curve: peak rate x scale = {max(rates) * self.scale:.3g} requests/s, "
+                             f"more than {MAX_RATE:.0g}")
+        return self
+
+
 class WorkloadSpec(_Strict):
     arrival: Literal["poisson", "gamma", "constant", "closed", "trace"] = "poisson"
     # requests per second (open loop); >= 1e-9 so that 1/rate stays finite; <= MAX_RATE (1e308 made the gaps
@@ -352,9 +552,20 @@ class WorkloadSpec(_Strict):
     # a client abandons a request that has no first token this long after it was sent
     timeout_s: PosFloat | None = None
     conversation: ConversationSpec | None = None
+    # a time-varying rate (diurnal profile, bursts) for arrival: poisson, instead of rate
+    rate_curve: RateCurveSpec | None = None
 
     @model_validator(mode="after")
     def _need(self):
+        if self.rate_curve is not None:
+            if self.arrival != "poisson":
+                raise ValueError(f"rate_curve makes a non-homogeneous Poisson stream: it needs arrival: poisson "
+                                 f"(not {self.arrival})")
+            if self.rate is not None:
+                raise ValueError(f"give rate (={self.rate}) or rate_curve, not both")
+            if self.duration_s is None:
+                raise ValueError("rate_curve needs duration_s (the simulated span the curve covers)")
+            return self
         if self.conversation is not None and self.arrival in ("trace", "closed"):
             raise ValueError(f"conversation needs an open-loop arrival process (it starts sessions), "
                              f"not arrival: {self.arrival}")
@@ -510,6 +721,10 @@ class Scenario(_Strict):
                 raise ValueError(f"faults.instances[{i}].instance: no instance '{f.instance}' in "
                                  f"{'topology ' + f.topology if f.topology else 'any topology'} "
                                  "(names are replica-N, prefill-N, decode-N)")
+        for name, t in self.topologies.items():
+            if t.autoscaler is not None:
+                raise ValueError(f"topologies.{name}.autoscaler: faults and autoscaling in one scenario are not "
+                                 "supported yet (a failed instance and a drained one share the down flag)")
         for i, f in enumerate(self.faults.links):
             if f.topology is not None and f.topology not in self.topologies:
                 raise ValueError(f"faults.links[{i}].topology: no topology '{f.topology}'")
@@ -526,7 +741,8 @@ def _vocabulary() -> set[str]:
     names: set[str] = set()
     for cls in (InlineModel, CostModelSpec, ChunkedPrefillSpec, StepOverheadSpec, ClientSpec, PoolSpec,
                 ColocatedSpec, KVLinkSpec, DisaggregatedSpec, TraceSpec, LengthSpec, HostTierSpec, PrefixCacheSpec,
-                PrefixRoutingSpec, SpeculativeSpec, AcceptanceDistSpec, ConversationSpec, WorkloadSpec, SLOSpec, Scenario, InstanceFaultSpec,
+                PrefixRoutingSpec, SpeculativeSpec, AutoscalerSpec, ScalePoolSpec, ScheduleTargetSpec,
+                SLOPlannerSpec, RateCurveSpec, BurstSpec, AcceptanceDistSpec, ConversationSpec, WorkloadSpec, SLOSpec, Scenario, InstanceFaultSpec,
                 RandomFaultsSpec, LinkFaultSpec, FaultsSpec):
         names.update(cls.model_fields)
     return names

@@ -107,8 +107,10 @@ class CappedCost:
 
 
 def instance_energy_J(inst, pm: PowerModel, span_s: float) -> float:
-    """Joules of one instance over ``span_s`` (every GPU of its TP group)."""
-    return inst.gpus * (pm.idle_W * span_s + (pm.max_W - pm.idle_W) * inst.active_s)
+    """Joules of one instance over ``span_s`` (every GPU of its TP group) while it is alive: an autoscaled
+    instance draws idle power from its scale-out decision (provisioning and loading included) until it
+    leaves, and nothing while off; a static one is alive the whole span."""
+    return inst.gpus * (pm.idle_W * inst.alive_s(span_s) + (pm.max_W - pm.idle_W) * inst.active_s)
 
 
 def pool_energy(pool, span_s: float) -> dict | None:
@@ -116,7 +118,7 @@ def pool_energy(pool, span_s: float) -> dict | None:
     if pm is None:
         return None
     joules = sum(instance_energy_J(i, pm, span_s) for i in pool.instances)
-    idle = pool.gpus * pm.idle_W * span_s
+    idle = pool.spec.gpus_per_instance * pm.idle_W * pool.alive_s(span_s)
     return {"energy_J": joules, "idle_energy_J": idle, "active_energy_J": joules - idle,
             "mean_power_W": joules / span_s if span_s > 0 else None,
             "idle_W_per_gpu": pm.idle_W, "max_W_per_gpu": pm.max_W, "power_cap_W": pm.cap_W,

@@ -172,6 +172,13 @@ class Instance:
     spec = None         # a speculative pool's speculative.Speculator (set by the topology; fast path off)
     power = None        # (1 / peak FLOP/s, 1 / peak B/s) per GPU when the device has a power model
     active_s = 0.0      # sum over steps of min(step time, max(FLOPs / peak, bytes / bandwidth)): energy.py
+    # autoscaling (pdsim/autoscaler.py): serving | provisioning (paid, loading, routers skip it) |
+    # draining (routers skip it; it finishes what it holds, then leaves) | off (not paid)
+    state = "serving"
+    draining = False
+    switch_to = None    # draining to come back in the other pool's role (autoscaler policy mix)
+    alive_from_s = 0.0  # when the current paid period began (the scale-out decision)
+    alive_total_s = 0.0  # paid time of earlier periods
 
     def __init__(self, env, name: str, pool: str, role: str, cost: CostModel, kv: KVCache, policy,
                  limits: Limits, gpus: int, sink, bin_s: float, fast: bool = True, max_window: int = 4096):
@@ -247,6 +254,8 @@ class Instance:
         env = self.env
         while True:
             if not (self.running or self.waiting):
+                if self.draining and self.kv.used_blocks == 0 and not self.reserved_count:
+                    self.sink.drained(self)          # nothing left here (KV handed off): it leaves
                 self._wake = env.event()
                 yield self._wake
                 continue
@@ -316,12 +325,20 @@ class Instance:
         self.down = False
         self.wake()
 
+    def alive_s(self, end_s: float) -> float:
+        """Paid seconds up to ``end_s``: provisioning, loading, serving and draining (GPU-hours, idle energy)."""
+        if self.state == "off":
+            return self.alive_total_s
+        return self.alive_total_s + max(0.0, end_s - self.alive_from_s)
+
     def drop(self, req: Request) -> bool:
         """Take out a request that the client abandoned (before its first token); True if it was here."""
         if self._win is not None:
             self.cut()            # a new head of the queue may fit: the window's plan may change
         if req in self.waiting:
             self.waiting.remove(req)
+            if self.draining:
+                self.wake()            # that may have been the last thing a draining instance held
         elif req in self.running:
             self.running.remove(req)
             self.kv.release(req)

@@ -298,8 +298,15 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
                   "unfinished": int((d_all.status == UNFINISHED).sum())}
         assert counts["total"] == counts["finished"] + counts["rejected"] + counts["abandoned"] + counts["unfinished"]
         rej = d_all[d_all.status == REJECTED].reject_reason.str.split(":").str[0]
-        gpus = sum(p.gpus for p in topo.pools)
-        cost_per_hour = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
+        gpus = sum(p.gpus for p in topo.pools)         # an autoscaled pool: its most instances at once
+        # paid time, provisioning and loading included (a static pool: every instance, the whole run)
+        alive = {p.name: p.alive_s(span) for p in topo.pools}
+        gpu_hours = sum(p.spec.gpus_per_instance * alive[p.name] for p in topo.pools) / 3600
+        cost_usd = sum(p.spec.gpus_per_instance * alive[p.name] * p.price_per_gpu_hour_usd for p in topo.pools) / 3600
+        scaled = getattr(topo, "autoscaler", None) is not None
+        # a static cluster: its price per hour; an autoscaled one: the mean over the run
+        cost_per_hour = cost_usd / (span / 3600) if scaled else \
+            sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
         out_tokens = float(fin.output_tokens.sum())
         verdict = slo_verdict(d, sc.slo)
         pools = {}
@@ -308,14 +315,19 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             flops = sum(i.flops for i in p.instances)
             bytes_ = sum(i.bytes for i in p.instances)
             dev = getattr(p.cost, "device", None)
+            inst_s = (alive[p.name] or span) if scaled else span * len(p.instances)
             pools[p.name] = {
-                "instances": len(p.instances), "tp": p.spec.tp, "pp": p.spec.pp, "ep": p.spec.ep, "dp_attention": p.spec.dp_attention,
+                "instances": p.peak_instances, "tp": p.spec.tp, "pp": p.spec.pp, "ep": p.spec.ep,
+                "dp_attention": p.spec.dp_attention,
                 "micro_batches": (p.spec.micro_batches or p.spec.pp) if p.spec.pp > 1 else None, "gpus": p.gpus,
+                "gpu_hours": p.spec.gpus_per_instance * alive[p.name] / 3600,
+                "cost_usd": p.spec.gpus_per_instance * alive[p.name] * p.price_per_gpu_hour_usd / 3600,
                 "device": p.spec.device, "device_source": dev.source if dev else "n/a (constant/linear cost model)",
-                "busy_fraction": busy / (span * len(p.instances)),
+                # over the instance-seconds paid (an autoscaled pool's instances are not all there all the time)
+                "busy_fraction": busy / inst_s,
                 # instance FLOPs and bytes are per GPU (the cost model prices one GPU's shard of a step)
-                "mfu": flops / (span * dev.peak_flops(p.cost.compute_dtype) * len(p.instances)) if dev else None,
-                "mbu": bytes_ / (span * dev.mem_bw_Bps * len(p.instances)) if dev else None,
+                "mfu": flops / (inst_s * dev.peak_flops(p.cost.compute_dtype)) if dev else None,
+                "mbu": bytes_ / (inst_s * dev.mem_bw_Bps) if dev else None,
                 "kv_peak_bytes": max(i.kv.peak_used for i in p.instances) * p.block_bytes,
                 "kv_capacity_bytes": p.instances[0].kv.total_blocks * p.block_bytes,
                 "weights_bytes_per_gpu": p.cost.weight_bytes_per_gpu() if dev else None,
@@ -331,7 +343,9 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "kv_transfer_s": _stats(fin.kv_transfer_s) if topo.kind == "disaggregated" else None,
             "requests": counts,
             "throughput": {"requests_per_s": len(fin) / span, "output_tokens_per_s": out_tokens / span,
-                           "output_tokens_per_s_per_gpu": out_tokens / span / gpus},
+                           # an autoscaled topology: per GPU alive on average (its peak would flatter nothing)
+                           "output_tokens_per_s_per_gpu": out_tokens / span / (gpu_hours * 3600 / span if scaled
+                                                                               else gpus)},
             "slo_attainment": slo_attainment(d, sc.slo),
             "slo_met": verdict["met"],
             "slo": verdict,
@@ -339,6 +353,9 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "cost_per_hour_usd": cost_per_hour,
             "cost_per_million_output_tokens_usd": (cost_per_hour / 3600 * span / out_tokens * 1e6
                                                    if out_tokens else None),
+            "gpu_hours": gpu_hours,
+            "cost_usd": cost_usd,
+            "mean_gpus": gpu_hours * 3600 / span,
             "utilization": {name: {k: v for k, v in p.items() if k in ("busy_fraction", "mfu", "mbu")}
                             for name, p in pools.items()},
             "kv_cache": {"peak_bytes": sum(p["kv_peak_bytes"] * p["instances"] for p in pools.values()),
@@ -353,6 +370,13 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "warmup_excluded": len(d_all) - len(d),
             "expected_error": expected_error(topo),
         }
+        a = getattr(topo, "autoscaler", None)
+        if a is not None:
+            auto = a.summary(res.sim_end_s)
+            for name, ps in auto["pools"].items():
+                ps["gpu_hours"] = pools[a.scalers[name].pool.name]["gpu_hours"]
+                ps["cost_usd"] = pools[a.scalers[name].pool.name]["cost_usd"]
+            out[res.name]["autoscaling"] = auto
         if any(p.spec.prefix_on for p in topo.pools):
             out[res.name]["prefix_cache"] = prefix_summary(res)
         from .energy import topology_energy       # None when a pool's device has no power model

@@ -522,6 +522,39 @@ def _prefix_section(topos) -> dict:
                             "prefill FLOPs saved", "KV transfer saved"], rows, "prefix")}
 
 
+def _autoscale_section(topos) -> dict:
+    """Instances alive per pool over time (provisioning and draining included: they are paid), and per
+    topology the GPU-hours, cost and attainment that decide whether autoscaling paid off.  Shown when a
+    topology has an autoscaler; static topologies appear as flat lines for comparison."""
+    if not any(isinstance(t.get("autoscaling"), dict) for t in topos.values()):
+        return {}
+    series, rows, i = [], [], 0
+    for n, t in topos.items():
+        end = finite(t.get("sim_end_s")) or 0.0
+        a = t.get("autoscaling") if isinstance(t.get("autoscaling"), dict) else None
+        for pool, p in (t.get("pools") or {}).items():
+            key = "replicas" if pool == "replica" else pool
+            tl = ((a or {}).get("pools") or {}).get(key, {}).get("timeline") if a else None
+            if tl:
+                x = [e["t_s"] for e in tl] + [end]
+                y = [e["alive"] for e in tl] + [tl[-1]["alive"]]
+            else:
+                x, y = [0.0, end], [p.get("instances"), p.get("instances")]
+            series.append({"name": f"{n} / {pool}", "x": x, "y": y, "i": i, "step": True})
+            i += 1
+        scale = [f"{k}: +{v.get('scale_outs')} / -{v.get('scale_ins')}" for k, v in ((a or {}).get("pools") or {}).items()]
+        rows.append([n, (a or {}).get("policy") or "static",
+                     (num(t.get("gpu_hours")), t.get("gpu_hours")), (usd(t.get("cost_usd")), t.get("cost_usd")),
+                     (num(t.get("mean_gpus")), t.get("mean_gpus")), (num(t.get("gpus")), t.get("gpus")),
+                     (pct(t.get("slo_attainment")), t.get("slo_attainment")), "; ".join(scale) or "–"])
+    chart = line_chart(series, "simulated time (s)", "instances alive", height=260, yfmt=num,
+                       title="instances alive per pool")
+    tab = table(["topology", "policy", "GPU-hours", "cost", "mean GPUs", "peak GPUs", "SLO attainment",
+                 "scale-outs / -ins"], rows, "autoscaling")
+    return {"title": "Pool sizes over time and what they cost (GPU-hours include provisioning and loading)",
+            "id": "autoscaling", "chart": chart, "table": tab}
+
+
 def _energy_section(topos) -> dict:
     """One row per topology whose devices have a power model: energy, mean power, J per request and
     per output token, output tokens/s per kW drawn and per provisioned (TDP) kW."""
@@ -661,6 +694,7 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
         _timeseries_section(ts, names) if ts is not None and len(ts) else {},
         _kv_section(frames, topos, names),
         _workload_section(first, wl) if first is not None else {},
+        _autoscale_section(topos),
         _faults_section(topos),
         _prefix_section(topos),
         _speculative_section(topos),

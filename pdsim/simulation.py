@@ -161,6 +161,10 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
             env.process(_client(env, topo, sink, queue, sc.workload.think_s, model, timeout_s, start_s))
     else:
         env.process(_open_loop(env, topo, reqs, model, timeout_s))
+    if spec.autoscaler is not None:
+        from .autoscaler import Autoscaler
+        last = max((r.arrival_s for r in reqs if r.arrival_s == r.arrival_s), default=0.0)
+        topo.autoscaler = Autoscaler(env, topo, spec.autoscaler, sink, sc.slo.tpot_s, last)
     if sc.faults is not None:
         from .faults import schedule_faults
         schedule_faults(env, sc, name, topo)

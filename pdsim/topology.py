@@ -162,8 +162,11 @@ def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
 class Pool:
     """Instances of one PoolSpec; keeps what metrics need (GPUs, price, peaks)."""
 
-    def __init__(self, env, topo: str, name: str, role: str, spec: PoolSpec, count: int, ctx, sink, key: str):
+    def __init__(self, env, topo: str, name: str, role: str, spec: PoolSpec, count: int, ctx, sink, key: str,
+                 max_count: int | None = None):
         self.name, self.spec, self.role = name, spec, role
+        # autoscaled pools are built with max_count instances; those beyond count start off (autoscaler.py)
+        self.initial_instances = self.peak_instances = count
         model = ctx.model
         self.cost = make_cost(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
         from .engines import wrap_cost
@@ -204,7 +207,7 @@ class Pool:
             Instance(env, f"{name}-{i}", name, role, self.cost,
                      make_kv(), policy, limits, spec.gpus_per_instance, sink, ctx.bin_s,
                      fast=ctx.fast)
-            for i in range(count)]
+            for i in range(max(count, max_count or 0))]
         for inst in self.instances:
             inst.reserved_blocks = 0       # decode side: blocks held for KV still on the wire
             inst.reserved_count = 0
@@ -218,7 +221,12 @@ class Pool:
 
     @property
     def gpus(self) -> int:
-        return self.spec.gpus_per_instance * len(self.instances)
+        """GPUs of the most instances alive at once (a static pool: all of them)."""
+        return self.spec.gpus_per_instance * self.peak_instances
+
+    def alive_s(self, end_s: float) -> float:
+        """Instance-seconds paid up to ``end_s`` (a static pool: instances x end_s)."""
+        return sum(i.alive_s(end_s) for i in self.instances)
 
     def _prefix_kv(self, spec: PoolSpec, blocks: int, key: str):
         """A factory of prefix-caching KV pools for this pool's instances (checks the sizes once)."""
@@ -241,6 +249,8 @@ class Pool:
 class _Serving:
     """What both topologies share: dispatch to live instances, failures and recovery, abandonment."""
 
+    autoscaler = None
+
     def _setup_common(self):
         self.by_name = {i.name: i for i in self.instances}
         self.backlog: list[Request] = []      # arrived while every entry instance was down
@@ -261,6 +271,10 @@ class _Serving:
             return self.sink.rejected(req, f"admission: {inst.name} has {len(inst.waiting)} requests queued "
                                       f"(max_queue {q})")
         inst.submit(req)
+
+    def drained(self, inst) -> None:
+        """A draining instance finished everything it held (autoscaler.py): it leaves."""
+        self.autoscaler.drained(inst)
 
     def fail_instance(self, inst, until_s: float) -> None:
         lost = inst.fail()
@@ -297,7 +311,9 @@ class Colocated(_Serving):
 
     def __init__(self, env, name: str, spec: ColocatedSpec, ctx, sink):
         self.env, self.name, self.spec, self.sink = env, name, spec, sink
-        self.pools = [Pool(env, name, "replica", "both", spec, spec.replicas, ctx, self, f"topologies.{name}")]
+        a = spec.autoscaler
+        self.pools = [Pool(env, name, "replica", "both", spec, spec.replicas, ctx, self, f"topologies.{name}",
+                           a.replicas.max if a is not None else None)]
         self.instances = self.pools[0].instances
         self.entry = self.instances
         self.router = make_router(spec)
@@ -350,10 +366,11 @@ class Disaggregated(_Serving):
         self.env, self.name, self.spec, self.sink = env, name, spec, sink
         key = f"topologies.{name}"
         self.model = ctx.model
+        a = spec.autoscaler
         self.prefill = Pool(env, name, "prefill", "prefill", spec.prefill, spec.prefill.instances, ctx, self,
-                            f"{key}.prefill")
+                            f"{key}.prefill", a.prefill.max if a is not None else None)
         self.decode = Pool(env, name, "decode", "decode", spec.decode, spec.decode.instances, ctx, self,
-                           f"{key}.decode")
+                           f"{key}.decode", a.decode.max if a is not None else None)
         self.pools = [self.prefill, self.decode]
         self.instances = self.prefill.instances + self.decode.instances
         self.router = make_router(spec)

@@ -93,6 +93,90 @@ def constant_arrivals(rate: float, n: int) -> np.ndarray:
     return np.arange(1, n + 1, dtype=float) / rate
 
 
+# --- time-varying rates (workload.rate_curve): a diurnal profile, bursts -------------------------
+def rate_breakpoints(curve, duration_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rate curve over [0, duration_s) of simulated time as segments on which it is linear:
+    (starts, rate at each start, rate just before each segment's end), with the segment ends being
+    ``starts[1:]`` and ``duration_s``.  Curve knots are mapped by ``time_scale`` and repeated every
+    period; bursts multiply the segments they cover."""
+    ts = curve.time_scale
+    if curve.hourly is not None:
+        knots = np.arange(len(curve.hourly) + 1) * 3600.0
+        period = curve.period_s or knots[-1]
+        knots = knots[knots <= period]
+        vals = np.asarray(curve.hourly, float)
+
+        def base(t):                       # curve time -> rate: constant within an hour
+            u = np.mod(t, period)
+            return vals[np.minimum((u // 3600.0).astype(np.int64), len(vals) - 1)]
+    else:
+        pts = np.asarray(curve.points, float)
+        knots = pts[:, 0]
+        period = curve.period_s
+
+    edges = {0.0, float(duration_s)}
+    span = duration_s / ts                  # curve time covered by the run
+    if period:
+        for k in range(int(span // period) + 1):
+            edges.update(float((k * period + x) * ts) for x in knots)
+            edges.add(float((k + 1) * period * ts))
+    else:
+        edges.update(float(x * ts) for x in knots)
+    for b in curve.bursts:
+        edges.update((b.at_s, b.at_s + b.duration_s))
+    e = np.array(sorted(x for x in edges if 0.0 <= x <= duration_s))
+    starts, ends = e[:-1], e[1:]
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    mid = (starts + ends) / 2
+
+    def mult(t):
+        m = np.ones_like(t)
+        for b in curve.bursts:
+            m = np.where((t >= b.at_s) & (t < b.at_s + b.duration_s), m * b.multiplier, m)
+        return m
+    m = mult(mid) * curve.scale            # bursts are constant on a segment: read them at its middle
+    if curve.hourly is not None:
+        r0 = r1 = base(mid / ts)
+    else:
+        # each segment lies within one period: its ends in that period's curve time, linear in between
+        k = np.floor(mid / ts / period) if period else np.zeros_like(mid)
+        off = k * (period or 0.0)
+        r0 = np.interp(starts / ts - off, pts[:, 0], pts[:, 1])
+        r1 = np.interp(ends / ts - off, pts[:, 0], pts[:, 1])
+    return starts, np.maximum(r0 * m, 0.0), np.maximum(r1 * m, 0.0)
+
+
+def rate_at(curve, duration_s: float, t) -> np.ndarray:
+    """The rate (requests/s) at simulated times ``t`` (the curve the arrivals are thinned to)."""
+    starts, r0, r1 = rate_breakpoints(curve, duration_s)
+    ends = np.append(starts[1:], duration_s)
+    t = np.asarray(t, float)
+    i = np.clip(np.searchsorted(starts, t, side="right") - 1, 0, len(starts) - 1)
+    f = (t - starts[i]) / (ends[i] - starts[i])
+    return r0[i] + (r1[i] - r0[i]) * f
+
+
+def nhpp_arrivals(rng: np.random.Generator, curve, duration_s: float) -> np.ndarray:
+    """Arrival times in [0, duration_s) of a non-homogeneous Poisson process with the curve's rate, by
+    thinning (Lewis and Shedler): on each linear segment, a homogeneous stream at the segment's peak rate,
+    each point kept with probability rate(t) / peak."""
+    starts, r0, r1 = rate_breakpoints(curve, duration_s)
+    ends = np.append(starts[1:], duration_s)
+    out = []
+    for a, b, x0, x1 in zip(starts.tolist(), ends.tolist(), r0.tolist(), r1.tolist()):
+        peak = max(x0, x1)
+        if peak <= 0:
+            continue
+        n = int(rng.poisson(peak * (b - a)))
+        t = np.sort(rng.uniform(a, b, n))
+        if x0 != x1:
+            lam = x0 + (x1 - x0) * (t - a) / (b - a)
+            t = t[rng.uniform(0.0, peak, n) < lam]
+        out.append(t)
+    return np.concatenate(out) if out else np.zeros(0)
+
+
 # --- lengths -------------------------------------------------------------------
 def lognormal_lengths(rng: np.random.Generator, mean: float, cv: float, n: int,
                       low: int = 1, high: int | None = None) -> np.ndarray:
@@ -183,15 +267,25 @@ def generate(sc, model) -> list[Request]:
         arrival = np.full(n, np.nan)
     else:
         n = w.num_requests
-        if n is None:  # enough to cover duration_s, then cut
+        if w.rate_curve is not None:   # a non-homogeneous Poisson stream over [0, duration_s)
+            arrival = nhpp_arrivals(rng, w.rate_curve, w.duration_s)
+            if n is not None:
+                arrival = arrival[:n]
+            n = len(arrival)
+            if n == 0:
+                raise ConfigError("the rate curve gives no arrivals in duration_s", key="workload.rate_curve",
+                                  value=w.duration_s)
+        elif n is None:  # enough to cover duration_s, then cut
             n = int(w.rate * w.duration_s * 1.2 + 10 * math.sqrt(w.rate * w.duration_s) + 10)
-        if w.arrival == "poisson":
+        if w.rate_curve is not None:
+            pass
+        elif w.arrival == "poisson":
             arrival = poisson_arrivals(rng, w.rate, n)
         elif w.arrival == "gamma":
             arrival = gamma_arrivals(rng, w.rate, w.cv, n)
         else:
             arrival = constant_arrivals(w.rate, n)
-        if w.num_requests is None and w.arrival != "constant":
+        if w.num_requests is None and w.arrival != "constant" and w.rate_curve is None:
             # n was guessed for Poisson-like gaps: a bursty gamma stream (large cv) often needs more to
             # reach duration_s, and used to stop short of it; draw on (the same stream) until it does.
             # (With num_requests given, duration_s only cuts the stream.)

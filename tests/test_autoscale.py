@@ -1,0 +1,396 @@
+"""Autoscaling (pdsim/autoscaler.py) and the diurnal rate curve (workload.rate_curve).
+
+Each test has its own oracle: a time or an integral worked out by hand, Poisson statistics, or the
+step-by-step loop.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdsim import config, metrics
+from pdsim.errors import ConfigError
+from pdsim.simulation import simulate
+from pdsim.workload import nhpp_arrivals
+
+from conftest import scenario
+from test_fastpath import _assert_same
+
+H100 = {"device": "h100-sxm"}
+
+
+def _timeline(res, pool):
+    return [(e["t_s"], e["alive"], e["serving"])
+            for e in res.topology.autoscaler.summary(res.sim_end_s)["pools"][pool]["timeline"]]
+
+
+# --- scale-out: exactly provisioning + load time ------------------------------------------------------
+def test_scale_out_serves_exactly_provisioning_plus_load_time_after_the_decision():
+    # Llama-3.1-8B in bf16 at tp 1, counted by hand from its shape: per layer q and o 4096 x 4096, k and v
+    # 4096 x 1024, a gated MLP 3 x 4096 x 14336; 32 layers; untied embedding and LM head 2 x 128256 x 4096
+    params = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 2 * 128256 * 4096
+    load_s = params * 2 / 4e9                   # load_GBps: 4  -> 4.014997504 s
+    decided, provisioning = 3.0, 7.0
+    serves_at = decided + provisioning + load_s  # 14.014997504
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, **H100}, "decode": {"instances": 1, **H100},
+            "autoscaler": {"policy": "schedule", "provisioning_s": provisioning, "load_GBps": 4,
+                           "schedule": [{"at_s": decided, "prefill": 2}]}}
+    sc = scenario({"t": topo}, rate=30, num_requests=900, prompt_tokens={"dist": "uniform", "low": 500, "high": 3000},
+                  output_tokens=20)
+    res = simulate(sc)[0]
+    assert _timeline(res, "prefill") == [(0.0, 1, 1), (decided, 2, 1), (pytest.approx(serves_at, abs=1e-9), 2, 2)]
+    new = [r for r in res.requests if r.instance == "prefill-1"]
+    assert new, "the new instance never served"
+    # nothing reached it before it was ready, and it got work at once (prefill-0 is queued up by then)
+    first = min(r.prefill_start_s for r in new)
+    assert first >= serves_at - 1e-9
+    assert first == pytest.approx(serves_at, abs=0.1)
+    assert min(r.arrival_s for r in new) >= serves_at - 1e-9
+    # paid from the decision: prefill-1 is alive from t=3 to the end
+    inst = res.topology.by_name["prefill-1"]
+    assert inst.alive_s(res.sim_end_s) == pytest.approx(res.sim_end_s - decided, abs=1e-9)
+
+
+# --- scale-in drains -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("topo, pool", [
+    ({"kind": "disaggregated", "prefill": {"instances": 3, **H100}, "decode": {"instances": 3, **H100, "kv_blocks": 3000},
+      "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 2.0, "prefill": 1, "decode": 1}]}}, "prefill"),
+    ({"kind": "colocated", "replicas": 3, **H100, "kv_blocks": 1500, "max_running": 8,
+      "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 2.0, "replicas": 1}]}}, "replicas"),
+])
+def test_drain_loses_nothing_and_a_draining_instance_gets_no_new_request(topo, pool):
+    drain_at = 2.0
+    sc = scenario({"t": topo}, rate=60, num_requests=400, prompt_tokens={"dist": "uniform", "low": 200, "high": 2000},
+                  output_tokens={"dist": "uniform", "low": 50, "high": 400})
+    res = simulate(sc)[0]          # check_conservation ran: every request finished, every KV block returned
+    assert all(r.status == "finished" for r in res.requests)
+    assert all(r.generated == r.output_tokens for r in res.requests)
+    off = [i for i in res.topology.instances if i.state == "off"]
+    assert len(off) == (4 if pool == "prefill" else 2)
+    for inst in off:
+        mine = [r for r in res.requests if r.instance == inst.name]
+        # it was busy when told to drain, and finished that work afterwards (drained, not dropped)
+        assert any(r.arrival_s < drain_at < r.finish_s for r in mine) or inst.role == "decode"
+        # nothing new: every request it prefilled arrived before the drain
+        assert all(r.arrival_s <= drain_at for r in mine), inst.name
+        if inst.role == "decode":
+            got = [r for r in res.requests if r.decode_instance == inst.name]
+            # a hand-off reserves decode blocks at its prefill's end: none after the drain began
+            assert all(r.prefill_end_s <= drain_at for r in got), inst.name
+        # it left when the last thing it held was done, and was paid until then: a replica's last request
+        # finished, a prefill instance's last KV reached a decode instance, a decode instance's last finished
+        if inst.role == "prefill":
+            last = max([r.decode_start_s for r in mine] + [drain_at])
+        else:
+            last = max([r.finish_s for r in res.requests if inst.name in (r.instance, r.decode_instance)]
+                       + [drain_at])
+        assert inst.alive_s(res.sim_end_s) == pytest.approx(last, abs=1e-9), inst.name
+    # the drain had something to wait for in at least one instance
+    assert any(_timeline(res, pool)[i][1] > _timeline(res, pool)[i][2] for i in range(len(_timeline(res, pool))))
+
+
+# --- GPU-hours and cost: a schedule, integrated by hand -------------------------------------------------
+def test_gpu_hours_cost_and_idle_energy_equal_the_hand_computed_integral():
+    # tp 2 replicas at $4 per GPU-hour.  1 replica at t=0; at t=10 three (two provisioning 4 s + loading 6 s);
+    # at t=50.5 one again.  One request a second (on the whole second), each done in well under 0.5 s, so
+    # every replica is idle at 50.5 and the two extra ones leave at once.  Horizon 120 s.
+    topo = {"kind": "colocated", "replicas": 1, "tp": 2, **H100, "price_per_gpu_hour_usd": 4.0,
+            "autoscaler": {"policy": "schedule", "provisioning_s": 4, "load_s": 6,
+                           "schedule": [{"at_s": 10, "replicas": 3}, {"at_s": 50.5, "replicas": 1}]}}
+    sc = scenario({"t": topo}, arrival="constant", rate=1.0, num_requests=100, prompt_tokens=100, output_tokens=10)
+    sc = sc.model_copy(update={"horizon_s": 120.0})
+    res = simulate(sc)
+    s = metrics.summarize(res, metrics.requests_frame(res), sc)["t"]
+    assert _timeline(res[0], "replicas") == [(0.0, 1, 1), (10.0, 3, 1), (20.0, 3, 3), (50.5, 1, 1)]
+    gpu_s = 2 * 120 + 2 * 2 * (50.5 - 10)          # replica-0 all along; replicas 1 and 2 from 10 to 50.5
+    assert s["gpu_hours"] == pytest.approx(gpu_s / 3600, rel=1e-12)
+    assert s["cost_usd"] == pytest.approx(4.0 * gpu_s / 3600, rel=1e-12)
+    assert s["gpus"] == 6 and s["mean_gpus"] == pytest.approx(gpu_s / 120, rel=1e-12)
+    assert s["autoscaling"]["pools"]["replicas"]["gpu_hours"] == pytest.approx(gpu_s / 3600, rel=1e-12)
+    # energy: idle power (H100 preset: 70 W per GPU, an estimate) over the paid GPU-seconds only
+    assert s["energy"]["pools"]["replica"]["idle_energy_J"] == pytest.approx(70.0 * gpu_s, rel=1e-12)
+
+
+# --- the non-homogeneous Poisson generator ---------------------------------------------------------------
+def _counts(arr, edges):
+    return np.histogram(arr, edges)[0]
+
+
+def test_nhpp_counts_per_interval_match_the_integral_of_the_rate_curve():
+    """Counts in disjoint intervals are independent Poisson(integral of the rate): each within 4 sigma
+    (fixed seed), and the sum of squared z-scores within a chi-square bound (p about 0.001)."""
+    rng = np.random.default_rng(11)
+    # hourly, compressed 36x (an hour = 100 s), scaled 2x, and a burst: x3 over [250, 300)
+    hourly = config.RateCurveSpec(hourly=[5, 20, 10, 0, 40], scale=2.0, time_scale=1 / 36,
+                                  bursts=[{"at_s": 250, "duration_s": 50, "multiplier": 3}])
+    a = nhpp_arrivals(rng, hourly, 500.0)
+    edges = [0, 100, 200, 250, 300, 400, 500]
+    expect = np.array([10 * 100, 40 * 100, 20 * 50, 60 * 50, 0, 80 * 100], float)   # rate x length, by hand
+    got = _counts(a, edges)
+    assert got[4] == 0                                    # a zero-rate hour has no arrival at all
+    m = expect > 0
+    z = (got[m] - expect[m]) / np.sqrt(expect[m])
+    assert np.all(np.abs(z) < 4), (got, expect)
+    assert float((z ** 2).sum()) < 20.5                   # chi-square, 5 dof, p = 0.001
+    # points: linear 0 -> 30 over [0, 1000], 30 -> 10 over [1000, 2000]; trapezoids by hand per 250 s
+    pts = config.RateCurveSpec(points=[[0, 0], [1000, 30], [2000, 10]])
+    b = nhpp_arrivals(np.random.default_rng(12), pts, 2000.0)
+    edges = np.arange(0, 2001, 250)
+    rate = lambda t: np.where(t <= 1000, 0.03 * t, 30 - 0.02 * (t - 1000))   # noqa: E731
+    expect = (rate(edges[:-1]) + rate(edges[1:])) / 2 * 250
+    z = (_counts(b, edges) - expect) / np.sqrt(expect)
+    assert np.all(np.abs(z) < 4), (_counts(b, edges), expect)
+    assert float((z ** 2).sum()) < 26.1                   # chi-square, 8 dof, p = 0.001
+    assert np.all(np.diff(b) >= 0) and b.min() >= 0 and b.max() < 2000
+
+
+def test_rate_curve_drives_the_scenario_stream():
+    sc = scenario(rate=None, duration_s=200, num_requests=None,
+                  rate_curve={"hourly": [10, 30], "time_scale": 1 / 36})   # 100 s at 10/s, then 100 s at 30/s
+    from pdsim.workload import generate
+    from pdsim.models import get_model
+    reqs = generate(sc, get_model("llama-3.1-8b"))
+    arr = np.array([r.arrival_s for r in reqs])
+    lo, hi = (arr < 100).sum(), ((arr >= 100) & (arr < 200)).sum()
+    assert abs(lo - 1000) < 4 * 1000 ** 0.5 and abs(hi - 3000) < 4 * 3000 ** 0.5
+
+
+# --- bad input: one line naming the key and the value ------------------------------------------------
+PD = {"kind": "disaggregated", "prefill": {"instances": 2}, "decode": {"instances": 2}}
+
+
+@pytest.mark.parametrize("workload, topo, match", [
+    ({"rate_curve": {"hourly": [1, -2, 3]}}, None, r"rate_curve\.hourly\[1\] \(=-2\.0\) is a negative rate"),
+    ({"rate_curve": {"points": [[0, 1], [50, 2], [40, 3]]}}, None,
+     r"rate_curve\.points\[2\] time \(=40\.0\) is not after the previous point's \(=50\.0\)"),
+    ({"rate_curve": {"points": [[0, 1], [10, -1]]}}, None, r"points\[1\] rate \(=-1\.0\) is negative"),
+    ({"rate_curve": {"hourly": [0, 0]}}, None, "every rate is zero"),
+    ({"rate_curve": {"hourly": [1]}, "rate": 3}, None, r"give rate \(=3\.0\) or rate_curve, not both"),
+    ({"rate_curve": {"hourly": [1]}, "arrival": "gamma"}, None, "needs arrival: poisson"),
+    ({"rate_curve": {"hourly": [1], "bursts": [{"at_s": 1, "duration_s": 2, "multiplier": -1}]}}, None,
+     r"bursts\.0\.multiplier = -1"),
+    ({}, {**PD, "autoscaler": {"policy": "threshold", "prefill": {"max": 4}, "decode": {"max": 4}}},
+     r"autoscaler\.prefill: policy threshold needs scale_out_above and scale_in_below"),
+    ({}, {**PD, "autoscaler": {"policy": "slo", "prefill": {"max": 4}}},
+     r"autoscaler\.decode\.max: policy slo needs the most instances"),
+    ({}, {**PD, "autoscaler": {"policy": "slo", "prefill": {"max": 1}, "decode": {"max": 4}}},
+     r"autoscaler\.prefill: the initial count \(=2\) must lie within min \(=1\) and max \(=1\)"),
+    ({}, {**PD, "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 5, "prefill": 3}, {"at_s": 2, "decode": 1}]}},
+     r"autoscaler\.schedule\[1\]\.at_s \(=2\.0\) must be after the previous entry's \(=5\.0\)"),
+    ({}, {**PD, "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 5, "replicas": 3}]}},
+     r"autoscaler\.schedule\[0\]\.replicas: this topology has no replicas pool"),
+    ({}, {"kind": "colocated", "replicas": 2, "autoscaler": {"policy": "slo", "prefill": {"max": 3}}},
+     r"autoscaler\.prefill: this topology has no prefill pool"),
+    ({}, {**PD, "autoscaler": {"policy": "threshold", "prefill": {"max": 4, "metric": "utilization",
+                                                                   "scale_out_above": 5, "scale_in_below": 0.2},
+                               "decode": {"max": 4, "scale_out_above": 5, "scale_in_below": 1}}},
+     r"autoscaler\.prefill\.scale_out_above \(=5\.0\): utilization is a busy fraction"),
+    ({}, {**PD, "autoscaler": {"policy": "slo", "prefill": {"max": 4}, "decode": {"max": 4}, "provisioning_s": -1}},
+     r"autoscaler\.provisioning_s = -1"),
+    ({}, {**PD, "autoscaler": {"policy": "slo", "prefill": {"max": 4}, "decode": {"max": 4}, "provisoning_s": 3}},
+     r"autoscaler\.provisoning_s: unknown key; did you mean .provisioning_s."),
+])
+def test_bad_autoscaler_and_rate_curve_input_is_one_clear_line(workload, topo, match):
+    w = {"arrival": "poisson", "rate": None, "duration_s": 100, "num_requests": None} if "rate_curve" in workload \
+        else {}
+    w.update(workload)
+    with pytest.raises(ConfigError, match=match) as e:
+        scenario({"t": topo} if topo else None, **w)
+    assert "\n" not in str(e.value) and str(e.value).startswith("test.yaml: ")
+
+
+def test_faults_and_autoscaling_together_are_refused():
+    topo = {**PD, "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 5, "prefill": 3}]}}
+    with pytest.raises(ConfigError, match="faults and autoscaling in one scenario are not supported"):
+        config.parse({"workload": {"rate": 1, "num_requests": 5}, "topologies": {"t": topo},
+                      "faults": [{"at_s": 1, "instance": "decode-0", "down_s": 1}]}, "test.yaml")
+
+
+# --- the policies do what they say ---------------------------------------------------------------------
+def test_threshold_scales_out_under_overload_and_back_in_when_it_passes():
+    # 4 s at 40 req/s (too much for one prefill instance), then 0.5 req/s for a minute
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, **H100}, "decode": {"instances": 1, **H100},
+            "autoscaler": {"policy": "threshold", "interval_s": 1, "cooldown_s": 2, "provisioning_s": 1, "load_s": 1,
+                           "scale_in_window_s": 5,
+                           "prefill": {"max": 4, "metric": "queue", "scale_out_above": 4, "scale_in_below": 0.5},
+                           "decode": {"max": 1, "scale_out_above": 1e9, "scale_in_below": 0}}}
+    sc = scenario({"t": topo}, rate=None, num_requests=None, duration_s=64,
+                  rate_curve={"points": [[0, 40], [4, 40], [4.001, 0.5], [64, 0.5]]},
+                  prompt_tokens=6000, output_tokens=5)
+    res = simulate(sc)[0]
+    tl = _timeline(res, "prefill")
+    assert max(a for _, a, _ in tl) > 1                  # it grew
+    assert tl[-1][1] == 1                                 # and shrank back to min
+    assert all(r.status == "finished" for r in res.requests)
+
+
+def test_slo_planner_follows_the_rate():
+    # 60 s at 2 req/s, 60 s at 20 req/s, 60 s at 2 req/s: the prefill pool is sized up for the middle minute
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, **H100}, "decode": {"instances": 1, **H100},
+            "autoscaler": {"policy": "slo", "interval_s": 5, "cooldown_s": 10, "provisioning_s": 2, "load_s": 2,
+                           "scale_in_window_s": 10,
+                           "slo": {"window_s": 20, "forecast": "average"},
+                           "prefill": {"max": 8}, "decode": {"max": 4}}}
+    sc = scenario({"t": topo}, rate=None, num_requests=None, duration_s=180,
+                  rate_curve={"hourly": [2, 20, 2], "time_scale": 1 / 60},
+                  prompt_tokens=4000, output_tokens=50)
+    res = simulate(sc)[0]
+    tl = _timeline(res, "prefill")
+    alive_at = lambda t: [a for ts, a, _ in tl if ts <= t][-1]   # noqa: E731
+    assert alive_at(55) <= 2 < alive_at(115)
+    assert alive_at(res.sim_end_s) < alive_at(115)
+    f = res.topology.autoscaler.forecasts
+    mid = [r for t, r in f if 90 <= t <= 120]
+    assert all(14 < r < 26 for r in mid), mid            # the window's mean rate: 20 req/s
+
+
+# --- the fast path with an autoscaler -------------------------------------------------------------------
+@pytest.mark.parametrize("topo", [
+    {"kind": "disaggregated", "prefill": {"instances": 2, **H100, "kv_blocks": 400},
+     "decode": {"instances": 2, **H100, "kv_blocks": 300, "max_running": 12},
+     "autoscaler": {"policy": "schedule", "provisioning_s": 0.3, "load_s": 0.2,
+                    "schedule": [{"at_s": 0.5, "prefill": 1, "decode": 1}, {"at_s": 1.5, "prefill": 3, "decode": 3},
+                                 {"at_s": 2.5, "decode": 1}]}},
+    {"kind": "colocated", "replicas": 1, **H100, "kv_blocks": 300, "max_running": 10,
+     "autoscaler": {"policy": "threshold", "interval_s": 0.25, "cooldown_s": 0.5, "provisioning_s": 0.2, "load_s": 0.1,
+                    "replicas": {"max": 3, "metric": "outstanding_tokens", "scale_out_above": 3000,
+                                 "scale_in_below": 800}}},
+    {"kind": "disaggregated", "prefill": {"instances": 1, **H100}, "decode": {"instances": 1, **H100, "kv_blocks": 400},
+     "autoscaler": {"policy": "slo", "interval_s": 0.5, "cooldown_s": 0.5, "provisioning_s": 0.2, "load_s": 0.2,
+                    "slo": {"window_s": 1.0}, "prefill": {"max": 3}, "decode": {"max": 3}}},
+    {"kind": "disaggregated", "prefill": {"instances": 1, **H100}, "decode": {"instances": 1, **H100, "kv_blocks": 400},
+     "autoscaler": {"policy": "slo", "interval_s": 0.5, "cooldown_s": 0.5, "provisioning_s": 0.2, "load_s": 0.2,
+                    "scale_in_window_s": 1, "slo": {"window_s": 1.5, "prefill_capacity": "measured"},
+                    "prefill": {"max": 3}, "decode": {"max": 3}}},
+])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fast_path_equals_step_by_step_with_an_autoscaler(topo, seed):
+    sc = scenario({"t": topo}, rate=None, num_requests=None, duration_s=4,
+                  rate_curve={"points": [[0, 5], [1.5, 40], [4, 5]]},
+                  prompt_tokens={"dist": "uniform", "low": 10, "high": 600},
+                  output_tokens={"dist": "uniform", "low": 2, "high": 200})
+    sc = sc.model_copy(update={"seed": seed})
+    fast, slow = simulate(sc), simulate(sc, fast=False)
+    _assert_same(fast, slow)
+    assert _timeline(fast[0], fast[0].topology.pools[-1].name.replace("replica", "replicas")) == \
+        _timeline(slow[0], slow[0].topology.pools[-1].name.replace("replica", "replicas"))
+    assert len(_timeline(fast[0], "decode" if topo["kind"] == "disaggregated" else "replicas")) > 1   # it scaled
+    assert sum(i.windows for i in fast[0].topology.instances) > 0                            # windows opened
+
+
+def test_readme_autoscaling_example_is_a_valid_scenario():
+    from pathlib import Path
+
+    import yaml
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    part = text.split("## Autoscaling and diurnal traffic", 1)[1]
+    block = part.split("```yaml", 1)[1].split("```", 1)[0]
+    raw = yaml.safe_load(block)
+    sc = config.parse({**raw, "workload": {**raw["workload"], "prompt_tokens": 100, "output_tokens": 10}},
+                      "README.md")
+    a = sc.topologies["pd"].autoscaler
+    assert a.policy == "slo" and a.prefill.max == 4 and sc.workload.rate_curve.scale == 28
+
+
+# --- role switching (policy mix) --------------------------------------------------------------------------
+def _mix_run(prompt, out, rate, fast=True):
+    # decode KV for about 20 requests each: hand-offs wait for decode blocks holding their KV on the prefill side
+    topo = {"kind": "disaggregated", "prefill": {"instances": 2, **H100},
+            "decode": {"instances": 2, **H100, "kv_blocks": 2500},
+            "autoscaler": {"policy": "mix", "interval_s": 1, "cooldown_s": 3, "switch_s": 2.5}}
+    sc = scenario({"t": topo}, rate=rate, num_requests=500, prompt_tokens=prompt, output_tokens=out)
+    res = simulate(sc, fast=fast)
+    return sc, res
+
+
+@pytest.mark.parametrize("prompt, out, more", [(6000, 10, "prefill"), (300, 1500, "decode")])
+def test_role_switch_follows_the_token_mix_conserves_kv_and_keeps_the_gpus_paid(prompt, out, more):
+    sc, res = _mix_run(prompt, out, rate=25)
+    r = res[0]
+    a = r.topology.autoscaler
+    sw = a.switches
+    assert sw, "no role switch"
+    # the pool the mix needs more of grew, the other shrank, the total stayed 4 (all finished: conservation)
+    final = {k: _timeline(r, k)[-1][1] for k in ("prefill", "decode")}
+    assert final[more] > 2 and sum(final.values()) == 4
+    assert all(q.status == "finished" for q in r.requests)
+    for e in sw:
+        assert e["kv_blocks_in_use"] == 0                      # it left with an empty KV cache...
+        src = r.topology.by_name[e["from"]]
+        assert src.kv.free_blocks == src.kv.total_blocks
+        # ...and the same GPUs serve in the other role exactly switch_s after it left
+        dst_pool = e["to"].split("-")[0]
+        assert (pytest.approx(e["t_s"] + 2.5, abs=1e-9), ) in [(t,) for t, _, _ in _timeline(r, dst_pool)]
+        assert all(q.arrival_s <= e["decided_s"] for q in r.requests if q.instance == e["from"])
+    # a prefill instance that switches had prompts' KV to hand off first: it left after the decision
+    if more == "decode":
+        assert any(e["t_s"] > e["decided_s"] for e in sw)
+    # GPU-hours: 4 instances x 1 GPU paid without a break through every switch
+    s = metrics.summarize(res, metrics.requests_frame(res), sc)["t"]
+    assert s["gpu_hours"] == pytest.approx(4 * r.sim_end_s / 3600, rel=1e-12)
+
+
+def test_role_switching_fast_path_equals_step_by_step():
+    _, fast = _mix_run(300, 1500, rate=25)
+    _, slow = _mix_run(300, 1500, rate=25, fast=False)
+    _assert_same(fast, slow)
+    assert fast[0].topology.autoscaler.switches == slow[0].topology.autoscaler.switches
+
+
+@pytest.mark.parametrize("topo, match", [
+    ({"kind": "colocated", "replicas": 2, "autoscaler": {"policy": "mix"}}, "mix switches instances between prefill "
+                                                                            "and decode: it needs a disaggregated"),
+    ({**PD, "decode": {"instances": 2, "device": "h200"}, "autoscaler": {"policy": "mix"}},
+     r"prefill\.device \(=h100-sxm\) must equal decode\.device \(=h200\)"),
+])
+def test_role_switching_needs_matching_pools(topo, match):
+    with pytest.raises(ConfigError, match=match):
+        scenario({"t": topo})
+
+
+def test_utilization_threshold_reads_the_busy_fraction_of_the_last_interval():
+    # one replica kept busy from t=0 (a closed loop of 4 clients, no think time): the first look at t=1 sees
+    # a busy fraction of 1, above 0.5, and adds a replica; it must not read 0 (nothing seen yet) and drain
+    topo = {"kind": "colocated", "replicas": 1, "cost_model": {"kind": "constant", "step_s": 0.01}, "kv_blocks": 10000,
+            "autoscaler": {"policy": "threshold", "interval_s": 1, "cooldown_s": 0, "provisioning_s": 0.5,
+                           "replicas": {"max": 2, "metric": "utilization", "scale_out_above": 0.5,
+                                        "scale_in_below": 0.1}}}
+    sc = scenario({"c": topo}, arrival="closed", clients=4, num_requests=400, prompt_tokens=100, output_tokens=20)
+    res = simulate(sc)[0]
+    assert _timeline(res, "replicas")[:3] == [(0.0, 1, 1), (1.0, 2, 1), (1.5, 2, 2)]
+
+
+def test_summary_json_and_report_show_pool_sizes_and_gpu_hours(tmp_path):
+    import json
+
+    from pdsim.output import write_outputs
+    from pdsim.report import build_report
+    topo = {"kind": "colocated", "replicas": 1, "tp": 2, **H100, "price_per_gpu_hour_usd": 4.0,
+            "autoscaler": {"policy": "schedule", "provisioning_s": 4, "load_s": 6,
+                           "schedule": [{"at_s": 10, "replicas": 3}, {"at_s": 50.5, "replicas": 1}]}}
+    sc = scenario({"auto": topo, "static": {"kind": "colocated", "replicas": 1, "tp": 2, **H100}},
+                  arrival="constant", rate=1.0, num_requests=100, prompt_tokens=100, output_tokens=10)
+    sc = sc.model_copy(update={"horizon_s": 120.0})
+    write_outputs(simulate(sc), sc, tmp_path)
+    s = json.loads((tmp_path / "summary.json").read_text())["topologies"]
+    assert s["auto"]["gpu_hours"] == pytest.approx((2 * 120 + 4 * 40.5) / 3600, rel=1e-12)
+    assert s["static"]["gpu_hours"] == pytest.approx(2 * 120 / 3600, rel=1e-12) and "autoscaling" not in s["static"]
+    assert [e["alive"] for e in s["auto"]["autoscaling"]["pools"]["replicas"]["timeline"]] == [1, 3, 3, 1]
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert 'id="autoscaling"' in html and "instances alive" in html and "<svg" in html
+    assert build_report(tmp_path).read_text(encoding="utf-8").count('id="autoscaling"') == 1   # pdsim report DIR
+
+
+def test_measured_prefill_capacity_is_prompts_per_busy_second():
+    # constant 50 ms steps and one 100-token prompt per step (max_batched_tokens 100): a busy prefill
+    # instance hands off exactly 1 / 0.05 = 20 prompts per busy second, whatever the load
+    const = {"cost_model": {"kind": "constant", "step_s": 0.05}, "kv_blocks": 10000}
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, **const, "max_batched_tokens": 100},
+            "decode": {"instances": 1, **const},
+            "autoscaler": {"policy": "slo", "interval_s": 2, "slo": {"window_s": 6, "prefill_capacity": "measured"},
+                           "prefill": {"max": 2}, "decode": {"max": 2}}}
+    sc = scenario({"t": topo}, rate=12, num_requests=400, prompt_tokens=100, output_tokens=5)
+    a = simulate(sc)[0].topology.autoscaler
+    got = [c for _, pool, c, how in a.capacities if pool == "prefill" and how == "measured"]
+    assert len(got) > 5
+    assert got == pytest.approx([20.0] * len(got), rel=1e-9)
