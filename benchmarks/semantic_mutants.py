@@ -243,7 +243,7 @@ MUTANTS: list[Mutant] = [
            "draft step j holds every drafting request, not those drafting at least j tokens"),
     # --- energy ----------------------------------------------------------------------------------
     Mutant("idle-energy-over-busy-time", "pdsim/energy.py",
-           "pm.idle_W * span_s + (pm.max_W - pm.idle_W) * inst.active_s",
+           "pm.idle_W * inst.alive_s(span_s) + (pm.max_W - pm.idle_W) * inst.active_s",
            "pm.idle_W * inst.busy_s + (pm.max_W - pm.idle_W) * inst.active_s",
            (EN + "test_idle_pool_energy_is_idle_power_times_time",),
            "idle power charged over busy time instead of the whole run"),
