@@ -93,6 +93,22 @@ class PoolScaler:
 
 
 class Autoscaler:
+    def peak_gpus(self) -> int:
+        """The most GPUs alive at once over the whole topology (role switching moves instances between
+        pools, so the pools' own peaks can add up to more than ever existed).  Changes at one instant are
+        applied together before the sum is taken."""
+        events: dict[float, dict[str, int]] = {}
+        for sc in self.scalers.values():
+            for t, alive, _ in sc.timeline:
+                events.setdefault(t, {})[sc.pool.name] = alive
+        now = {sc.pool.name: sc.initial for sc in self.scalers.values()}
+        per = {sc.pool.name: sc.pool.spec.gpus_per_instance for sc in self.scalers.values()}
+        best = sum(now[n] * per[n] for n in now)
+        for t in sorted(events):
+            now.update(events[t])
+            best = max(best, sum(now[n] * per[n] for n in now))
+        return best
+
     def __init__(self, env, topo, spec, sink, tpot_s: float, last_arrival_s: float = 0.0):
         self.env, self.topo, self.spec, self.sink = env, topo, spec, sink
         self.tpot_s, self.last_arrival_s = tpot_s, last_arrival_s

@@ -406,7 +406,7 @@ class DisaggregatedSpec(_Strict):
         if self.autoscaler is not None:
             check_autoscaler(self.autoscaler, {"prefill": self.prefill.instances, "decode": self.decode.instances})
             if self.autoscaler.policy == "mix":
-                for k in ("device", "tp"):
+                for k in ("device", "tp", "pp", "ep", "dp_attention"):   # the same GPUs, the same layout
                     if getattr(self.prefill, k) != getattr(self.decode, k):
                         raise ValueError(f"autoscaler.policy: mix switches GPUs between the pools: prefill.{k} "
                                          f"(={getattr(self.prefill, k)}) must equal decode.{k} "

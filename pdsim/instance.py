@@ -267,8 +267,9 @@ class Instance:
                 self._wake = env.event()
                 yield self._wake
                 continue
+            # (a host-tier prefix load pending for this step is paid by the step-by-step path: no window)
             if self.fast and plan.sampled == len(plan.items) == plan.tokens == len(self.running) \
-                    and not plan.preempted:
+                    and not plan.preempted and not self.kv.load_s:
                 w = self._open(plan)
                 if w is not None:
                     yield from self._run_window(w)

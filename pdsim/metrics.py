@@ -298,7 +298,9 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
                   "unfinished": int((d_all.status == UNFINISHED).sum())}
         assert counts["total"] == counts["finished"] + counts["rejected"] + counts["abandoned"] + counts["unfinished"]
         rej = d_all[d_all.status == REJECTED].reject_reason.str.split(":").str[0]
-        gpus = sum(p.gpus for p in topo.pools)         # an autoscaled pool: its most instances at once
+        # an autoscaled topology: the most GPUs alive at once (not the sum of each pool's own peak)
+        scaler = getattr(topo, "autoscaler", None)
+        gpus = scaler.peak_gpus() if scaler is not None else sum(p.gpus for p in topo.pools)
         # paid time, provisioning and loading included (a static pool: every instance, the whole run)
         alive = {p.name: p.alive_s(span) for p in topo.pools}
         gpu_hours = sum(p.spec.gpus_per_instance * alive[p.name] for p in topo.pools) / 3600

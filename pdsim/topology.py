@@ -199,7 +199,9 @@ class Pool:
             self.spec_dec = speculative.build(spec.speculative, spec, self.cost, model, ctx.weight_dtype,
                                               ctx.kv_dtype, self.device, getattr(ctx, "seed", 0), key,
                                               self.power)
-        limits = Limits(spec.max_running, spec.token_budget, spec.kv_reservation == "full")
+        # full reservation covers the sequence an instance will hold: a prefill instance hands off after the
+        # prompt (TRT-LLM's context servers run with max_tokens 1), so it reserves the prompt only
+        limits = Limits(spec.max_running, spec.token_budget, spec.kv_reservation == "full" and role != "prefill")
         policy = SCHEDULERS[spec.scheduler_name]
         make_kv = self._prefix_kv(spec, blocks, key) if spec.prefix_on else \
             (lambda: KVCache(blocks, spec.block_size, spec.watermark))

@@ -328,6 +328,8 @@ def test_role_switch_follows_the_token_mix_conserves_kv_and_keeps_the_gpus_paid(
     # GPU-hours: 4 instances x 1 GPU paid without a break through every switch
     s = metrics.summarize(res, metrics.requests_frame(res), sc)["t"]
     assert s["gpu_hours"] == pytest.approx(4 * r.sim_end_s / 3600, rel=1e-12)
+    # never more than the 4 GPUs at once, though each pool's own peak counts the switched one (review)
+    assert s["gpus"] == 4 and sum(p["gpus"] for p in s["pools"].values()) > 4
 
 
 def test_role_switching_fast_path_equals_step_by_step():
@@ -342,6 +344,9 @@ def test_role_switching_fast_path_equals_step_by_step():
                                                                             "and decode: it needs a disaggregated"),
     ({**PD, "decode": {"instances": 2, "device": "h200"}, "autoscaler": {"policy": "mix"}},
      r"prefill\.device \(=h100-sxm\) must equal decode\.device \(=h200\)"),
+    # found in review: a 4-GPU tp2 x pp2 prefill instance became a 2-GPU decode one (GPU-hours fell)
+    ({**PD, "prefill": {"instances": 2, "tp": 2, "pp": 2}, "decode": {"instances": 2, "tp": 2},
+      "autoscaler": {"policy": "mix"}}, r"prefill\.pp \(=2\) must equal decode\.pp \(=1\)"),
 ])
 def test_role_switching_needs_matching_pools(topo, match):
     with pytest.raises(ConfigError, match=match):

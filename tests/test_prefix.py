@@ -353,6 +353,23 @@ def test_fast_path_equals_step_by_step_known_counterexample_chunked_prefix_fault
     _assert_same(simulate(sc), simulate(sc, fast=False))
 
 
+def test_fast_path_pays_a_pending_host_tier_load_like_step_by_step():
+    """Found in review: a request re-admitted with all but its last token cached, part of it from the
+    host tier, gives a pure-decode plan; the window priced its first step without the host copy the loop
+    adds to it (token times 5 ms early, ITL columns differ)."""
+    topo = {"kind": "colocated", "replicas": 1, "device": "h100-sxm", "kv_blocks": 40,
+            "chunked_prefill": {"token_budget": 64},
+            "prefix_cache": {"capacity_blocks": 10, "host": {"capacity_GiB": 0.05, "bandwidth_GBps": 5}}}
+    sc = scenario({"t": topo}, rate=35.13036232736373, num_requests=16,
+                  prompt_tokens={"dist": "uniform", "low": 1, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 1, "high": 187},
+                  conversation={"turns": 3, "think_s": 0.3, "system_prompts": 2, "system_tokens": 48})
+    sc = sc.model_copy(update={"seed": 550708})
+    fast, slow = simulate(sc), simulate(sc, fast=False)
+    assert sum(i.kv.stats.host_load_bytes for i in slow[0].topology.instances) > 0     # the case is exercised
+    _assert_same(fast, slow)
+
+
 def test_an_eviction_that_breaks_a_cached_chain_lets_the_queue_head_in_under_a_budget():
     """Worked by hand.  20 blocks of 16 tokens; R runs holding 10 blocks (160 tokens), the other 10 are
     a cached, evictable 10-page chain whose page 2 is least recently used.  B (400 tokens, the same

@@ -111,3 +111,19 @@ def test_full_decode_pool_reserves_the_whole_sequence_when_the_kv_arrives():
     assert b.decode_first_s > a.finish_s and a.preemptions == b.preemptions == 0
     a, b = run("incremental")
     assert b.decode_first_s < a.finish_s
+
+
+def test_a_full_prefill_pool_reserves_the_prompt_only():
+    """Found in review: a prefill pool took blocks for prompt + output although it hands off after the
+    first token, so a 20-block prefill pool deadlocked on 100-token prompts with 300-token replies
+    (7 + 19 blocks > 20).  Its admission must be the prompt's 7 blocks; the decode pool reserves in full."""
+    topo = {"kind": "disaggregated",
+            "prefill": {"instances": 1, "cost_model": STEP, "kv_blocks": 20, "block_size": 16, "watermark": 0.0,
+                        "kv_reservation": "full"},
+            "decode": {"instances": 1, "cost_model": STEP, "kv_blocks": 200, "block_size": 16, "watermark": 0.0,
+                       "kv_reservation": "full"},
+            "kv_link": {"preset": "nvlink"}}
+    res = _stream(scenario({"t": topo}), [(0.01 * i, 100, 300) for i in range(10)])
+    assert all(r.status == "finished" for r in res.requests)
+    pre = next(p for p in res.topology.pools if p.role == "prefill")
+    assert max(i.kv.peak_used for i in pre.instances) <= 20 and pre.instances[0].limits.reserve_full is False
