@@ -109,7 +109,7 @@ def check_imported(profile: Path) -> None:
     tabs = dev.tables
     print(f"Imported profile {profile.name}: {len(tabs.moe)} MoE curves (balanced routing)")
     for name, tp, ep, wd in MOE_CONFIGS:
-        cm = RooflineCost(get_model(name), dev, tp, wd, "bf16", ep)
+        cm = RooflineCost(get_model(name), dev, tp, wd, "bf16", ep, moe_tables=True)
         bd = cm.breakdown(64, 64.0, 64, 0, 64)
         src = bd["experts"]["source"] if "experts" in bd else "roofline (no table for this shape)"
         print(f"  {name} tp{tp} ep{ep} {wd}: MoE layer at 64 tokens {moe_layer_s(cm, 64) * 1e6:8.1f} us  source {src}")

@@ -10,7 +10,7 @@ all clients starting together), with ``ep`` = the row's moe_ep_size.  Nothing is
 Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTFT and TPOT per group.
 
     .venv/bin/python benchmarks/validate_moe_silicon.py [--sample N (default 150, about 100 s)] [--seed S]
-        [--dp-attention-only] [--profiles 'calibration/profiles/*-aic.yaml']
+        [--dp-attention-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables]]
 """
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
     return out, skipped
 
 
-def simulate_row(r: dict, profiles: dict | None = None) -> tuple[float, float]:
+def simulate_row(r: dict, profiles: dict | None = None, moe_tables: bool = False) -> tuple[float, float]:
     sc = V.row_scenario(r, True, 10, profiles=profiles)
+    sc.topologies["t"].cost_model.moe_tables = moe_tables
     sc.topologies["t"].ep = r["ep"]
     sc.topologies["t"].dp_attention = r["dp_attention"]
     res = simulate(sc)
@@ -95,6 +96,7 @@ def main() -> int:
     ap.add_argument("--dp-attention-only", action="store_true", help="only the rows served with DP attention")
     ap.add_argument("--profiles", help="price each GPU with the profile whose file name starts with it (e.g. "
                                        "'calibration/profiles/*-aic.yaml': imported kernel and MoE tables)")
+    ap.add_argument("--moe-tables", action="store_true", help="with --profiles: also use their measured MoE tables")
     args = ap.parse_args()
     profiles = V.parse_profiles(None, args.profiles) if args.profiles else None
     root, version = aic_systems_dir()
@@ -108,7 +110,7 @@ def main() -> int:
     res = []
     for r in rows:
         try:
-            ttft, tpot = simulate_row(r, profiles)
+            ttft, tpot = simulate_row(r, profiles, args.moe_tables)
         except ConfigError as exc:
             print(f"  skip {r['id']}: {exc}")
             continue

@@ -159,7 +159,7 @@ def cmd_estimate(args) -> int:
         raise ConfigError(f"needs a mixture-of-experts model; {model.name} is dense", key="--expert-skew",
                           value=args.expert_skew)
     cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew, args.pp,
-                      args.dp_attention)
+                      args.dp_attention, moe_tables=args.moe_tables)
     if args.pp > 1:
         from .pipeline import PipelineCost
         cm = PipelineCost(cm, args.pp, args.micro_batches)
@@ -428,6 +428,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="weight data type (default bf16; fp4 = NVFP4, fp4 tensor cores where the device has them)")
     e.add_argument("--kv-dtype", default="bf16", choices=[d for d in DTYPE_BYTES if d not in ("int4", "fp4")],
                    help="KV-cache data type (default bf16)")
+    e.add_argument("--moe-tables", action="store_true",
+                   help="price routed experts from the profile's measured MoE tables (imported profiles; off by default)")
     e.add_argument("--engine", help="serving engine preset (vllm-v1, vllm-v0, sglang, trtllm): its step "
                    "overhead and KV sizing")
     e.add_argument("--json", action="store_true", help="same as --format json")

@@ -70,6 +70,10 @@ class CostModelSpec(_Strict):
     base_s: NonNegFloat = 0.0
     per_token_s: NonNegFloat = 0.0
     per_kv_token_s: NonNegFloat = 0.0
+    # roofline: take routed-expert times from the device profile's measured MoE tables (imported profiles)
+    # where they have the layer's shape; off by default (README, "Measured MoE tables": end to end they
+    # make DeepSeek fp8 serving too slow)
+    moe_tables: bool = False
 
     @model_validator(mode="after")
     def _need(self):

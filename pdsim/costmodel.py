@@ -183,6 +183,9 @@ class RooflineCost(CostModel):
     expert_skew: float = 0.0
     pp: int = 1          # pipeline stages: only :meth:`stage_times` splits by them (pdsim/pipeline.py)
     dp_attention: bool = False   # attention data-parallel over the tp GPUs, experts expert-parallel (ep = tp)
+    # price routed experts from a measured profile's MoE tables where it has the shape (opt-in: on the silicon
+    # sample the tables make DeepSeek fp8 serving 30-80% too slow end to end; README "Measured MoE tables")
+    moe_tables: bool = False
     _static_cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -276,7 +279,7 @@ class RooflineCost(CostModel):
             # not under DP attention (the tables time one TP-attention instance's tokens)
             self.moe_table_key = None
             moe_tabs = getattr(tabs, "moe", None) if tabs is not None else None
-            if moe_tabs and not self.expert_skew and not self.dp_attention:
+            if moe_tabs and self.moe_tables and not self.expert_skew and not self.dp_attention:
                 wdt = "bf16" if self.weight_dtype in ("bf16", "fp16", "fp32") else self.weight_dtype
                 if wdt == "fp4":
                     wdt = "nvfp4" if self.compute_dtype == "fp4" else "mxfp4_wo"

@@ -114,7 +114,7 @@ def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
             raise ConfigError(f"expert popularity skew needs a mixture-of-experts model; {model.name} is dense",
                               key=f"{key}.expert_skew", value=pool.expert_skew)
         cost = RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep, pool.expert_skew, pool.pp,
-                            pool.dp_attention)
+                            pool.dp_attention, moe_tables=cm.moe_tables)
     if pool.pp == 1:
         return cost
     from .pipeline import PipelineCost, UniformStages

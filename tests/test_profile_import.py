@@ -432,7 +432,8 @@ def test_cost_model_prices_a_moe_layer_from_the_table_exact_between_and_beyond(i
     from pdsim.models import get_model
     _, dev = imported
     m = get_model("qwen3-30b-a3b")
-    cm = RooflineCost(m, dev, 1, "bf16")
+    assert "experts" not in _moe_layer(RooflineCost(m, dev, 1, "bf16"), 64)[0]      # opt-in (moe_tables)
+    cm = RooflineCost(m, dev, 1, "bf16", moe_tables=True)
     bd, t64 = _moe_layer(cm, 64)
     assert bd["experts"]["source"] == "exact" and "experts_gate_up" not in bd and "moe_route" not in bd
     assert t64 == pytest.approx(moe_ms(64) * 1e-3, rel=REL)
@@ -448,7 +449,8 @@ def test_cost_model_prices_a_moe_layer_from_the_table_exact_between_and_beyond(i
     assert got["bytes"] == pytest.approx(sum(rf[k]["bytes"] for k in ("experts_gate_up", "experts_down",
                                                                      "experts_act", "moe_route")))
     # fp8 weights: the block-scaled table (0.5x), not the per-tensor one (0.6x)
-    assert _moe_layer(RooflineCost(m, dev, 1, "fp8"), 64)[1] == pytest.approx(0.5 * moe_ms(64) * 1e-3, rel=REL)
+    assert _moe_layer(RooflineCost(m, dev, 1, "fp8", moe_tables=True), 64)[1] == pytest.approx(0.5 * moe_ms(64) * 1e-3,
+                                                                                            rel=REL)
 
 
 def test_moe_shapes_the_table_lacks_and_skewed_routing_fall_back_to_the_roofline(imported):
@@ -456,9 +458,9 @@ def test_moe_shapes_the_table_lacks_and_skewed_routing_fall_back_to_the_roofline
     from pdsim.models import get_model
     _, dev = imported
     m = get_model("qwen3-30b-a3b")
-    for cm in (RooflineCost(m, dev, 2, "bf16", ep=2),                   # moe_ep 2: not measured
-               RooflineCost(m, dev, 1, "bf16", expert_skew=1.2),        # a skew: the roofline what-if
-               RooflineCost(get_model("mixtral-8x7b"), dev, 1, "bf16")):
+    for cm in (RooflineCost(m, dev, 2, "bf16", ep=2, moe_tables=True),                   # moe_ep 2: not measured
+               RooflineCost(m, dev, 1, "bf16", expert_skew=1.2, moe_tables=True),        # a skew: the roofline what-if
+               RooflineCost(get_model("mixtral-8x7b"), dev, 1, "bf16", moe_tables=True)):
         bd = cm.breakdown(64, 64.0, 64, 0, 64)
         assert "experts" not in bd and bd["experts_down"]["source"] == "roofline"
 
