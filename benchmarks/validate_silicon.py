@@ -58,7 +58,9 @@ def main() -> None:
     args = ap.parse_args()
     path = Path(args.csv) if args.csv else silicon_sample_path()
     rows = read_measured(path)
-    usable = [(r, w) for r, w in rows if w is None]
+    # dense rows only (MoE rows, which pdsim validate now also expresses: benchmarks/validate_moe_silicon.py)
+    from pdsim.validate import MOE_MODELS
+    usable = [(r, w) for r, w in rows if w is None and r.get("model") not in MOE_MODELS.values()]
     reasons: dict[str, int] = {}
     for _, w in rows:
         if w:

@@ -44,13 +44,22 @@ MODELS = {"llama-3.1-8b": "llama-3.1-8b", "llama-3.1-8b-instruct": "llama-3.1-8b
           "llama-2-7b-hf": "llama-2-7b", "llama-2-70b-hf": "llama-2-70b", "mistral-7b-instruct-v0.3": "mistral-7b"}
 #: mixture-of-experts families (pdsim's cost model is dense)
 MOE = re.compile(r"deepseek|mixtral|minimax|kimi|glm-5|gpt-oss|qwen3-235b|qwen3-30b|qwen3\.5|a\d+b", re.I)
+#: mixture-of-experts models of benchmark files that pdsim has presets for (the rest are skipped)
+MOE_MODELS = {"deepseek-v3": "deepseek-v3", "deepseek-r1": "deepseek-r1", "deepseek-r1-0528": "deepseek-r1",
+              "qwen3-235b-a22b": "qwen3-235b-a22b", "qwen3-235b-a22b-fp8": "qwen3-235b-a22b",
+              "qwen3-30b-a3b": "qwen3-30b-a3b", "qwen3-30b-a3b-fp8": "qwen3-30b-a3b",
+              "gpt-oss-120b": "gpt-oss-120b", "mixtral-8x7b-v0.1": "mixtral-8x7b",
+              "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b"}
+#: multi-node instances are not modelled (one NVLink domain per instance)
+MAX_ROW_TP = 8
 ENGINES = ("vllm-v1", "vllm-v0", "sglang", "trtllm")
 
 
 def _model(name: str) -> tuple[str | None, str | None]:
     base = name.strip().split("/")[-1].lower()
     if MOE.search(base):
-        return None, f"moe_model: {name}"
+        m = MOE_MODELS.get(base)
+        return (m, None) if m else (None, f"moe_model: {name}")
     m = MODELS.get(base)
     return (m, None) if m else (None, f"unknown_model: {name}")
 
@@ -126,6 +135,21 @@ def silicon_harness(source: str, isl: int | None, osl: int | None) -> tuple[str,
     return "unknown", 1.0
 
 
+def _moe_split(r: dict, moe_tp: int, moe_ep: int, attention_dp: int) -> str | None:
+    """Set a MoE row's ``ep`` / ``dp_attention`` / ``tp`` as a pdsim pool expresses them, or say why not:
+    TP attention with experts over moe_tp x moe_ep = tp GPUs, or DP attention within one instance
+    (attention TP 1 on attention_dp GPUs, experts over all of them: ep = attention_dp)."""
+    tp = r["tp"]
+    if attention_dp > 1:
+        if not (tp == 1 and moe_tp == 1 and moe_ep == attention_dp):
+            return "attention_data_parallel"
+        r["tp"], r["dp_attention"] = attention_dp, True
+    elif tp != moe_tp * moe_ep:
+        return "moe_split"
+    r["ep"] = moe_ep
+    return "multi_node_tp" if r["tp"] > MAX_ROW_TP else None
+
+
 def read_silicon(path: Path) -> list[tuple[dict, str | None]]:
     out = []
     with open(path, newline="", encoding="utf-8") as f:
@@ -137,12 +161,15 @@ def read_silicon(path: Path) -> list[tuple[dict, str | None]]:
             r, why = _row("silicon", line.get("id", ""), line.get("model_path", ""), line.get("system", ""),
                           line.get("backend", ""), line.get("backend_version", ""), line.get("mode", ""),
                           _int(line.get("tp_size")), _int(line.get("isl")), _int(line.get("osl")), conc,
-                          line.get("gemm_quant_mode") or line.get("precision"),
+                          line.get("moe_quant_mode") or line.get("gemm_quant_mode") or line.get("precision"),
                           _float(line.get("silicon_ttft_ms")), _float(line.get("silicon_tpot_ms")),
                           extra={"harness": harness, "length_ratio": ratio})
             if why is None:
                 if (_int(line.get("pp_size")) or 1) > 1:
                     why = "pipeline_parallel"
+                elif r["model"] in MOE_MODELS.values():
+                    why = _moe_split(r, _int(line.get("moe_tp_size")) or 1, _int(line.get("moe_ep_size")) or 1,
+                                     _int(line.get("attention_dp_size")) or 1)
                 elif (_int(line.get("attention_dp_size")) or 1) > 1:
                     why = "attention_data_parallel"
             out.append((r, why))
@@ -298,6 +325,10 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
     pool = {"kind": "colocated", "replicas": 1, "tp": r["tp"], "device": (profiles or {}).get(r["device"], r["device"])}
     if cost_model:
         pool["cost_model"] = cost_model
+    if r.get("ep", 1) > 1:
+        pool["ep"] = r["ep"]
+    if r.get("dp_attention"):
+        pool["dp_attention"] = True
     if engine_presets:
         pool["engine"] = r["engine"]
         if step_overhead and r["engine"] in step_overhead:     # fitted overhead (calibration) over the preset's

@@ -17,7 +17,7 @@ from pdsim.validate import read_measured, validate
 
 COLS = ["id", "silicon_data_source", "backend", "backend_version", "model_path", "system", "precision", "mode",
         "isl", "osl", "gemm_quant_mode", "moe_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size",
-        "silicon_ttft_ms", "silicon_tpot_ms"]
+        "moe_tp_size", "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms"]
 
 
 def _silicon(path, rows):
@@ -34,7 +34,7 @@ def _silicon(path, rows):
     return path
 
 
-BAD = [({"id": "moe", "model_path": "deepseek-ai/DeepSeek-V3"}, "moe_model"),
+BAD = [({"id": "moe", "model_path": "MiniMaxAI/MiniMax-M2"}, "moe_model"),
        ({"id": "gb300", "system": "gb300"}, "unknown_gpu"),
        ({"id": "int4", "precision": "int4", "gemm_quant_mode": "int4_wo"}, "unsupported_precision"),
        ({"id": "pd", "mode": "disagg"}, "disaggregated_row"),
@@ -120,19 +120,19 @@ def test_genai_perf_json(tmp_path):
 
 
 def test_cli_writes_table_and_exit_codes(tmp_path, capsys):
-    good = _silicon(tmp_path / "good.csv", [{"id": "ok"}, {"id": "moe", "model_path": "deepseek-ai/DeepSeek-R1"}])
+    good = _silicon(tmp_path / "good.csv", [{"id": "ok"}, {"id": "moe", "model_path": "moonshotai/Kimi-K2-Instruct"}])
     out = tmp_path / "out"
     assert main(["validate", str(good), "--out", str(out), "--quiet"]) == 0
     with open(out / "validate.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["id"] for r in rows] == ["ok"] and float(rows[0]["sim_ttft_ms"]) > 0
     with open(out / "skipped.csv") as f:
-        assert [(r["id"], r["reason"]) for r in csv.DictReader(f)] == [("moe", "moe_model: deepseek-ai/DeepSeek-R1")]
+        assert [(r["id"], r["reason"]) for r in csv.DictReader(f)] == [("moe", "moe_model: moonshotai/Kimi-K2-Instruct")]
     summary = json.loads((out / "validate.json").read_text())
     assert summary["counts"]["skipped_by_reason"] == {"moe_model": 1}
     assert "TTFT MAPE" in (out / "validate.html").read_text()
     # nothing usable: exit 1; an unknown format: one-line error, exit 2
-    bad = _silicon(tmp_path / "bad.csv", [{"id": "moe", "model_path": "deepseek-ai/DeepSeek-R1"}])
+    bad = _silicon(tmp_path / "bad.csv", [{"id": "moe", "model_path": "moonshotai/Kimi-K2-Instruct"}])
     assert main(["validate", str(bad), "--out", str(tmp_path / "o2"), "--quiet"]) == 1
     junk = tmp_path / "junk.txt"
     junk.write_text("hello\n")
@@ -293,3 +293,31 @@ def test_blackwell_fp4_and_fp8_rows_are_expressible(tmp_path):
     assert all(why is None for _, why in rows.values())
     assert [(rows[i][0]["device"], rows[i][0]["weight_dtype"], rows[i][0]["kv_dtype"]) for i in ("b-fp4", "b-fp8", "h-bf16")] \
         == [("b200", "fp4", "fp8"), ("b200", "fp8", "fp8"), ("h100-sxm", "bf16", "bf16")]
+
+
+
+def test_moe_rows_become_expert_parallel_or_dp_attention_pools(tmp_path):
+    """MoE rows of models pdsim has presets for: TP attention with experts over moe_tp x moe_ep = tp GPUs
+    (ep = moe_ep), or DP attention in one instance (attention TP 1 on attention_dp GPUs, ep = attention_dp);
+    other splits, multi-node instances and models without a preset are skipped with a reason."""
+    ds = {"model_path": "deepseek-ai/DeepSeek-R1", "system": "h200_sxm", "precision": "fp8",
+          "moe_quant_mode": "fp8_block"}
+    path = _silicon(tmp_path / "silicon.csv", [
+        {**ds, "id": "ep8", "tp_size": 8, "moe_tp_size": 1, "moe_ep_size": 8},
+        {**ds, "id": "tp8", "tp_size": 8, "moe_tp_size": 8, "moe_ep_size": 1},
+        {**ds, "id": "dp8", "tp_size": 1, "moe_tp_size": 1, "moe_ep_size": 8, "attention_dp_size": 8},
+        {**ds, "id": "odd", "tp_size": 8, "moe_tp_size": 2, "moe_ep_size": 2},
+        {**ds, "id": "dp-tp", "tp_size": 2, "moe_tp_size": 1, "moe_ep_size": 8, "attention_dp_size": 4},
+        {**ds, "id": "big", "tp_size": 16, "moe_tp_size": 1, "moe_ep_size": 16},
+        {"id": "kimi", "model_path": "moonshotai/Kimi-K2-Instruct"}])
+    rows = {r["id"]: (r, why) for r, why in read_measured(path)}
+    assert {i: why for i, (_, why) in rows.items() if why} == {
+        "odd": "moe_split", "dp-tp": "attention_data_parallel", "big": "multi_node_tp",
+        "kimi": "moe_model: moonshotai/Kimi-K2-Instruct"}
+    got = {i: (r["model"], r["tp"], r.get("ep", 1), r.get("dp_attention", False), r["weight_dtype"])
+           for i, (r, why) in rows.items() if why is None}
+    assert got == {"ep8": ("deepseek-r1", 8, 8, False, "fp8"), "tp8": ("deepseek-r1", 8, 1, False, "fp8"),
+                   "dp8": ("deepseek-r1", 8, 8, True, "fp8")}
+    from pdsim.validate import row_scenario
+    pool = row_scenario({**rows["dp8"][0], "concurrency": 4}).topologies["t"]
+    assert (pool.tp, pool.ep, pool.dp_attention, pool.engine) == (8, 8, True, "trtllm")
