@@ -79,7 +79,15 @@ def _cores() -> int:
 
 
 def _fmt(x, scale=1.0, digits=3):
-    return "-" if x is None else f"{x * scale:.{digits}g}"
+    """``digits`` significant figures, without exponents: 4530.2 -> "4,530", 0.0123 -> "0.0123"."""
+    if x is None:
+        return "-"
+    v = x * scale
+    if v != v or v in (float("inf"), float("-inf")):
+        return str(v)
+    if v != 0 and abs(v) >= 10 ** digits:
+        return f"{round(v, digits - len(str(int(abs(v))))):,.0f}"
+    return f"{v:.{digits}g}"
 
 
 def print_summary(summary: dict, out=sys.stdout) -> None:

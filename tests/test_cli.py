@@ -445,3 +445,10 @@ def test_every_cli_option_says_what_it_is():
                 missing.append(" ".join(path + [a.option_strings[-1]]))
     walk(parser, ["pdsim"])
     assert not missing, missing
+
+
+def test_run_table_numbers_have_no_exponents():
+    """A planner reads 4,530 ms, not 4.53e+03 (seen on the autoscaling scenario's mean-sized topology)."""
+    from pdsim.__main__ import _fmt
+    assert [_fmt(x) for x in (4530.2, 18234.0, 999.4, 0.0123, None)] == ["4,530", "18,200", "999", "0.0123", "-"]
+    assert _fmt(4.5302, 1e3) == "4,530" and _fmt(252.54, 1, 4) == "252.5"
