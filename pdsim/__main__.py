@@ -118,11 +118,16 @@ def _bias(band: dict) -> str:
 def print_error_bands(summary: dict, out=None) -> None:
     """The TTFT/TPOT error measured against real runs for each pool's engine and GPU (pdsim validate)."""
     out = out or sys.stdout          # looked up per call: a stream swapped after import is honoured
+    groups: dict[str, list[str]] = {}    # one line per distinct band: the pools it applies to
     for name, s in summary.items():
         for pool, band in (s.get("expected_error") or {}).items():
             text = band if isinstance(band, str) else (f"TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}% "
                                                        f"(MAPE over {band['rows']} measured runs{_bias(band)})")
-            print(f"expected error {name}/{pool}: {text}", file=out)
+            if isinstance(band, dict) and band.get("engine") == "none":
+                text += "; no engine preset: `engine:` (vllm-v1, sglang, trtllm) gives engine-faithful serving"
+            groups.setdefault(text, []).append(f"{name}/{pool}")
+    for text, where in groups.items():
+        print(f"expected error {', '.join(where)}: {text}", file=out)
 
 
 def cmd_run(args) -> int:

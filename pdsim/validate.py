@@ -532,4 +532,4 @@ def error_band(engine: str | None, device: str, tp: int | None = None) -> dict |
     hit = table.get("bands", {}).get(f"{engine or 'none'}|{key_dev}")
     if not hit:
         return "unvalidated"
-    return {**hit, "source": table.get("source", "")}
+    return {**hit, "source": table.get("source", ""), "engine": engine or "none", "device": key_dev}

@@ -272,7 +272,9 @@ def test_run_prints_the_stored_band_of_each_pools_engine_and_gpu(tmp_path, capsy
     f = tmp_path / "bands.yaml"
     f.write_text(yaml.safe_dump(sc))
     assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 0
-    lines = {ln.split(":")[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("expected error")}
+    # one line per distinct band, naming every topology/pool it applies to
+    lines = {f"expected error {where}": ln for ln in capsys.readouterr().out.splitlines()
+             if ln.startswith("expected error") for where in ln.split(":")[0].removeprefix("expected error ").split(", ")}
     b = bands["vllm-v1|h200"]
     assert f"TTFT ±{b['ttft_mape_pct']}%, TPOT ±{b['tpot_mape_pct']}%" in lines["expected error v1/replica"]
     assert f"over {b['rows']} measured runs" in lines["expected error v1/replica"]
