@@ -1,6 +1,6 @@
 """Datasheet roofline vs measured kernel tables, composed op by op into step times.
 
-For H100, H200 and A100 (the datasheet presets ``h100-sxm``, ``h200``, ``a100-80gb-sxm`` against the
+For H100, H200, A100 and B200 (the datasheet presets ``h100-sxm``, ``h200``, ``a100-80gb-sxm``, ``b200`` against the
 profiles imported from NVIDIA aiconfigurator-core 0.12.0, TRT-LLM backend, in calibration/profiles/),
 Llama-3.1-8B, Qwen3-32B and Llama-3.1-70B at TP 1/2/4/8 (bf16 weights and KV), one step of:
 prefill of one prompt of 128 ... 16384 tokens, and decode of batch 1 ... 512 at context 128 ... 32768
