@@ -289,7 +289,18 @@ def cmd_list(args) -> int:
 def cmd_sweep(args) -> int:
     from .sweep import print_goodput, run_sweep, write_sweep_outputs
     out = Path(args.out or f"reports/{Path(args.scenario).stem}-sweep")
-    result = run_sweep(args.scenario, args.set, args.jobs, progress=not args.quiet)
+    ex = None
+    if args.scheduler:               # as plan: a Dask cluster instead of local processes
+        if args.jobs:
+            raise ConfigError("only used without --scheduler (Dask workers are sized by the cluster)",
+                              key="--jobs", value=args.jobs)
+        from .plan import DaskExecutor
+        ex = DaskExecutor(args.scheduler)
+    try:
+        result = run_sweep(args.scenario, args.set, args.jobs, progress=not args.quiet, executor=ex)
+    finally:
+        if ex is not None:
+            ex.close()
     path = write_sweep_outputs(result, out)
     print_goodput(result)
     print(f"\nwrote {out}/ (sweep.csv, sweep.json, {path.name}): {len(result['rows'])} rows in "
@@ -480,6 +491,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sw.add_argument("--out", metavar="FOLDER", help="output folder (default reports/<scenario name>-sweep)")
     sw.add_argument("--jobs", type=_int_in(1, 4096), metavar="PROCESSES",
                     help="local worker processes (default: all cores)")
+    sw.add_argument("--scheduler", metavar="ADDRESS",
+                    help="run the points on a Dask cluster: scheduler address tcp://HOST:PORT (needs "
+                         "'pdsim[dask]'; workers need pdsim and the scenario's referenced files at the same paths)")
     sw.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     sw.set_defaults(fn=cmd_sweep)
     ls = sub.add_parser("list", help="models (params, KV bytes/token), devices (peak FLOP/s, HBM GB/s, memory, "

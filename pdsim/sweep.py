@@ -73,9 +73,12 @@ def _is_num(v) -> bool:
 
 def run_point(task: dict) -> dict:
     """Simulate one grid point; the per-topology numbers a sweep keeps (runs in a worker process)."""
+    import copy
+
     from . import config, metrics
     from .simulation import simulate
-    sc = config.load(task["scenario"], task["overrides"])
+    # the scenario travels as its contents with an absolute base folder: a Dask worker need not see the file
+    sc = config.parse(copy.deepcopy(task["raw"]), task["file"], task["overrides"], task["base_dir"])
     t0 = time.perf_counter()
     results = simulate(sc)
     df = metrics.requests_frame(results)
@@ -115,25 +118,34 @@ def goodput(xs: list[float], att: list[float], target: float) -> dict:
     return {"status": "within the swept range", "last_pass": x0, "first_fail": x1, "estimate": est}
 
 
-def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress: bool = True) -> dict:
+def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress: bool = True,
+              executor=None) -> dict:
+    """The grid: in this process (jobs 1), a local process pool, or ``executor`` (a
+    :class:`pdsim.plan.DaskExecutor`, as ``pdsim sweep --scheduler``)."""
     from . import config
     fixed, axes = parse_axes(sets)
     if not axes:
         raise ConfigError("nothing to sweep: give --set KEY=lo:hi:step or --set KEY=a,b,c", key="--set")
     points = [dict(zip([k for k, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
     tasks = []
+    raw = config.read_yaml(scenario)
+    base_dir = str(Path(scenario).resolve().parent)
     for pt in points:     # validate every point before simulating any: a bad value fails in a second
         ov = fixed + [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in pt.items()]
         sc = config.load(scenario, ov)
-        tasks.append({"scenario": scenario, "overrides": ov, "point": pt})
+        tasks.append({"raw": raw, "file": str(scenario), "base_dir": base_dir, "overrides": ov, "point": pt})
     jobs = max(1, min(jobs or (os.cpu_count() or 1), len(tasks)))
     if progress:
-        print(f"pdsim sweep: {len(tasks)} points x {len(sc.topologies)} topologies on {jobs} "
-              f"process{'es' if jobs > 1 else ''}", file=sys.stderr, flush=True)
+        where = f"Dask ({getattr(executor, 'address', 'cluster')})" if executor is not None else \
+            f"{jobs} process{'es' if jobs > 1 else ''}"
+        print(f"pdsim sweep: {len(tasks)} points x {len(sc.topologies)} topologies on {where}",
+              file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     from .progress import Bar
     with Bar(len(tasks), "sweep", unit="point", enabled=progress) as bar:
-        if jobs == 1:
+        if executor is not None:
+            results = list(executor.map(run_point, tasks, on_done=bar.update))
+        elif jobs == 1:
             results = []
             for t in tasks:
                 results.append(run_point(t))

@@ -105,3 +105,35 @@ def test_sweep_page_fits_1024_px(tmp_path):
               "goodput": gp, "wall_s": 1.0, "jobs": 2}
     path = build_sweep_report(result, tmp_path)
     assert _overflows(path, tmp_path, 1024) == []
+
+
+
+def test_sweep_on_a_dask_cluster_gives_the_local_rows(tmp_path):
+    """Issue #16: the grid runs on a local pool or on Dask, like plan, with the same rows."""
+    distributed = pytest.importorskip("distributed")
+    from pdsim.plan import DaskExecutor
+    from pdsim.sweep import run_sweep
+    sc = tmp_path / "s.yaml"
+    sc.write_text("name: s\nseed: 1\nmodel: llama-3.1-8b\n"
+                  "workload: {arrival: poisson, rate: 5, num_requests: 60, prompt_tokens: 64, output_tokens: 8}\n"
+                  "slo: {ttft_s: 0.05, tpot_s: 0.05}\n"
+                  "topologies:\n  a: {kind: colocated, max_running: 1, kv_blocks: 1000,"
+                  " cost_model: {kind: constant, step_s: 0.01}}\n")
+    local = run_sweep(str(sc), ["workload.rate=5,300"], jobs=1, progress=False)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        dask = run_sweep(str(sc), ["workload.rate=5,300"], progress=False, executor=DaskExecutor(client))
+    assert [r["slo_attainment"] for r in local["rows"]] == [r["slo_attainment"] for r in dask["rows"]]
+    assert local["rows"] == dask["rows"] and local["rows"][0]["slo_attainment"] > local["rows"][1]["slo_attainment"]
+
+
+def test_a_sweep_point_runs_from_the_scenario_contents_alone(tmp_path):
+    """A worker on another machine gets the scenario's contents and an absolute base folder, not its file."""
+    from pdsim.sweep import run_point
+    raw = {"name": "s", "seed": 1, "model": "llama-3.1-8b",
+           "workload": {"arrival": "poisson", "rate": 5, "num_requests": 20, "prompt_tokens": 64, "output_tokens": 8},
+           "topologies": {"a": {"kind": "colocated", "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.01}}}}
+    task = {"raw": raw, "file": str(tmp_path / "gone.yaml"), "base_dir": str(tmp_path), "point": {"workload.rate": 5},
+            "overrides": ["workload.rate=5"]}
+    out = run_point(task)
+    assert out["rows"][0]["finished"] == 20 and raw["workload"]["rate"] == 5      # the shared contents untouched
