@@ -429,3 +429,51 @@ def test_cli_reports_an_oversized_cache_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert str(p) in err and "topologies.a.prefix_cache.capacity_blocks = 60" in err
+
+
+# --- page layout and decode-side reservation, by hand (gaps found by mutmut) ---------------------------
+def test_page_layout_keys_and_ends_by_hand():
+    from pdsim.kvcache import page_layout
+    J, S = 24, 10                               # key layout: id << 24 | first block, then << 10 | page size
+    # ids of 32 tokens on 16-token blocks: a page is 2 blocks; 80 tokens = 5 whole blocks, the last page short
+    keys, ends = page_layout([7, 8, 9], 32, 16, 80)
+    assert ends == [2, 4, 5]
+    assert keys == [(((7 << J) | 0) << S) | 2, (((8 << J) | 2) << S) | 2, (((9 << J) | 4) << S) | 1]
+    # ids of 24 tokens on 16-token blocks (not a multiple): a page per block, keyed by the id holding its
+    # last token: blocks end at tokens 15, 31, 47, 63 -> ids 0, 1, 1, 2
+    keys, ends = page_layout([5, 6, 7], 24, 16, 64)
+    assert ends == [1, 2, 3, 4] and keys == [(5 << J) | 0, (6 << J) | 1, (6 << J) | 2, (7 << J) | 3]
+    # an id unit of 1024 blocks or more no longer fits the page-size field: a page per block
+    keys, ends = page_layout([3], 16 * 1024, 16, 32)
+    assert ends == [1, 2] and keys == [(3 << J) | 0, (3 << J) | 1]
+    # only whole blocks inside the span the ids cover
+    assert page_layout([1, 2], 16, 16, 100) == ([(((1 << J) | 0) << S) | 1, (((2 << J) | 1) << S) | 1], [1, 2])
+
+
+def test_decode_side_reservation_by_hand():
+    """reserve_prefix: a request without ids reserves blocks for ``total`` tokens (default: the tokens
+    sent) and hits nothing; with ids it reuses the cached pages, counts the hit, and keeps the watermark."""
+    kv = PrefixKVCache(20, 16)
+    plain = Request(0, 0.0, 64, 10)
+    assert kv.reserve_prefix(plain, 64, 73) == 0 and plain.blocks == 5          # ceil(73 / 16)
+    other = Request(1, 0.0, 64, 10)
+    assert kv.reserve_prefix(other, 64) == 0 and other.blocks == 4              # total defaults to the tokens
+    big = Request(2, 0.0, 200, 10)
+    assert kv.reserve_prefix(big, 200) is None and big.blocks == 0 and kv.free_blocks == 11   # 13 > 11 free
+    # a cached 4-page prefix (finished request), then two transfers that share it
+    kv = PrefixKVCache(40, 16, watermark=0.1)                                    # 4 blocks kept spare
+    old = _req(0, 0.0, 64, 1, range(1, 5))
+    kv.attach(old, kv.peek(old), 64)
+    old.computed = 64
+    kv.commit(old)
+    old.status = FINISHED
+    kv.release(old)
+    a, b = _req(1, 0.0, 96, 4, range(1, 7)), _req(2, 0.0, 96, 4, range(1, 7))
+    assert kv.reserve_prefix(a, 96) == 64 and kv.stats.transfer_hit_tokens == 64
+    assert kv.reserve_prefix(b, 96) == 64 and kv.stats.transfer_hit_tokens == 128  # counts add up
+    assert a.blocks == b.blocks == 6 and kv.free_blocks == 40 - 4 - 2 - 2
+    # the watermark: exactly free - watermark blocks fit, one more does not
+    c = _req(3, 0.0, 16 * 28, 1, range(100, 128))     # 28 fresh blocks; 32 free, 4 kept spare
+    assert kv.reserve_prefix(c, 16 * 28) == 0 and c.blocks == 28
+    d = _req(4, 0.0, 16, 1, range(200, 201))          # 4 free, all of them the watermark
+    assert kv.reserve_prefix(d, 16) is None
