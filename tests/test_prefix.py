@@ -477,3 +477,25 @@ def test_decode_side_reservation_by_hand():
     assert kv.reserve_prefix(c, 16 * 28) == 0 and c.blocks == 28
     d = _req(4, 0.0, 16, 1, range(200, 201))          # 4 free, all of them the watermark
     assert kv.reserve_prefix(d, 16) is None
+
+
+def test_host_tier_evictions_and_loads_by_hand():
+    """10 GPU blocks of 16 tokens, at most 2 cached on the GPU, a 4-block host tier at 1 MB/s, 1000 B per
+    block.  Two finished 4-page chains: each release trims the GPU cache to 2 blocks (LRU, a chain's last
+    pages first), the evicted pages go to the host, and the host keeps its 4 most recent (2 evicted).
+    Then two prompts hit host pages: 2 + 2 blocks copied in, 0.002 s each, summed for the next step."""
+    kv = PrefixKVCache(10, 16, capacity_blocks=2, host_blocks=4, host_bandwidth_Bps=1e6, block_bytes=1000.0)
+    for i, ids in enumerate(([1, 2, 3, 4], [11, 12, 13, 14])):
+        r = _req(i, 0.0, 64, 1, ids)
+        kv.attach(r, kv.peek(r), 64)
+        r.computed = 64
+        kv.commit(r)
+        r.status = FINISHED
+        kv.release(r)
+    # host after both releases: chain 1 pages 0, 1 and chain 2 pages 2, 3 (chain 1's pages 2, 3 pushed out)
+    assert (kv.stats.evicted_blocks, kv.stats.host_evicted_blocks, kv.host_used, kv.lru_blocks) == (6, 2, 4, 2)
+    b1, b2 = _req(2, 0.0, 80, 2, [1, 2, 3, 4, 9]), _req(3, 0.0, 80, 2, [11, 12, 13, 14, 19])
+    assert kv.attach(b1, kv.peek(b1), 80) and b1.cached_tokens == 32     # pages 0, 1 from the host
+    assert kv.attach(b2, kv.peek(b2), 80) and b2.cached_tokens == 64     # 0, 1 on the GPU, 2, 3 from the host
+    assert kv.stats.host_load_bytes == 4000 and kv.stats.host_hit_tokens == 32 + 32
+    assert kv.take_load_s() == pytest.approx(0.004) and kv.load_s == 0.0
