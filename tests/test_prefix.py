@@ -382,12 +382,7 @@ def test_an_eviction_that_breaks_a_cached_chain_lets_the_queue_head_in_under_a_b
     from pdsim.kvcache import page_layout
     from pdsim.scheduler import Limits, chunked
     kv = PrefixKVCache(20, 16)
-    old = _req(0, 0.0, 160, 1, range(1, 11))
-    kv.attach(old, kv.peek(old), 160)
-    old.computed = 160
-    kv.commit(old)
-    old.status = FINISHED
-    kv.release(old)
+    _serve(kv, _req(0, 0.0, 160, 1, range(1, 11)))         # a cached 10-page chain, finished
     kv.lru.move_to_end(page_layout(list(range(1, 11)), 16, 16, 160)[0][2], last=False)   # page 2 least recent
     r = Request(1, 0.0, 100, 200)
     r.computed, r.generated = 159, 60         # 159 cached tokens in 10 blocks; its next token is the 160th
@@ -462,12 +457,7 @@ def test_decode_side_reservation_by_hand():
     assert kv.reserve_prefix(big, 200) is None and big.blocks == 0 and kv.free_blocks == 11   # 13 > 11 free
     # a cached 4-page prefix (finished request), then two transfers that share it
     kv = PrefixKVCache(40, 16, watermark=0.1)                                    # 4 blocks kept spare
-    old = _req(0, 0.0, 64, 1, range(1, 5))
-    kv.attach(old, kv.peek(old), 64)
-    old.computed = 64
-    kv.commit(old)
-    old.status = FINISHED
-    kv.release(old)
+    _serve(kv, _req(0, 0.0, 64, 1, range(1, 5)))
     a, b = _req(1, 0.0, 96, 4, range(1, 7)), _req(2, 0.0, 96, 4, range(1, 7))
     assert kv.reserve_prefix(a, 96) == 64 and kv.stats.transfer_hit_tokens == 64
     assert kv.reserve_prefix(b, 96) == 64 and kv.stats.transfer_hit_tokens == 128  # counts add up
@@ -486,12 +476,7 @@ def test_host_tier_evictions_and_loads_by_hand():
     Then two prompts hit host pages: 2 + 2 blocks copied in, 0.002 s each, summed for the next step."""
     kv = PrefixKVCache(10, 16, capacity_blocks=2, host_blocks=4, host_bandwidth_Bps=1e6, block_bytes=1000.0)
     for i, ids in enumerate(([1, 2, 3, 4], [11, 12, 13, 14])):
-        r = _req(i, 0.0, 64, 1, ids)
-        kv.attach(r, kv.peek(r), 64)
-        r.computed = 64
-        kv.commit(r)
-        r.status = FINISHED
-        kv.release(r)
+        _serve(kv, _req(i, 0.0, 64, 1, ids))
     # host after both releases: chain 1 pages 0, 1 and chain 2 pages 2, 3 (chain 1's pages 2, 3 pushed out)
     assert (kv.stats.evicted_blocks, kv.stats.host_evicted_blocks, kv.host_used, kv.lru_blocks) == (6, 2, 4, 2)
     b1, b2 = _req(2, 0.0, 80, 2, [1, 2, 3, 4, 9]), _req(3, 0.0, 80, 2, [11, 12, 13, 14, 19])
