@@ -122,7 +122,14 @@ def test_sweep_on_a_dask_cluster_gives_the_local_rows(tmp_path):
     local = run_sweep(str(sc), ["workload.rate=5,300"], jobs=1, progress=False)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-        dask = run_sweep(str(sc), ["workload.rate=5,300"], progress=False, executor=DaskExecutor(client))
+        class Counting(DaskExecutor):            # the points must really go through the cluster
+            sent = 0
+
+            def map(self, fn, tasks, on_done=None):
+                Counting.sent += len(tasks)
+                return super().map(fn, tasks, on_done)
+        dask = run_sweep(str(sc), ["workload.rate=5,300"], progress=False, executor=Counting(client))
+    assert Counting.sent == 2
     assert [r["slo_attainment"] for r in local["rows"]] == [r["slo_attainment"] for r in dask["rows"]]
     assert local["rows"] == dask["rows"] and local["rows"][0]["slo_attainment"] > local["rows"][1]["slo_attainment"]
 
