@@ -282,6 +282,24 @@ def timeseries_frame(results) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def kv_cache_totals(topo) -> dict:
+    """KV bytes over every GPU of a topology.
+
+    ``peak_bytes``: each instance's own peak, summed over instances: the KV in use at once was at most
+    this (instances need not peak together; an instance that switched roles counts once per role).
+    ``capacity_bytes``: the pools' KV capacity at their peak instance counts.  An instance's blocks are
+    sized per GPU (``Pool.block_bytes``) and each of its tp x pp GPUs holds its share, so an instance's
+    bytes are blocks x block_bytes x GPUs per instance.  (Before: each pool's busiest instance times the
+    pool's peak instance count, per GPU: it counted autoscaled instances that never ran and left out tp x pp.)
+    """
+    peak = cap = 0.0
+    for p in topo.pools:
+        per_block = p.block_bytes * p.spec.gpus_per_instance
+        peak += sum(i.kv.peak_used for i in p.instances) * per_block
+        cap += p.peak_instances * p.instances[0].kv.total_blocks * per_block
+    return {"peak_bytes": float(peak), "capacity_bytes": float(cap)}
+
+
 def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
     out = {}
     for res in results:
@@ -330,6 +348,7 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
                 # instance FLOPs and bytes are per GPU (the cost model prices one GPU's shard of a step)
                 "mfu": flops / (inst_s * dev.peak_flops(p.cost.compute_dtype)) if dev else None,
                 "mbu": bytes_ / (inst_s * dev.mem_bw_Bps) if dev else None,
+                # per GPU (a block's bytes on one GPU): the busiest instance's peak, and one instance's pool
                 "kv_peak_bytes": max(i.kv.peak_used for i in p.instances) * p.block_bytes,
                 "kv_capacity_bytes": p.instances[0].kv.total_blocks * p.block_bytes,
                 "weights_bytes_per_gpu": p.cost.weight_bytes_per_gpu() if dev else None,
@@ -360,8 +379,7 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "mean_gpus": gpu_hours * 3600 / span,
             "utilization": {name: {k: v for k, v in p.items() if k in ("busy_fraction", "mfu", "mbu")}
                             for name, p in pools.items()},
-            "kv_cache": {"peak_bytes": sum(p["kv_peak_bytes"] * p["instances"] for p in pools.values()),
-                         "capacity_bytes": sum(p["kv_capacity_bytes"] * p["instances"] for p in pools.values())},
+            "kv_cache": kv_cache_totals(topo),
             "pools": pools,
             "links": links,
             "preemptions": int(d.preemptions.sum()),

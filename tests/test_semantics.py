@@ -328,6 +328,21 @@ def test_kv_pool_size_by_hand_with_tp_sharded_weights():
         assert got == int(free // (16 * kv_per_token_gpu)), tp
 
 
+def test_topology_kv_totals_count_every_gpu_and_each_instance_once():
+    # two TP2 replicas, one request each (prompt 100, reply 10): the last decode step holds 100 + 9 tokens,
+    # ceil(109 / 16) = 7 blocks; a block is 16 tokens x 131,072 B / 2 GPUs = 1 MiB on each of the 2 GPUs
+    topo = {"kind": "colocated", "replicas": 2, "tp": 2, "kv_blocks": 100,
+            "cost_model": {"kind": "constant", "step_s": 0.01}}
+    sc = scenario({"t": topo}, arrival="constant", rate=1000.0, num_requests=2, prompt_tokens=100, output_tokens=10)
+    (res,) = simulate(sc)
+    assert len({r.instance for r in res.requests}) == 2                # one request on each replica
+    s = metrics.summarize([res], metrics.requests_frame([res]), sc)["t"]
+    mib = 1024 ** 2
+    assert s["pools"]["replica"]["kv_peak_bytes"] == 7 * mib          # per GPU, the busiest instance
+    assert s["kv_cache"]["peak_bytes"] == 2 * 7 * mib * 2             # 2 instances x 7 blocks x 2 GPUs
+    assert s["kv_cache"]["capacity_bytes"] == 2 * 100 * mib * 2
+
+
 # --- traffic --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cv", [0.5, 1.0, 3.0])
 def test_gamma_interarrival_cv_and_rate(cv):
