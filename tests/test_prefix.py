@@ -484,3 +484,181 @@ def test_host_tier_evictions_and_loads_by_hand():
     assert kv.attach(b2, kv.peek(b2), 80) and b2.cached_tokens == 64     # 0, 1 on the GPU, 2, 3 from the host
     assert kv.stats.host_load_bytes == 4000 and kv.stats.host_hit_tokens == 32 + 32
     assert kv.take_load_s() == pytest.approx(0.004) and kv.load_s == 0.0
+
+
+def test_replay_hit_fraction_by_hand():
+    """Three chains one after another, each id a whole block: [1, 2, 3], [1, 2, 4], [5] -> 7 blocks.
+    Unlimited cache: the second finds 1, 2 -> 2 / 7.  Room for one cached block: after the first leaves its
+    pages enter the LRU tail first (3, 2, 1), so 3 and 2 are evicted and 1 stays: the second finds only 1,
+    then leaves 4, 2, 1 and again keeps 1 -> 1 / 7."""
+    lists = [[1, 2, 3], [1, 2, 4], [5]]
+    assert replay_hit_fraction(lists) == pytest.approx(2 / 7)
+    assert replay_hit_fraction(lists, capacity_blocks=1) == pytest.approx(1 / 7)
+    assert replay_hit_fraction([]) == 0.0
+    # a chain repeated whole hits every block; half a chain shared hits half
+    assert replay_hit_fraction([[7, 8], [7, 8]]) == pytest.approx(2 / 4)
+    assert replay_hit_fraction([[7, 8], [7, 9]]) == pytest.approx(1 / 4)
+
+
+# --- PrefixKVCache unit cases worked by hand (each kills a mutmut survivor; tests/MUTANTS.md) ----------------
+def test_a_wholly_cached_prompt_recomputes_its_last_block_into_a_fresh_block():
+    """vLLM stops a hit at prompt - 1 tokens (the last token's logits are needed): a 160-token prompt whose
+    10 pages are all cached maps 9 of them and computes block 9 into a fresh block; the cached page 9 stays
+    evictable.  30 blocks: 9 mapped + 1 fresh in use -> 20 free (the evictable page counts as free)."""
+    kv = PrefixKVCache(30, 16)
+    _serve(kv, _req(0, 0.0, 160, 2, range(1, 11)))
+    assert (kv.free_blocks, kv.lru_blocks) == (30, 10)
+    b = _req(1, 0.0, 160, 2, range(1, 11))
+    assert kv.peek(b) == 144 and kv.attach(b, 144, 160)
+    assert (b.blocks, kv.free_blocks, kv.lru_blocks, kv.peak_used) == (10, 20, 1, 10)
+    # two admissions looked up 2 x 160 prompt tokens and found 144 on the GPU
+    st_ = kv.stats
+    assert (st_.admissions, st_.lookup_tokens, st_.gpu_hit_tokens, st_.host_hit_tokens) == (2, 320, 144, 0)
+
+
+def test_a_transfer_whose_kv_is_all_cached_takes_no_block_from_a_full_pool():
+    """Decode side: 4 blocks, all held by a running request's 4 registered pages.  A transfer of the same
+    64 tokens (4 whole pages) needs 0 new blocks and fits a pool with 0 free; one more token needs a block."""
+    kv = PrefixKVCache(4, 16)
+    run = _req(0, 0.0, 64, 8, range(1, 5))
+    assert kv.attach(run, kv.peek(run), 64)
+    run.computed = 64
+    kv.commit(run)
+    assert kv.free_blocks == 0
+    same = _req(1, 0.0, 64, 8, range(1, 5))
+    assert kv.reserve_prefix(same, 64) == 64 and same.blocks == 4 and kv.free_blocks == 0
+    longer = _req(2, 0.0, 65, 8, range(1, 5))
+    assert kv.reserve_prefix(longer, 65) is None and longer.blocks == 0
+
+
+def test_ids_shorter_than_the_prompt_match_every_page_without_running_off_the_end():
+    """Ids for 64 tokens of an 80-token prompt: all 4 pages cached (2 on the GPU, 2 on the host tier) is a
+    hit of 64 tokens; the lookup stops at the last id.  Host: 2 blocks x 1000 B at 1 MB/s = 2 ms."""
+    kv = PrefixKVCache(10, 16, capacity_blocks=2, host_blocks=4, host_bandwidth_Bps=1e6, block_bytes=1000.0)
+    _serve(kv, _req(0, 0.0, 64, 1, [1, 2, 3, 4]))
+    # the release left 4 evictable blocks; the GPU cache keeps 2 (pages 0, 1: tail first out), host 2, 3
+    assert (kv.lru_blocks, kv.host_used) == (2, 2)
+    b = _req(1, 0.0, 80, 2, [1, 2, 3, 4])
+    assert kv.cached_tokens(b) == 64
+    assert kv.peek(b) == 64 and kv.attach(b, 64, 80) and b.cached_tokens == 64
+    assert kv.take_load_s() == pytest.approx(0.002)
+    c = _req(2, 0.0, 80, 2, [1, 2, 3, 4])                   # the decode side: a transfer of the 80 tokens
+    assert kv.reserve_prefix(c, 80) == 64
+
+
+def test_cached_tokens_is_whole_blocks_below_the_last_token():
+    """The routers' signal: a 64-token prompt on one 64-token page (4 blocks) cached: the hit stops before
+    the last token, so 3 whole blocks = 48 tokens; a request without ids has none; host pages count."""
+    kv = PrefixKVCache(20, 16)
+    _serve(kv, _req(0, 0.0, 64, 1, [7], unit=64))
+    assert kv.cached_tokens(_req(1, 0.0, 64, 1, [7], unit=64)) == 48
+    assert kv.peek(_req(1, 0.0, 64, 1, [7], unit=64)) == 48          # admission sees the same
+    assert kv.cached_tokens(Request(2, 0.0, 64, 1)) == 0
+    host = PrefixKVCache(10, 16, capacity_blocks=1, host_blocks=4, host_bandwidth_Bps=1e6, block_bytes=1.0)
+    _serve(host, _req(0, 0.0, 48, 1, [1, 2, 3]))            # page 0 stays on the GPU, pages 1, 2 on the host
+    assert (host.lru_blocks, host.host_used) == (1, 2)
+    assert host.cached_tokens(_req(1, 0.0, 64, 1, [1, 2, 3, 4])) == 48          # (1 GPU + 2 host) x 16
+
+
+def test_a_decode_side_transfer_counts_host_pages_in_its_hit():
+    kv = PrefixKVCache(10, 16, capacity_blocks=1, host_blocks=4, host_bandwidth_Bps=1e6, block_bytes=1.0)
+    _serve(kv, _req(0, 0.0, 48, 1, [1, 2, 3]))
+    r = _req(1, 0.0, 64, 2, [1, 2, 3, 4])
+    assert kv.reserve_prefix(r, 64) == 48 and kv.stats.transfer_hit_tokens == 48 and r.blocks == 4
+
+
+def test_a_page_as_large_as_the_host_tier_moves_there():
+    """A host tier of 2 blocks takes an evicted 2-block page (32-token ids on 16-token blocks)."""
+    kv = PrefixKVCache(8, 16, capacity_blocks=1, host_blocks=2, host_bandwidth_Bps=1e6, block_bytes=1.0)
+    _serve(kv, _req(0, 0.0, 64, 1, [5, 6], unit=32))          # 2 pages of 2 blocks; the GPU keeps none
+    assert (kv.lru_blocks, kv.host_used, kv.stats.evicted_blocks) == (0, 2, 4)
+
+
+def test_admission_into_a_prefix_pool_keeps_the_watermark():
+    kv = PrefixKVCache(20, 16, watermark=0.2)                  # 4 blocks spare for running requests
+    r = Request(0, 0.0, 16 * 17, 1)
+    assert not kv.grow(r, 16 * 17, admit=True) and r.blocks == 0      # 17 > 20 - 4
+    assert kv.grow(r, 16 * 16, admit=True) and r.blocks == 16
+    assert kv.grow(r, 16 * 17) and r.blocks == 17              # a running request may use the spare
+
+
+def test_requests_without_ids_leave_a_prefix_pool_cleanly():
+    kv = PrefixKVCache(10, 16)
+    r = Request(0, 0.0, 40, 2)
+    assert kv.peek(r) == 0
+    assert kv.attach(r, kv.peek(r), 40) and r.blocks == 3
+    assert (kv.stats.admissions, kv.stats.lookup_tokens) == (1, 40)
+    r.status = FINISHED
+    kv.release(r)
+    assert (kv.free_blocks, r.blocks, kv.lru_blocks) == (10, 0, 0)
+
+
+def test_pages_generated_past_the_prompt_are_cached_when_the_request_leaves():
+    """A chat turn: ids describe prompt + reply (64 tokens), the prompt is 32.  While it runs only the
+    prompt's 2 pages are shared; when it leaves with 32 + 31 = 63 tokens in cache, page 2 (tokens 32-47)
+    is complete and cached too, page 3 (48-63, last token missing) is not: the next turn finds 48 tokens."""
+    kv = PrefixKVCache(20, 16)
+    r = Request(0, 0.0, 32, 32, hash_ids=[1, 2, 3, 4], hash_block_tokens=16, hash_tokens=64)
+    assert kv.attach(r, kv.peek(r), 32)
+    r.computed = 32
+    kv.commit(r)
+    assert kv.grow(r, 63)
+    r.computed, r.status = 63, FINISHED
+    kv.release(r)
+    nxt = Request(1, 0.0, 100, 1, hash_ids=[1, 2, 3, 4, 5], hash_block_tokens=16)
+    assert kv.cached_tokens(nxt) == 48
+
+
+def test_layout_is_per_block_size():
+    """A request laid out by a 16-token-block pool, then by a 32-token one (a decode pool of another block
+    size): each pool sees its own pages (the memo is keyed on the block size)."""
+    from pdsim.kvcache import page_layout
+    r = _req(0, 0.0, 64, 1, [1, 2, 3, 4])
+    assert PrefixKVCache(10, 16).layout(r) == page_layout([1, 2, 3, 4], 16, 16, 64)
+    assert PrefixKVCache(10, 32).layout(r) == page_layout([1, 2, 3, 4], 16, 32, 64)
+    assert len(PrefixKVCache(10, 32).layout(r)[0]) == 2
+
+
+def test_a_reset_forgets_pending_host_loads_and_bad_sizes_are_refused():
+    kv = PrefixKVCache(10, 16, capacity_blocks=1, host_blocks=4, host_bandwidth_Bps=1e6, block_bytes=1000.0)
+    _serve(kv, _req(0, 0.0, 48, 1, [1, 2, 3]))
+    b = _req(1, 0.0, 64, 1, [1, 2, 3, 4])
+    assert kv.attach(b, kv.peek(b), 64) and kv.load_s > 0
+    kv.reset()                                                 # the instance failed: its memory is gone
+    assert (kv.load_s, kv.free_blocks, kv.lru_blocks, kv.host_used) == (0.0, 10, 0, 0)
+    PrefixKVCache(10, 16, capacity_blocks=1)                   # the smallest cache: one block
+    PrefixKVCache(10, 16, host_blocks=1, host_bandwidth_Bps=0.5)
+    with pytest.raises(AssertionError):
+        PrefixKVCache(10, 16, capacity_blocks=0)
+    with pytest.raises(AssertionError):
+        PrefixKVCache(10, 16, host_blocks=1, host_bandwidth_Bps=0.0)
+
+
+def test_prompt_pages_become_shareable_as_chunks_complete_them():
+    """Chunked prefill of a 48-token prompt (3 pages) in chunks ending at 8, 16 and 32 tokens: after each
+    commit another request with the same ids finds 0, 16 and 32 tokens (a page exactly completed counts)."""
+    kv = PrefixKVCache(20, 16)
+    r = _req(0, 0.0, 48, 2, [1, 2, 3])
+    assert kv.attach(r, kv.peek(r), 8)
+    probe = _req(1, 0.0, 64, 1, [1, 2, 3, 4])
+    for computed, want in ((8, 0), (16, 16), (32, 32)):
+        assert kv.grow(r, computed)
+        r.computed = computed
+        kv.commit(r)
+        assert kv.cached_tokens(probe) == want, computed
+
+
+def test_a_hit_admission_keeps_the_watermark_unless_the_request_was_running():
+    """20 blocks, watermark 4; a cached 4-page prefix (evictable, so free).  A new 17-block prompt with that
+    prefix needs 4 revived + 13 fresh = 17 > 20 - 4: refused.  Re-admitting a preempted request
+    (admit=False) may use the watermark: 17 <= 20 exactly fits, and so does the rest of its prompt."""
+    kv = PrefixKVCache(20, 16, watermark=0.2)
+    _serve(kv, _req(0, 0.0, 64, 1, [1, 2, 3, 4]))
+    new = _req(1, 0.0, 16 * 17, 1, range(1, 18))
+    assert kv.attach(new, kv.peek(new), 16 * 17) is False and new.blocks == 0 and kv.free_blocks == 20
+    again = _req(2, 0.0, 16 * 17, 1, range(1, 18))
+    assert kv.attach(again, kv.peek(again), 16 * 17, admit=False) and again.blocks == 17 and kv.free_blocks == 3
+    plain = Request(3, 0.0, 16 * 17, 1)                       # no ids: the same rule through grow
+    kv2 = PrefixKVCache(20, 16, watermark=0.2)
+    assert kv2.attach(plain, kv2.peek(plain), 16 * 17) is False
+    assert kv2.attach(plain, kv2.peek(plain), 16 * 17, admit=False) and plain.blocks == 17
