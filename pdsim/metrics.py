@@ -340,6 +340,7 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
                 "instances": p.peak_instances, "tp": p.spec.tp, "pp": p.spec.pp, "ep": p.spec.ep,
                 "dp_attention": p.spec.dp_attention,
                 "micro_batches": (p.spec.micro_batches or p.spec.pp) if p.spec.pp > 1 else None, "gpus": p.gpus,
+                "pp_layers": p.pp_layers,
                 "gpu_hours": p.spec.gpus_per_instance * alive[p.name] / 3600,
                 "cost_usd": p.spec.gpus_per_instance * alive[p.name] * p.price_per_gpu_hour_usd / 3600,
                 "device": p.spec.device, "device_source": dev.source if dev else "n/a (constant/linear cost model)",
