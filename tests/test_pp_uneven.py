@@ -286,6 +286,13 @@ def test_estimate_prints_an_uneven_pipeline(capsys):
                "--decode-batch", "8", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["pipeline"]["layers"] == [4, 6, 6]
+    # stage 0 priced on its own 4 layers: the pp = 1 path on a 4-layer cut, less the LM head and the overhead;
+    # 8 requests at context 1024 in micro-batches of 3, 3, 2: the stage times shown are the largest's
+    m = get_model("llama-3.2-1b")
+    assert out["context"] == 1024 and out["pipeline"]["micro_batch_requests"] == 3
+    bd3 = RooflineCost(dataclasses.replace(m, layers=4), H100).breakdown(3, 3 * 1024.0, 3 * 1025, 3, 3)
+    stage0 = sum(v["time_s"] for k, v in bd3.items() if k not in ("lm_head", "step_overhead"))
+    assert out["pipeline"]["stage_s"][0] == pytest.approx(stage0, rel=1e-12)
     # the pool the KV capacity is sized on: [4, 6, 6]'s stage 2 (6 layers + the LM head) binds
     w2 = (6 * LAYER_1B + EMB_1B) * 2.0
     blocks = int((FREE_H100 - w2) // (16 * 6 * KV_LAYER_1B))
@@ -322,3 +329,6 @@ def test_bad_pp_layers_elsewhere_is_one_line(tmp_path, capsys):
     assert "--pp-layers = [16, 16]" in err and "pp > 1" in err
     err = _err(est + ["--pp", "2", "--pp-layers", "16,x"], capsys)
     assert "--pp-layers" in err and "16,x" in err
+    # a stage whose weights do not fit: DeepSeek-V3 bf16 in 3 stages of one H200 ([21, 20, 20] layers)
+    err = _err(_run_yaml(tmp_path, "deepseek-v3", "pp: 3"), capsys)
+    assert "topologies.a.device = 'h200'" in err and "pipeline stage 0" in err
