@@ -414,6 +414,11 @@ class Disaggregated(_Serving):
         # every GPU of a prefill instance sends its own KV shard in parallel: under pipeline parallelism
         # each stage's tp GPUs send their stage's layers, so tp x pp links at once (bytes unchanged)
         bw = link.bandwidth_GBps * 1e9 * spec.prefill.gpus_per_instance
+        split = self.prefill.pp_layers
+        if split is not None and len(set(split)) > 1:
+            # uneven stages: the stage with the most layers sends the largest share (max n_j / L of the bytes
+            # over its tp links) and finishes last, i.e. tp x L / max n_j links' worth (tp x pp when even)
+            bw = link.bandwidth_GBps * 1e9 * spec.prefill.tp * sum(split) / max(split)
         if link.shared:
             shared = KVLink(env, "kv-link", bw, link.latency_us * 1e-6)
             self.links = [shared]

@@ -262,6 +262,17 @@ def test_fast_path_equals_step_by_step_and_nothing_is_lost_under_uneven_pp(topo,
             assert r.generated == r.output_tokens and r.first_token_s <= r.finish_s
 
 
+def test_kv_transfer_of_an_uneven_pp_prefill_waits_for_the_largest_stage():
+    """Prefill tp1 x pp3 of Llama-3.1-8B ([11, 11, 10] layers): each stage sends its own layers' KV over its
+    own GPU's link; the 11-layer stages carry 11/32 of the prompt's KV and finish last."""
+    P = 1000
+    topo = {"kind": "disaggregated", "prefill": {"device": "h100-sxm", "pp": 3},
+            "decode": {"device": "h100-sxm"}, "kv_link": {"bandwidth_GBps": 10, "latency_us": 20}}
+    df = _requests(_sc(topo, prompt_tokens=P, output_tokens=3))
+    kv_bytes = P * 2 * 32 * 8 * 128 * 2                    # Llama-3.1-8B: 128 KiB per token, 4 KiB a layer
+    assert df.kv_transfer_s[0] == pytest.approx(20e-6 + kv_bytes * 11 / 32 / 10e9, rel=1e-12)
+
+
 def test_summary_names_each_pools_split():
     sc = _sc({"kind": "disaggregated", "prefill": {"device": "h100-sxm", "pp": 3},
               "decode": {"device": "h100-sxm", "pp": 2, "pp_layers": [17, 15]}}, num_requests=2, output_tokens=3)
