@@ -193,6 +193,15 @@ def _uneven_stage_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str
 class Pool:
     """Instances of one PoolSpec; keeps what metrics need (GPUs, price, peaks)."""
 
+    @property
+    def instance_block_bytes(self) -> float:
+        """Bytes of one KV block over all the GPUs of an instance.  ``block_bytes`` is one GPU's share on the
+        busiest stage; under an uneven pipeline split stage j's tp GPUs hold n_j / max n of that."""
+        split = self.pp_layers
+        if split is not None and len(set(split)) > 1:
+            return self.block_bytes * self.spec.tp * sum(split) / max(split)
+        return self.block_bytes * self.spec.gpus_per_instance
+
     def __init__(self, env, topo: str, name: str, role: str, spec: PoolSpec, count: int, ctx, sink, key: str,
                  max_count: int | None = None):
         self.name, self.spec, self.role = name, spec, role
@@ -272,9 +281,9 @@ class Pool:
         host_blocks, host_bw = 0, 0.0
         if pc.host is not None:
             # the host tier holds whole blocks (every GPU's shard); each GPU copies its shard over its own link
-            host_blocks = int(pc.host.capacity_GiB * GiB // (self.block_bytes * spec.gpus_per_instance))
+            host_blocks = int(pc.host.capacity_GiB * GiB // self.instance_block_bytes)
             if host_blocks < 1:
-                raise ConfigError(f"smaller than one KV block ({self.block_bytes * spec.gpus_per_instance:,.0f} bytes)",
+                raise ConfigError(f"smaller than one KV block ({self.instance_block_bytes:,.0f} bytes)",
                                   key=f"{key}.prefix_cache.host.capacity_GiB", value=pc.host.capacity_GiB)
             host_bw = pc.host.bandwidth_GBps * 1e9
         return lambda: PrefixKVCache(blocks, spec.block_size, spec.watermark, pc.capacity_blocks, host_blocks,

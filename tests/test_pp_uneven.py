@@ -273,6 +273,20 @@ def test_kv_transfer_of_an_uneven_pp_prefill_waits_for_the_largest_stage():
     assert df.kv_transfer_s[0] == pytest.approx(20e-6 + kv_bytes * 11 / 32 / 10e9, rel=1e-12)
 
 
+def test_kv_capacity_bytes_count_each_stages_own_share():
+    """kv_cache.capacity_bytes of the summary: blocks x block_size x the whole model's KV bytes per token per
+    TP rank, each stage's GPU holding its own layers' share: Llama-3.1-8B tp1, 128 KiB per token.  pp 3
+    ([11, 11, 10]) and pp 2 (even) hold the same bytes per block; block_bytes is the 11-layer stage's."""
+    for pp in (2, 3):
+        sc = _sc({"kind": "colocated", "device": "h100-sxm", "pp": pp, "kv_blocks": 100}, num_requests=2,
+                 output_tokens=3)
+        res = simulate(sc)
+        t = metrics.summarize(res, metrics.requests_frame(res), sc)["t"]
+        assert t["kv_cache"]["capacity_bytes"] == pytest.approx(100 * 16 * 131072, rel=1e-15)
+        per_gpu = 16 * 131072 * (16 if pp == 2 else 11) / 32
+        assert t["pools"]["replica"]["kv_capacity_bytes"] == pytest.approx(100 * per_gpu, rel=1e-15)
+
+
 def test_summary_names_each_pools_split():
     sc = _sc({"kind": "disaggregated", "prefill": {"device": "h100-sxm", "pp": 3},
               "decode": {"device": "h100-sxm", "pp": 2, "pp_layers": [17, 15]}}, num_requests=2, output_tokens=3)
