@@ -40,8 +40,8 @@ without PP, so the instance loop, the fast path and the KV accounting stay as th
   uniform stages (the pipeline bubble, all of it); a saturated decode batch with m >= pp
   micro-batches is bound by one stage's work on all of them, m s(B/m), i.e. the cadence of
   the slowest stage (under an uneven split, the stage with the most layers, or the first /
-  last with the embedding / LM head).  Stage-to-stage sends are asynchronous: they delay a micro-batch (in
-  the round trip), they do not occupy a stage.  The GPipe-style flush bound
+  last with the embedding / LM head).  Stage-to-stage sends are asynchronous: they delay a
+  micro-batch (in the round trip), they do not occupy a stage.  The GPipe-style flush bound
   ((m + pp - 1) x stage time per iteration) would describe engines that drain the
   pipeline between iterations; vLLM, SGLang and TRT-LLM do not;
 - FLOPs and bytes reported are per GPU (the whole model's per-TP-rank amounts over all
