@@ -104,8 +104,8 @@ MUTANTS: list[Mutant] = [
            (SEM + "test_max_queue_rejects_exactly_beyond_the_limit",),
            "max_queue lets one request more wait than the limit"),
     Mutant("kv-pool-ignores-tp-sharding", "pdsim/topology.py",
-           "weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention)",
-           "weights = model.weight_bytes_per_gpu(weight_dtype, 1, pool.ep, pool.pp, pool.dp_attention)",
+           "weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention, pool.pp_layers)",
+           "weights = model.weight_bytes_per_gpu(weight_dtype, 1, pool.ep, pool.pp, pool.dp_attention, pool.pp_layers)",
            (SEM + "test_kv_pool_size_by_hand_with_tp_sharded_weights",),
            "the KV pool sized as if each GPU held all the weights (TP sharding ignored)"),
     Mutant("spec-pool-fast-path-left-on", "pdsim/topology.py",
@@ -297,6 +297,17 @@ MUTANTS: list[Mutant] = [
            'if t.distribution == "balanced":', "if True:",
            ("tests/test_profile_import.py::test_only_balanced_moe_tables_are_used_and_bad_ones_are_refused",),
            "power-law (skewed) MoE tables priced as uniform routing"),
+    # --- uneven pipeline splits ------------------------------------------------------------------
+    Mutant("pp-stage-attention-even", "pdsim/costmodel.py",
+           "return [t + t_a * n for t, n in zip(t_s, self._split)]",
+           "return [t + t_a * (self.model.layers // self.pp) for t in t_s]",
+           ("tests/test_pp_uneven.py::test_lone_request_on_an_uneven_roofline_pipeline_is_the_sum_of_its_stages",),
+           "every pipeline stage prices L // pp layers' attention under an uneven split"),
+    Mutant("pp-kv-pool-max-weights-max-kv", "pdsim/topology.py",
+           "    if pool.pp > 1 and not pool.dp_attention and len(set(",
+           "    if False and pool.pp > 1 and not pool.dp_attention and len(set(",
+           ("tests/test_pp_uneven.py::test_kv_pool_of_an_uneven_split_keeps_the_fewest_blocks_any_stage_fits_by_hand",),
+           "an uneven pipeline's KV pool sized on the heaviest weights with the largest blocks, not per stage"),
 ]
 
 

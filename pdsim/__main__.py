@@ -43,6 +43,14 @@ def _float_in(lo: float, hi: float):
     return parse
 
 
+def _int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers (e.g. ``--pp-layers 31,30``)."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"= {text!r}: not a comma-separated list of integers") from None
+
+
 def _int_in(lo: int, hi: int | None = None):
     """An argparse type: an integer in [lo, hi]; the error names the value (the key is added by argparse)."""
     def parse(text: str) -> int:
@@ -163,7 +171,7 @@ def cmd_estimate(args) -> int:
     model, dev = get_model(args.model, "--model"), get_device(args.device, "--device")
     model.validate_tp(args.tp, "--tp")
     model.validate_ep(args.ep, args.tp, "--ep")
-    model.validate_pp(args.pp, "--pp")
+    model.validate_pp(args.pp, "--pp", args.pp_layers, "--pp-layers")
     if args.dp_attention:
         model.validate_dp_attention(args.tp, args.ep, args.pp, "--dp-attention")
     if args.micro_batches is not None and args.pp == 1:
@@ -172,7 +180,8 @@ def cmd_estimate(args) -> int:
         raise ConfigError(f"needs a mixture-of-experts model; {model.name} is dense", key="--expert-skew",
                           value=args.expert_skew)
     cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew, args.pp,
-                      args.dp_attention, moe_tables=args.moe_tables)
+                      args.dp_attention, moe_tables=args.moe_tables,
+                      pp_layers=tuple(args.pp_layers) if args.pp_layers is not None else None)
     if args.pp > 1:
         from .pipeline import PipelineCost
         cm = PipelineCost(cm, args.pp, args.micro_batches)
@@ -205,7 +214,7 @@ def cmd_estimate(args) -> int:
     pipe = None
     if args.pp > 1:
         _, _, _, d = cm.iteration(*agg)
-        pipe = {"stages": args.pp, **{k: d[k] for k in ("micro_batches", "micro_batch_requests", "stage_s",
+        pipe = {"stages": args.pp, "layers": list(model.stage_split(args.pp, args.pp_layers)), **{k: d[k] for k in ("micro_batches", "micro_batch_requests", "stage_s",
                                                          "transfer_s", "overhead_s", "round_trip_s",
                                                          "stage_load_s")}}
     peak, bw = dev.peak_flops(cm.compute_dtype) * args.tp, dev.mem_bw_Bps * args.tp
@@ -228,7 +237,8 @@ def cmd_estimate(args) -> int:
               f"{model.name}: {st.time_s * 1e3:.3f} ms "
               f"({bound}-bound; {res['achieved_tflops']:.1f} TFLOP/s per GPU, {res['achieved_GBps']:.0f} GB/s)")
         if pipe is not None:
-            print(f"  pipeline: {pipe['micro_batches']} micro-batch(es) of up to {pipe['micro_batch_requests']} "
+            print(f"  pipeline: layers {' / '.join(str(n) for n in pipe['layers'])}; "
+                  f"{pipe['micro_batches']} micro-batch(es) of up to {pipe['micro_batch_requests']} "
                   f"request(s); stage times {' / '.join(f'{x * 1e3:.3f}' for x in pipe['stage_s'])} ms, "
                   f"stage-to-stage transfer {pipe['transfer_s'] * 1e3:.3f} ms, overhead {pipe['overhead_s'] * 1e3:.3f} ms,"
                   f" round trip {pipe['round_trip_s'] * 1e3:.3f} ms, busiest stage "
@@ -249,7 +259,8 @@ def _estimate_pool(args):
     from .config import PoolSpec
     from .errors import ConfigError as _CE
     from pydantic import ValidationError
-    kw = {"device": args.device, "tp": args.tp, "ep": args.ep, "pp": args.pp, "dp_attention": args.dp_attention}
+    kw = {"device": args.device, "tp": args.tp, "ep": args.ep, "pp": args.pp, "pp_layers": args.pp_layers,
+          "dp_attention": args.dp_attention}
     if args.engine:
         kw["engine"] = args.engine
     try:
@@ -431,7 +442,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     e.add_argument("--ep", type=_int_in(1, 1024), default=1, metavar="GPUS",
                    help="expert-parallel degree of an MoE model (default 1; must divide the experts and --tp)")
     e.add_argument("--pp", type=_int_in(1, 1024), default=1, metavar="STAGES",
-                   help="pipeline-parallel stages (default 1; must divide the layers); an instance has tp x pp GPUs")
+                   help="pipeline-parallel stages (default 1; at most the layers, split as vLLM splits them: L // pp "
+                        "each, the rest one each to the stages before the last); an instance has tp x pp GPUs")
+    e.add_argument("--pp-layers", type=_int_list, default=None, metavar="N,N,...",
+                   help="explicit layers per pipeline stage under --pp (one count per stage, summing to the layers)")
     e.add_argument("--micro-batches", type=_int_in(1, 4096), default=None, metavar="M",
                    help="micro-batches (groups of requests) in flight under --pp (default: pp)")
     e.add_argument("--dp-attention", action="store_true",

@@ -165,8 +165,11 @@ class PoolSpec(_Strict):
     kv_blocks: PosInt | None = None          # override the pool size computed from memory
     ep: PosInt = 1                           # expert parallelism: routed experts sharded over ep of the tp GPUs
     # pipeline parallelism (pdsim/pipeline.py): pp stages of tp GPUs each (an instance has tp x pp GPUs),
-    # each holding L / pp layers; micro_batches in flight (default pp, as vLLM's virtual engines)
+    # each holding L / pp layers (uneven L: vLLM's default split, models.pp_split, or pp_layers: one count per
+    # stage, checked against the model in models.validate_pp); micro_batches in flight (default pp, as vLLM's
+    # virtual engines)
     pp: Annotated[int, Field(ge=1, le=1024)] = 1
+    pp_layers: list[int] | None = None
     micro_batches: Annotated[int, Field(ge=1, le=4096)] | None = None
     # DP attention (MoE, ep = tp): each GPU an attention rank with its own requests' KV, experts over all
     dp_attention: bool = False

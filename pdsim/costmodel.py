@@ -39,8 +39,9 @@ for the absorbed decode (W_UK and W_UV on the new tokens) and for a prefill from
 re-decompressing a cached prefix in a chunked prefill is not priced.
 
 Pipeline parallelism: :meth:`RooflineCost.stage_times` prices one micro-batch on each of ``pp``
-stages (L / pp layers each; embedding on the first, LM head on the last, all-reduces within a stage's
-TP group, no per-step overhead); :class:`pdsim.pipeline.PipelineCost` turns those into the period of a
+stages (each its own layers: L / pp when pp divides L, else vLLM's uneven split or the pool's
+``pp_layers``; embedding on the first, LM head on the last, all-reduces within a stage's TP group, no
+per-step overhead); :class:`pdsim.pipeline.PipelineCost` turns those into the period of a
 micro-batched pipeline.  ``step`` itself never depends on ``pp``.
 
 DP attention (``dp_attention``, ep = tp): every op but the routed experts runs on the busiest attention
@@ -186,12 +187,15 @@ class RooflineCost(CostModel):
     # price routed experts from a measured profile's MoE tables where it has the shape (opt-in: on the silicon
     # sample the tables make DeepSeek fp8 serving 30-80% too slow end to end; README "Measured MoE tables")
     moe_tables: bool = False
+    # explicit layers per pipeline stage (None: pdsim.models.pp_split, vLLM's default rule)
+    pp_layers: tuple | None = None
     _static_cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         m, t = self.model, self.tp
         assert t % self.ep == 0 and (self.ep == 1 or m.experts % self.ep == 0), (t, self.ep)
-        self._stages = m.stage_layers(self.pp)        # (dense, MoE) layers of each stage
+        self._split = m.stage_split(self.pp, self.pp_layers)      # layers of each pipeline stage
+        self._stages = m.stage_layers(self.pp, self.pp_layers)    # (dense, MoE) layers of each stage
         self.w_bytes = dtype_bytes(self.weight_dtype)
         self.kv_bytes = dtype_bytes(self.kv_dtype)
         # fp8 weights use fp8 tensor cores; fp4 (NVFP4) weights fp4 tensor cores where the device has them
@@ -498,16 +502,15 @@ class RooflineCost(CostModel):
     def stage_times(self, tokens, attn_work, kv_read_tokens, sampled, batch):
         """One micro-batch through each pipeline stage: (seconds per stage, FLOPs, bytes over all stages),
         without the per-step overhead.  ``attn_work`` and ``kv_read_tokens`` may be arrays over decode
-        steps (then the stage times are arrays).  Every stage holds L / pp layers, hence L / pp attention
-        kernels; the embedding sits on the first stage, the LM head on the last, and each stage's TP group
-        all-reduces its own layers' activations."""
+        steps (then the stage times are arrays).  Stage j holds its own layers (L / pp each when the split
+        is even), hence as many attention kernels; the embedding sits on the first stage, the LM head on the
+        last, and each stage's TP group all-reduces its own layers' activations."""
         t_s, f_s, b_s = self._stage_static(tokens, sampled)
         prefill = _is_prefill(attn_work, kv_read_tokens)
         att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
         t_a = self.op_time(att)[0]
-        lp = self.model.layers // self.pp
         L = att.count
-        return [t + t_a * lp for t in t_s], f_s + att.flops * L, b_s + att.bytes * L
+        return [t + t_a * n for t, n in zip(t_s, self._split)], f_s + att.flops * L, b_s + att.bytes * L
 
     def stage_transfer_s(self, tokens) -> float:
         """Activations of ``tokens`` tokens (hidden x bf16) from one stage to the next: point to point over
@@ -543,7 +546,8 @@ class RooflineCost(CostModel):
 
     # --- memory -------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep, self.pp, self.dp_attention)
+        return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep, self.pp, self.dp_attention,
+                                               self.pp_layers)
 
 
 def _is_prefill(attn_work, kv_read_tokens) -> bool:

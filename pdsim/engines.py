@@ -136,7 +136,7 @@ def activation_peak_bytes(model, tokens: int, seqs: int, tp: int) -> float:
     return tokens * per_token * 2.0 + seqs * m.vocab * 4.0
 
 
-def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float) -> dict:
+def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float, weights: float | None = None) -> dict:
     """Bytes per GPU the engine gives its KV cache, with the terms it subtracts (all per GPU).
 
     - ``vllm``: memory x gpu_memory_utilization - weights - activation peak(max_batched_tokens,
@@ -144,10 +144,14 @@ def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float) -
     - ``static`` (SGLang): memory x mem_fraction_static - weights (activations live outside it);
     - ``free`` (TensorRT-LLM): (memory - weights - activation peak - non-torch) x
       free_gpu_memory_fraction.
+
+    ``weights``: one GPU's weights when not the model's busiest (one pipeline stage of an uneven split).
     """
     p = PRESETS[pool.engine]
     mem = float(device_memory_bytes)
-    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention)
+    if weights is None:
+        weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention,
+                                             pool.pp_layers)
     act = activation_peak_bytes(model, pool.max_batched_tokens, pool.max_running, pool.tp)
     graph = (pool.cuda_graph_GiB if pool.cuda_graph_GiB is not None else p.cuda_graph_GiB) * GiB
     non_torch = p.non_torch_GiB * GiB

@@ -289,12 +289,13 @@ def kv_cache_totals(topo) -> dict:
     this (instances need not peak together; an instance that switched roles counts once per role).
     ``capacity_bytes``: the pools' KV capacity at their peak instance counts.  An instance's blocks are
     sized per GPU (``Pool.block_bytes``) and each of its tp x pp GPUs holds its share, so an instance's
-    bytes are blocks x block_bytes x GPUs per instance.  (Before: each pool's busiest instance times the
+    bytes are blocks x block_bytes x GPUs per instance (``Pool.instance_block_bytes``: under an uneven pipeline
+    split each stage's GPUs hold their own layers' share, less than the busiest stage's block_bytes).  (Before: each pool's busiest instance times the
     pool's peak instance count, per GPU: it counted autoscaled instances that never ran and left out tp x pp.)
     """
     peak = cap = 0.0
     for p in topo.pools:
-        per_block = p.block_bytes * p.spec.gpus_per_instance
+        per_block = p.instance_block_bytes
         peak += sum(i.kv.peak_used for i in p.instances) * per_block
         cap += p.peak_instances * p.instances[0].kv.total_blocks * per_block
     return {"peak_bytes": float(peak), "capacity_bytes": float(cap)}
@@ -340,6 +341,7 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
                 "instances": p.peak_instances, "tp": p.spec.tp, "pp": p.spec.pp, "ep": p.spec.ep,
                 "dp_attention": p.spec.dp_attention,
                 "micro_batches": (p.spec.micro_batches or p.spec.pp) if p.spec.pp > 1 else None, "gpus": p.gpus,
+                "pp_layers": p.pp_layers,
                 "gpu_hours": p.spec.gpus_per_instance * alive[p.name] / 3600,
                 "cost_usd": p.spec.gpus_per_instance * alive[p.name] * p.price_per_gpu_hour_usd / 3600,
                 "device": p.spec.device, "device_source": dev.source if dev else "n/a (constant/linear cost model)",

@@ -158,35 +158,59 @@ class ModelShape:
         wb = dtype_bytes(weight_dtype)
         return (self.decoder_params - self.router_params) * wb + (self.embedding_params + self.router_params) * 2.0
 
-    def stage_layers(self, pp: int) -> list[tuple[int, int]]:
-        """(dense-MLP layers, MoE layers) of each of ``pp`` pipeline stages: L / pp consecutive layers
-        each, so the first ``dense_layers`` dense ones fall in the first stage(s)."""
-        assert pp >= 1 and self.layers % pp == 0, (self.layers, pp)
-        lp, ld = self.layers // pp, self.dense_mlp_layers
-        out = []
-        for j in range(pp):
-            dense = min(lp, max(0, ld - j * lp))
-            out.append((dense, lp - dense))
+    def stage_split(self, pp: int, pp_layers=None) -> tuple[int, ...]:
+        """Decoder layers of each of ``pp`` pipeline stages: ``pp_layers`` when given (a pool's explicit
+        split, checked by :meth:`validate_pp`), else :func:`pp_split` (vLLM's default rule)."""
+        if pp_layers is not None:
+            assert len(pp_layers) == pp and sum(pp_layers) == self.layers, (self.layers, pp, pp_layers)
+            return tuple(int(n) for n in pp_layers)
+        return pp_split(self.layers, pp)
+
+    def stage_layers(self, pp: int, pp_layers=None) -> list[tuple[int, int]]:
+        """(dense-MLP layers, MoE layers) of each of ``pp`` pipeline stages of :meth:`stage_split` consecutive
+        layers, so the first ``dense_layers`` dense ones fall in the first stage(s)."""
+        ld = self.dense_mlp_layers
+        out, start = [], 0
+        for n in self.stage_split(pp, pp_layers):
+            dense = min(n, max(0, ld - start))
+            out.append((dense, n - dense))
+            start += n
         return out
 
-    def stage_shape(self, pp: int, stage: int) -> "ModelShape":
-        """The decoder layers of one pipeline stage as a shape of L / pp layers (embeddings kept in the
-        shape; :meth:`weight_bytes_per_gpu` places them on the first and last stage)."""
+    def stage_shape(self, pp: int, stage: int, pp_layers=None) -> "ModelShape":
+        """The decoder layers of one pipeline stage as a shape of that stage's layers (embeddings kept in
+        the shape; :meth:`weight_bytes_per_gpu` places them on the first and last stage)."""
         from dataclasses import replace
-        dense, _ = self.stage_layers(pp)[stage]
-        return replace(self, layers=self.layers // pp, dense_layers=dense if self.is_moe else 0)
+        dense, moe = self.stage_layers(pp, pp_layers)[stage]
+        return replace(self, layers=dense + moe, dense_layers=dense if self.is_moe else 0)
+
+    def stage_weight_bytes(self, weight_dtype: str = "bf16", tp: int = 1, ep: int = 1, pp: int = 1,
+                           pp_layers=None) -> list[float]:
+        """Weights on one GPU of each pipeline stage (see :meth:`weight_bytes_per_gpu`): the stage's
+        layers, + the input embedding on the first stage, + the LM head on the last."""
+        wb = dtype_bytes(weight_dtype)
+        emb = self.vocab * self.hidden * 2.0 / tp         # bf16, on the first and on the last stage
+        out = []
+        for j in range(pp):
+            s = self.stage_shape(pp, j, pp_layers)
+            repl = s.replicated_attn_params
+            dense = (s.decoder_params - s.routed_params - s.router_params - repl) * wb
+            w = dense / tp + s.routed_params * wb / (ep * (tp // ep)) + repl * wb + s.router_params * 2.0
+            out.append(w + (emb if j in (0, pp - 1) else 0.0))
+        return out
 
     def weight_bytes_per_gpu(self, weight_dtype: str = "bf16", tp: int = 1, ep: int = 1, pp: int = 1,
-                             dp_attention: bool = False) -> float:
+                             dp_attention: bool = False, pp_layers=None) -> float:
         """Weights on one GPU of an instance of ``tp`` GPUs whose routed experts are split over ``ep`` of
         them: the dense part / tp (tensor parallel); routed experts / ep whole experts per GPU group, each
         expert split over the tp / ep GPUs of its group, i.e. / tp in all (= experts / ep when ep = tp);
         MoE routers (bf16) and MLA down-projections replicated on every GPU, as vLLM shards them.
 
-        With ``pp`` pipeline stages each GPU holds its stage's L / pp layers; the input embedding lives
+        With ``pp`` pipeline stages each GPU holds its stage's layers (:meth:`stage_split`: L / pp each
+        when pp divides L, else vLLM's uneven rule or the pool's ``pp_layers``); the input embedding lives
         on the first stage and the LM head on the last (a tied LM head is a second copy there, as vLLM
-        keeps it), both vocab-parallel over tp.  Returned: the most loaded stage's GPU (it bounds the
-        KV pool, as an engine sizes one pool for all stages).
+        keeps it), both vocab-parallel over tp.  Returned: the most loaded stage's GPU
+        (:meth:`stage_weight_bytes` gives every stage's).
 
         With ``dp_attention`` (ep = tp, pp = 1) every GPU is an attention rank of its own: attention,
         dense MLPs, shared experts, embedding and LM head whole on every GPU, routed experts / ep, as
@@ -198,16 +222,7 @@ class ModelShape:
             return ((self.decoder_params - self.routed_params - self.router_params) * wb
                     + self.embedding_params * 2.0 + self.routed_params * wb / ep + self.router_params * 2.0)
         if pp > 1:
-            wb = dtype_bytes(weight_dtype)
-            emb = self.vocab * self.hidden * 2.0 / tp         # bf16, on the first and on the last stage
-            worst = 0.0
-            for j in range(pp):
-                s = self.stage_shape(pp, j)
-                repl = s.replicated_attn_params
-                dense = (s.decoder_params - s.routed_params - s.router_params - repl) * wb
-                w = dense / tp + s.routed_params * wb / (ep * (tp // ep)) + repl * wb + s.router_params * 2.0
-                worst = max(worst, w + (emb if j in (0, pp - 1) else 0.0))
-            return worst
+            return max(self.stage_weight_bytes(weight_dtype, tp, ep, pp, pp_layers))
         wb = dtype_bytes(weight_dtype)
         repl = self.replicated_attn_params
         dense = (self.decoder_params - self.routed_params - self.router_params - repl) * wb + self.embedding_params * 2.0
@@ -220,16 +235,25 @@ class ModelShape:
             return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes(kv_dtype)
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype)
 
-    def kv_bytes_per_token_per_gpu(self, kv_dtype: str = "bf16", tp: int = 1, pp: int = 1) -> float:
+    def kv_bytes_per_token_per_gpu(self, kv_dtype: str = "bf16", tp: int = 1, pp: int = 1, pp_layers=None) -> float:
         """KV cache per token on one GPU of a tp instance.  GQA: KV heads split over the GPUs (one
         replicated head each when tp > kv_heads).  MLA: ASSUMPTION, as vLLM and SGLang do with tensor-
         parallel attention: the latent is shared by all heads, so every GPU keeps the whole latent.
-        With ``pp`` pipeline stages a GPU keeps the KV of its stage's L / pp layers only."""
+        With ``pp`` pipeline stages a GPU keeps the KV of its stage's layers only: returned, the stage
+        with the most layers (:meth:`stage_kv_bytes_per_token` gives every stage's)."""
+        return max(self.stage_kv_bytes_per_token(kv_dtype, tp, pp, pp_layers))
+
+    def stage_kv_bytes_per_token(self, kv_dtype: str = "bf16", tp: int = 1, pp: int = 1, pp_layers=None) -> list[float]:
+        """KV bytes per token on one GPU of each pipeline stage: the whole model's per-GPU bytes x the
+        stage's share of the layers (/ pp exactly when the stages are even)."""
         if self.is_mla:
             per = self.kv_bytes_per_token(kv_dtype)
         else:
             per = self.kv_bytes_per_token(kv_dtype) * max(1, self.kv_heads // tp) / self.kv_heads
-        return per if pp == 1 else per / pp
+        if pp == 1:
+            return [per]
+        split = self.stage_split(pp, pp_layers)
+        return [per / pp if n * pp == self.layers else per * n / self.layers for n in split]
 
     def linear_flops_per_token(self) -> float:
         """2 FLOPs per active weight per token over the decoder layers (LM head excluded)."""
@@ -240,11 +264,22 @@ class ModelShape:
             raise ConfigError(f"tensor parallelism must divide the {self.heads} attention heads of {self.name}",
                               key=key, value=tp)
 
-    def validate_pp(self, pp: int, key: str = "pp") -> None:
-        """Pipeline parallelism splits the layers into pp equal stages (uniform stages: no uneven splits)."""
-        if pp < 1 or self.layers % pp:
-            raise ConfigError(f"pipeline parallelism must divide the {self.layers} layers of {self.name} "
-                              "into equal stages", key=key, value=pp)
+    def validate_pp(self, pp: int, key: str = "pp", pp_layers=None, layers_key: str = "pp_layers") -> None:
+        """Pipeline parallelism splits the layers into pp stages of at least one layer each: vLLM's default
+        split (:func:`pp_split`) or an explicit ``pp_layers`` (one count per stage, summing to the layers)."""
+        if pp < 1 or pp > self.layers:
+            raise ConfigError(f"pipeline parallelism needs 1 to {self.layers} stages (the {self.layers} layers "
+                              f"of {self.name}, at least one a stage)", key=key, value=pp)
+        if pp_layers is None:
+            return
+        shown = list(pp_layers)
+        if pp == 1:
+            raise ConfigError("an explicit layer split needs pipeline parallelism (pp > 1; pp is 1)",
+                              key=layers_key, value=shown)
+        if len(shown) != pp or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in shown) \
+                or sum(shown) != self.layers:
+            raise ConfigError(f"give one layer count per stage: {pp} whole numbers >= 1 summing to the "
+                              f"{self.layers} layers of {self.name}", key=layers_key, value=shown)
 
     def validate_dp_attention(self, tp: int, ep: int, pp: int, key: str = "dp_attention") -> None:
         """DP attention: attention data-parallel over the instance's tp GPUs, experts over all of them."""
@@ -270,6 +305,17 @@ class ModelShape:
         if tp % ep:
             raise ConfigError(f"expert parallelism shards experts over the instance's tp={tp} GPUs, so it must "
                               f"divide tp (no DP attention yet)", key=key, value=ep)
+
+
+def pp_split(layers: int, pp: int) -> tuple[int, ...]:
+    """Layers of each of ``pp`` pipeline stages under vLLM's default rule (``get_pp_indices``): L // pp
+    each, and the L % pp left over one each to the stages just before the last, counting back from the
+    second-to-last (the last stage also holds the final norm and the LM head).  Even when pp divides L."""
+    base, extra = divmod(layers, pp)
+    out = [base] * pp
+    for j in range(pp - 1 - extra, pp - 1):
+        out[j] += 1
+    return tuple(out)
 
 
 def _m(name, layers, hidden, heads, kv_heads, mlp, vocab, ctx, head_dim=None, tied=False, gated=True):

@@ -1,8 +1,12 @@
 """Pipeline parallelism: an instance of ``pp`` stages of ``tp`` GPUs each, fed by micro-batches.
 
 What an engine does (vLLM's ``pipeline_parallel_size`` with one virtual engine per stage,
-TensorRT-LLM and SGLang alike): stage j holds layers [j L/pp, (j+1) L/pp) (weights and the
-KV cache of those layers only), the first stage also the embedding, the last the LM head.
+TensorRT-LLM and SGLang alike): stage j holds n_j consecutive layers (weights and the KV
+cache of those layers only), the first stage also the embedding, the last the LM head.  n_j
+= L / pp when pp divides the L layers; otherwise vLLM's default split
+(:func:`pdsim.models.pp_split`: L // pp each, the L % pp left over one each to the stages
+just before the last) or a pool's explicit ``pp_layers``.  The busiest stage sets the
+pipeline's cadence; the round trip is the sum of the stages.
 The running batch is split into ``m`` micro-batches (``micro_batches``, default pp) that
 chase each other through the stages without a flush between iterations: while stage 2
 works on micro-batch 1, stage 1 already works on micro-batch 2, and micro-batch 1 starts
@@ -35,8 +39,9 @@ without PP, so the instance loop, the fast path and the KV accounting stay as th
   lone request (m_eff = 1) takes ``o + sum_j s_j + (pp - 1) x``: pp x the stage time with
   uniform stages (the pipeline bubble, all of it); a saturated decode batch with m >= pp
   micro-batches is bound by one stage's work on all of them, m s(B/m), i.e. the cadence of
-  the slowest stage.  Stage-to-stage sends are asynchronous: they delay a micro-batch (in
-  the round trip), they do not occupy a stage.  The GPipe-style flush bound
+  the slowest stage (under an uneven split, the stage with the most layers, or the first /
+  last with the embedding / LM head).  Stage-to-stage sends are asynchronous: they delay a
+  micro-batch (in the round trip), they do not occupy a stage.  The GPipe-style flush bound
   ((m + pp - 1) x stage time per iteration) would describe engines that drain the
   pipeline between iterations; vLLM, SGLang and TRT-LLM do not;
 - FLOPs and bytes reported are per GPU (the whole model's per-TP-rank amounts over all
@@ -45,7 +50,10 @@ without PP, so the instance loop, the fast path and the KV accounting stay as th
 
 ``constant`` and ``linear`` cost models price **one stage** of one micro-batch (at pp = 1 the
 stage is the whole model, as before); they have no interconnect and no overhead, so a lone
-request takes exactly pp x their step time.  pp = 1 never builds a :class:`PipelineCost`:
+request takes exactly pp x their step time.  Under an uneven split their step prices an
+average stage of L / pp layers and stage j costs n_j / (L / pp) of it (time proportional to
+its layers): a lone request still takes pp x the step, while a busy pipeline runs at the
+cadence of max_j n_j / (L / pp) x the step.  pp = 1 never builds a :class:`PipelineCost`:
 results without PP are unchanged.
 """
 from __future__ import annotations
@@ -63,10 +71,16 @@ def _max(a, b):
 
 class UniformStages:
     """``constant`` / ``linear`` what-if models as pipeline stages: each of the pp stages costs one
-    step of the inner model; no interconnect, no per-step overhead."""
+    step of the inner model, scaled by its share of the layers under an uneven split (``split``: the
+    layers of each stage; stage j costs n_j pp / L steps, exactly one step when the split is even);
+    no interconnect, no per-step overhead."""
 
-    def __init__(self, inner: CostModel, pp: int):
+    def __init__(self, inner: CostModel, pp: int, split=None):
         self.inner, self.pp = inner, pp
+        L = sum(split) if split is not None else pp
+        # n_j pp / L is exactly 1.0 for an even split (n_j pp == L), so even splits are unchanged
+        self.scale = [1.0] * pp if split is None else [n * pp / L for n in split]
+        assert len(self.scale) == pp, (pp, split)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -77,7 +91,7 @@ class UniformStages:
                           for a, k in zip(attn_work, np.broadcast_to(kv_read_tokens, attn_work.shape))])
         else:
             t = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch).time_s
-        return [t] * self.pp, 0.0, 0.0
+        return [t * w for w in self.scale], 0.0, 0.0
 
     def stage_transfer_s(self, tokens) -> float:
         return 0.0

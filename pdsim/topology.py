@@ -99,7 +99,7 @@ def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
     """The pool's cost model; with pp > 1 a :class:`~pdsim.pipeline.PipelineCost` over its stages
     (``constant`` / ``linear`` then price one stage of one micro-batch)."""
     cm = pool.cost_model
-    model.validate_pp(pool.pp, key=f"{key}.pp")
+    model.validate_pp(pool.pp, key=f"{key}.pp", pp_layers=pool.pp_layers, layers_key=f"{key}.pp_layers")
     if cm.kind == "constant":
         cost = ConstantCost(cm.step_s, pool.tp)
     elif cm.kind == "linear":
@@ -114,22 +114,25 @@ def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
             raise ConfigError(f"expert popularity skew needs a mixture-of-experts model; {model.name} is dense",
                               key=f"{key}.expert_skew", value=pool.expert_skew)
         cost = RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep, pool.expert_skew, pool.pp,
-                            pool.dp_attention, moe_tables=cm.moe_tables)
+                            pool.dp_attention, moe_tables=cm.moe_tables,
+                            pp_layers=tuple(pool.pp_layers) if pool.pp_layers is not None else None)
     if pool.pp == 1:
         return cost
     from .pipeline import PipelineCost, UniformStages
-    stages = cost if cm.kind == "roofline" else UniformStages(cost, pool.pp)
+    stages = cost if cm.kind == "roofline" else UniformStages(cost, pool.pp, model.stage_split(pool.pp, pool.pp_layers))
     return PipelineCost(stages, pool.pp, pool.micro_batches)
 
 
 def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir, key: str) -> tuple[int, float]:
     """(blocks, bytes per block per GPU): device memory x utilisation - weights/tp - activation reserve.
-    Under pipeline parallelism a GPU holds its stage's L / pp layers' weights and KV: blocks are sized
-    on the most loaded stage's GPU (first or last: the embedding / LM head), as an engine sizes one
-    pool for all stages."""
+    Under pipeline parallelism a GPU holds its stage's layers' weights and KV: every stage keeps the
+    same number of blocks, the fewest any stage's GPU has room for (each stage's free memory over its
+    own bytes per block), as vLLM takes the smallest block count over its workers.  With an even split
+    that is the stage with the embedding or the LM head; ``block_bytes`` is the busiest stage's (the
+    stage with the most layers)."""
     # KV heads split across the tp GPUs; with tp > kv_heads each GPU keeps one (replicated) head; MLA: the whole latent
     model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
-    model.validate_pp(pool.pp, key=f"{key}.pp")
+    model.validate_pp(pool.pp, key=f"{key}.pp", pp_layers=pool.pp_layers, layers_key=f"{key}.pp_layers")
     ranks = 1
     if pool.dp_attention:
         # each GPU is an attention rank keeping its own requests' whole KV (attention TP 1): the instance's
@@ -139,16 +142,19 @@ def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
         ranks = pool.tp
         kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, 1)
     else:
-        kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, pool.tp, pool.pp)
+        kv_tok_shard = model.kv_bytes_per_token_per_gpu(kv_dtype, pool.tp, pool.pp, pool.pp_layers)
     block_bytes = pool.block_size * kv_tok_shard
     if pool.kv_blocks is not None:
         return pool.kv_blocks, block_bytes / ranks
     device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
-    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention)
+    weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention, pool.pp_layers)
     free = device.memory_bytes * pool.gpu_memory_utilization - weights - pool.activation_reserve_GiB * GiB
     if pool.engine is not None:       # sized as the engine sizes it (pdsim/engines.py)
         from .engines import kv_cache_bytes
         free = kv_cache_bytes(pool, model, weight_dtype, device.memory_bytes)["kv_bytes"]
+    if pool.pp > 1 and not pool.dp_attention and len(set(model.stage_split(pool.pp, pool.pp_layers))) > 1:
+        # uneven stages: each stage's GPU fits its own free memory / its own block bytes; all keep the fewest
+        return _uneven_stage_blocks(pool, model, weight_dtype, kv_dtype, device, block_bytes, key)
     if free < block_bytes:
         raise ConfigError(
             f"{model.name} weights ({weights / GiB:.1f} GiB per GPU at tp={pool.tp}"
@@ -159,8 +165,42 @@ def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
     return int(free // block_bytes) * ranks, block_bytes / ranks
 
 
+def _uneven_stage_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, device, block_bytes: float,
+                         key: str) -> tuple[int, float]:
+    """:func:`kv_blocks` of a pipeline whose stages hold different numbers of layers: min over the stages
+    of (stage j's free memory // its block bytes), free memory as :func:`kv_blocks` (or the engine) sizes
+    it with stage j's weights."""
+    stage_w = model.stage_weight_bytes(weight_dtype, pool.tp, pool.ep, pool.pp, pool.pp_layers)
+    stage_kv = model.stage_kv_bytes_per_token(kv_dtype, pool.tp, pool.pp, pool.pp_layers)
+    blocks = None
+    for j, (w, kv) in enumerate(zip(stage_w, stage_kv)):
+        free = device.memory_bytes * pool.gpu_memory_utilization - w - pool.activation_reserve_GiB * GiB
+        if pool.engine is not None:
+            from .engines import kv_cache_bytes
+            free = kv_cache_bytes(pool, model, weight_dtype, device.memory_bytes, weights=w)["kv_bytes"]
+        bb = pool.block_size * kv
+        if free < bb:
+            raise ConfigError(
+                f"{model.name} weights ({w / GiB:.1f} GiB per GPU of pipeline stage {j} at tp={pool.tp} "
+                f"pp={pool.pp}) plus {pool.activation_reserve_GiB} GiB activations do not fit {device.name} "
+                f"({device.memory_bytes / GiB:.1f} GiB x {pool.gpu_memory_utilization}); raise tp or use a larger "
+                "device", key=f"{key}.device", value=pool.device)
+        n = int(free // bb)
+        blocks = n if blocks is None else min(blocks, n)
+    return blocks, block_bytes
+
+
 class Pool:
     """Instances of one PoolSpec; keeps what metrics need (GPUs, price, peaks)."""
+
+    @property
+    def instance_block_bytes(self) -> float:
+        """Bytes of one KV block over all the GPUs of an instance.  ``block_bytes`` is one GPU's share on the
+        busiest stage; under an uneven pipeline split stage j's tp GPUs hold n_j / max n of that."""
+        split = self.pp_layers
+        if split is not None and len(set(split)) > 1:
+            return self.block_bytes * self.spec.tp * sum(split) / max(split)
+        return self.block_bytes * self.spec.gpus_per_instance
 
     def __init__(self, env, topo: str, name: str, role: str, spec: PoolSpec, count: int, ctx, sink, key: str,
                  max_count: int | None = None):
@@ -169,6 +209,8 @@ class Pool:
         self.initial_instances = self.peak_instances = count
         model = ctx.model
         self.cost = make_cost(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
+        # layers of each pipeline stage (vLLM's split or the pool's pp_layers); None without PP
+        self.pp_layers = list(model.stage_split(spec.pp, spec.pp_layers)) if spec.pp > 1 else None
         from .engines import wrap_cost
         self.cost = wrap_cost(self.cost, spec)      # the engine's per-step overhead, if any
         blocks, self.block_bytes = kv_blocks(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
@@ -239,9 +281,9 @@ class Pool:
         host_blocks, host_bw = 0, 0.0
         if pc.host is not None:
             # the host tier holds whole blocks (every GPU's shard); each GPU copies its shard over its own link
-            host_blocks = int(pc.host.capacity_GiB * GiB // (self.block_bytes * spec.gpus_per_instance))
+            host_blocks = int(pc.host.capacity_GiB * GiB // self.instance_block_bytes)
             if host_blocks < 1:
-                raise ConfigError(f"smaller than one KV block ({self.block_bytes * spec.gpus_per_instance:,.0f} bytes)",
+                raise ConfigError(f"smaller than one KV block ({self.instance_block_bytes:,.0f} bytes)",
                                   key=f"{key}.prefix_cache.host.capacity_GiB", value=pc.host.capacity_GiB)
             host_bw = pc.host.bandwidth_GBps * 1e9
         return lambda: PrefixKVCache(blocks, spec.block_size, spec.watermark, pc.capacity_blocks, host_blocks,
@@ -381,6 +423,11 @@ class Disaggregated(_Serving):
         # every GPU of a prefill instance sends its own KV shard in parallel: under pipeline parallelism
         # each stage's tp GPUs send their stage's layers, so tp x pp links at once (bytes unchanged)
         bw = link.bandwidth_GBps * 1e9 * spec.prefill.gpus_per_instance
+        split = self.prefill.pp_layers
+        if split is not None and len(set(split)) > 1:
+            # uneven stages: the stage with the most layers sends the largest share (max n_j / L of the bytes
+            # over its tp links) and finishes last, i.e. tp x L / max n_j links' worth (tp x pp when even)
+            bw = link.bandwidth_GBps * 1e9 * spec.prefill.tp * sum(split) / max(split)
         if link.shared:
             shared = KVLink(env, "kv-link", bw, link.latency_us * 1e-6)
             self.links = [shared]

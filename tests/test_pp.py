@@ -83,8 +83,8 @@ def test_lone_request_on_the_roofline_is_the_sum_of_its_stages_plus_transfers():
 
 def test_stage_split_conserves_the_whole_models_work():
     """Every operator lands on exactly one stage: stage times + overhead = the whole model's step (the pp=1
-    path), FLOPs and bytes too, for a dense and an MoE model (DeepSeek-V3's 61 layers admit no split; a
-    Qwen3-30B-A3B has 48)."""
+    path), FLOPs and bytes too, for a dense and an MoE model (even splits; uneven ones:
+    tests/test_pp_uneven.py)."""
     for name, tp, ep, pp in (("llama-3.1-70b", 4, 1, 4), ("qwen3-30b-a3b", 2, 2, 3)):
         m = get_model(name)
         one = RooflineCost(m, H100, tp, "bf16", "bf16", ep)
@@ -258,20 +258,20 @@ def test_gpus_and_summary_count_tp_times_pp():
 
 
 # --- bad input: one line naming key and value --------------------------------------------------
-def test_pp_that_does_not_divide_the_layers_is_one_line(tmp_path, capsys):
-    err = _err(_run_yaml(tmp_path, "llama-3.1-70b", "tp: 4, pp: 3"), capsys)
-    assert "topologies.a.pp = 3" in err and "80 layers" in err
+def test_bad_pp_is_one_line(tmp_path, capsys):
+    """pp need not divide the layers any more (uneven splits: tests/test_pp_uneven.py), but each stage needs
+    at least one layer: pp above the layer count, or below 1, is one line naming the key."""
+    err = _err(_run_yaml(tmp_path, "llama-3.2-1b", "pp: 17"), capsys)              # 16 layers
+    assert "topologies.a.pp = 17" in err and "16 layers" in err
     err = _err(_run_yaml(tmp_path, "llama-3.1-70b", "tp: 4, pp: 0"), capsys)
     assert "topologies.a.pp" in err and "0" in err
     err = _err(_run_yaml(tmp_path, "llama-3.1-70b", "tp: 4, micro_batches: 2"), capsys)
     assert "micro_batches" in err and "pp" in err
     err = _err(_run_yaml(tmp_path, "llama-3.1-70b", "tp: 4, pp: 2, speculative: {draft_cost_fraction: 0.1}"), capsys)
     assert "pp (=2)" in err and "speculative" in err
-    err = _err(_run_yaml(tmp_path, "deepseek-v3", "tp: 8, pp: 2"), capsys)           # 61 layers
-    assert "topologies.a.pp = 2" in err and "61 layers" in err
-    err = _err(["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--pp", "5", "--decode-batch", "4"],
-               capsys)
-    assert "--pp = 5" in err
+    err = _err(["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--pp", "33", "--decode-batch", "4"],
+               capsys)                                                             # 32 layers
+    assert "--pp = 33" in err and "32 layers" in err
     err = _err(["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--micro-batches", "2",
                 "--decode-batch", "4"], capsys)
     assert "--micro-batches = 2" in err
