@@ -135,8 +135,8 @@ class PrefixKVCache(KVCache):
     several running requests is held once; a page a running request references is never evicted.
 
     A request admitted with a cached prefix computes only the rest, but always at least the
-    prompt's last token: a wholly cached prompt recomputes its last block (as vLLM does; here
-    into the cached page it maps, so no extra block is taken).  Pages are registered (become
+    prompt's last token: the hit stops at prompt - 1 tokens, so a wholly cached prompt recomputes
+    its last block into a fresh block, as vLLM does (the cached copy of that page stays evictable).  Pages are registered (become
     shareable) when a step completes them within the prompt, and at release for pages past the
     prompt (generated tokens whose hash a later conversation turn carries).  Two requests that
     compute the same page at the same time keep two copies, as vLLM does.  Released pages enter
