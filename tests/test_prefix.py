@@ -441,6 +441,9 @@ def test_page_layout_keys_and_ends_by_hand():
     # an id unit of 1024 blocks or more no longer fits the page-size field: a page per block
     keys, ends = page_layout([3], 16 * 1024, 16, 32)
     assert ends == [1, 2] and keys == [(3 << J) | 0, (3 << J) | 1]
+    # ids of 15 tokens: block 0's last token (15) is the first of id 1, block 1's (31) is in id 2
+    keys, ends = page_layout([5, 6, 7], 15, 16, 45)
+    assert ends == [1, 2] and keys == [(6 << J) | 0, (7 << J) | 1]
     # only whole blocks inside the span the ids cover
     assert page_layout([1, 2], 16, 16, 100) == ([(((1 << J) | 0) << S) | 1, (((2 << J) | 1) << S) | 1], [1, 2])
 

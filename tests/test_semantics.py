@@ -328,6 +328,16 @@ def test_kv_pool_size_by_hand_with_tp_sharded_weights():
         assert got == int(free // (16 * kv_per_token_gpu)), tp
 
 
+def test_a_request_that_needs_no_new_block_is_never_refused():
+    # watermark 5 of 10 blocks; a running request took 6 (free 4 < 5): growing within its blocks, even
+    # through the admission path, takes nothing and must succeed; one block more is refused there
+    kv = KVCache(10, 16, watermark=0.5)
+    r = Request(0, 0.0, 96, 4)
+    assert kv.grow(r, 96) and kv.free_blocks == 4
+    assert kv.grow(r, 96, admit=True) and kv.grow(r, 90, admit=True) and r.blocks == 6
+    assert not kv.grow(r, 97, admit=True) and kv.grow(r, 97) and r.blocks == 7
+
+
 def test_topology_kv_totals_count_every_gpu_and_each_instance_once():
     # two TP2 replicas, one request each (prompt 100, reply 10): the last decode step holds 100 + 9 tokens,
     # ceil(109 / 16) = 7 blocks; a block is 16 tokens x 131,072 B / 2 GPUs = 1 MiB on each of the 2 GPUs
