@@ -653,14 +653,14 @@ def test_prompt_pages_become_shareable_as_chunks_complete_them():
 
 def test_a_hit_admission_keeps_the_watermark_unless_the_request_was_running():
     """20 blocks, watermark 4; a cached 4-page prefix (evictable, so free).  A new 17-block prompt with that
-    prefix needs 4 revived + 13 fresh = 17 > 20 - 4: refused.  Re-admitting a preempted request
-    (admit=False) may use the watermark: 17 <= 20 exactly fits, and so does the rest of its prompt."""
+    prefix needs 4 revived + 13 fresh = 17 > 20 - 4: refused.  Without the watermark (admit=False, e.g. a
+    request that was running) a 20-block prompt needs 4 + 16 = 20 blocks: exactly the 20 free, it fits."""
     kv = PrefixKVCache(20, 16, watermark=0.2)
     _serve(kv, _req(0, 0.0, 64, 1, [1, 2, 3, 4]))
     new = _req(1, 0.0, 16 * 17, 1, range(1, 18))
     assert kv.attach(new, kv.peek(new), 16 * 17) is False and new.blocks == 0 and kv.free_blocks == 20
-    again = _req(2, 0.0, 16 * 17, 1, range(1, 18))
-    assert kv.attach(again, kv.peek(again), 16 * 17, admit=False) and again.blocks == 17 and kv.free_blocks == 3
+    again = _req(2, 0.0, 16 * 20, 1, range(1, 21))
+    assert kv.attach(again, kv.peek(again), 16 * 20, admit=False) and again.blocks == 20 and kv.free_blocks == 0
     plain = Request(3, 0.0, 16 * 17, 1)                       # no ids: the same rule through grow
     kv2 = PrefixKVCache(20, 16, watermark=0.2)
     assert kv2.attach(plain, kv2.peek(plain), 16 * 17) is False
