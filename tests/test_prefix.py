@@ -665,3 +665,17 @@ def test_a_hit_admission_keeps_the_watermark_unless_the_request_was_running():
     kv2 = PrefixKVCache(20, 16, watermark=0.2)
     assert kv2.attach(plain, kv2.peek(plain), 16 * 17) is False
     assert kv2.attach(plain, kv2.peek(plain), 16 * 17, admit=False) and plain.blocks == 17
+
+
+def test_a_page_computed_again_replaces_its_host_copy():
+    """GPU cache 1 block, host tier 1 block.  Chain [1, 2] served: page (1, 0) stays on the GPU, page (2, 1)
+    goes to the host.  A prompt [9, 2] misses at page 0, so it computes page (2, 1) again: the GPU copy wins
+    and the host's copy is dropped (host empty)."""
+    kv = PrefixKVCache(10, 16, capacity_blocks=1, host_blocks=1, host_bandwidth_Bps=1e6, block_bytes=1.0)
+    _serve(kv, _req(0, 0.0, 32, 1, [1, 2]))
+    assert (kv.lru_blocks, kv.host_used, len(kv.host)) == (1, 1, 1)
+    r = _req(1, 0.0, 32, 2, [9, 2])
+    assert kv.peek(r) == 0 and kv.attach(r, 0, 32)
+    r.computed = 32
+    kv.commit(r)
+    assert (kv.host_used, len(kv.host)) == (0, 0)
