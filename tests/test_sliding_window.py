@@ -177,6 +177,23 @@ def test_roofline_attention_ops_by_hand():
             assert sl == full
 
 
+def test_pipeline_stages_share_full_and_sliding_attention_evenly():
+    """pp 2 on SMALL (2 + 2 layers: each stage 1 full + 1 sliding, the even interleaving assumed): the stages'
+    attention times add up to the whole model's full + sliding attention, half on each stage."""
+    m = resolve_model(_sc(SMALL, {"c": {"kind": "colocated", "device": "h100-sxm"}}))
+    dev = get_device("h100-sxm")
+    one, two = RooflineCost(m, dev), RooflineCost(m, dev, pp=2)
+    for c in (10, 500):
+        swa = sliding_aggregates(c, 1, 24)
+        ops = one.breakdown(4, 4 * (c + 0.5), 4 * (c + 1), 4, 4, swa=(4 * swa[0], 4 * swa[1]))
+        attn = ops["attention"]["time_s"] + ops["attention_sliding"]["time_s"]
+        stages, _, _ = two.stage_times(4, 4 * (c + 0.5), 4 * (c + 1), 4, 4, swa=(4 * swa[0], 4 * swa[1]))
+        static = two._stage_static(4, 4)[0]
+        assert [s - t for s, t in zip(stages, static)] == pytest.approx([attn / 2] * 2, rel=1e-12)
+        if c > 24:     # the sliding half is cheaper than a full layer's
+            assert ops["attention_sliding"]["time_s"] < ops["attention"]["time_s"]
+
+
 def test_window_covering_every_context_prices_as_full_attention():
     """Theory: a window at least as long as every request is full attention.  Step times, and so every
     request's timings, equal those of the same shape without sliding layers (KV pools large enough)."""
