@@ -540,7 +540,7 @@ class Disaggregated(_Serving):
                     dec = self._pick_decode(req)
             dec_epoch = dec.epoch
             dec.reserved_count += 1
-            dec.reserved_blocks += dec.kv.held(req)
+            dec.reserved_blocks += req.blocks if self.window is None else dec.kv.held(req)
             with link.res.request() as slot:
                 yield slot
                 while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
@@ -581,7 +581,7 @@ class Disaggregated(_Serving):
         src.wake()
         req.blocks = held
         dec.reserved_count -= 1
-        dec.reserved_blocks -= dec.kv.held(req)
+        dec.reserved_blocks -= req.blocks if self.window is None else dec.kv.held(req)
         req.status = UNFINISHED
         req.decode_start_s = env.now
         dec.accept(req)
@@ -591,7 +591,7 @@ class Disaggregated(_Serving):
         if dec.epoch == dec_epoch:
             dec.cut()                  # blocks come back: the next plan may change (sync first)
             dec.reserved_count -= 1
-            dec.reserved_blocks -= dec.kv.held(req)
+            dec.reserved_blocks -= req.blocks if self.window is None else dec.kv.held(req)
             dec.kv.release(req)
             dec.wake()
             self.on_decode_freed(dec)

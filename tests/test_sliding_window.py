@@ -300,3 +300,34 @@ def test_model_shape_validates_its_sliding_fields():
         ModelShape(sliding_layers=1, **s)
     with pytest.raises(ConfigError):
         ModelShape(sliding_layers=1, sliding_window=0, **s)
+
+
+# --- the vectorised decode costs and pdsim estimate ---------------------------------------------------
+def test_vectorised_sliding_decode_costs_equal_scalar_steps():
+    from pdsim.costmodel import CostModel
+    cm = RooflineCost(get_model("gpt-oss-120b"), get_device("h200"), 2, "fp8", "fp8", 2)
+    rng = np.random.default_rng(5)
+    for batch in (1, 7, 120):
+        c0 = rng.integers(1, 400, batch)           # contexts on both sides of the 128-token window
+        attn0, kv0 = float(sum(c + 0.5 for c in c0)), int((c0 + 1).sum())
+        pos = window_sums(c0, 200, 128)
+        swa = (pos - 0.5 * batch, pos)
+        got = cm.decode_steps(batch, attn0, kv0, 200, swa=swa)
+        ref = CostModel.decode_steps(cm, batch, attn0, kv0, 200, swa=swa)      # step() called 200 times
+        for g, r in zip(got, ref):
+            assert np.array_equal(g, r)
+
+
+def test_estimate_counts_the_window_blocks_per_request(capsys):
+    import json
+    from pdsim.__main__ import main
+    args = ["estimate", "--model", "gpt-oss-120b", "--device", "h200", "--tp", "2", "--decode-batch", "8",
+            "--context", "4096", "--json"]
+    assert main(args) == 0
+    res = json.loads(capsys.readouterr().out)
+    kv = res["kv_capacity"]
+    # a request of 4097 tokens: ceil(4097 / 16) = 257 full-layer blocks + 9 for the 128-token window
+    assert kv["requests"] == kv["tokens"] // 16 // (257 + 9)
+    assert set(res["ops"]) >= {"attention", "attention_sliding"}
+    # a decode at context 4096: the sliding layers read 128 tokens a request, the full ones 4097
+    assert res["ops"]["attention_sliding"]["flops"] == pytest.approx(res["ops"]["attention"]["flops"] * 127.5 / 4096)
