@@ -444,8 +444,8 @@ PRESETS.update({m.name: m for m in [
                           "18 layers attend and read KV over min(context, 128) tokens and keep a 128-token window "
                           "of KV (ceil(128 / block) + 1 blocks per request), 18 over the whole context; under "
                           "pipeline parallelism the sliding layers are assumed spread evenly over the stages. "
-                          "Not modelled: attention sinks (one learned logit per head: negligible FLOPs), biases, "
-                          "MXFP4 expert weights (give weight_dtype fp4)")),
+                          "Not modelled: attention sinks (one learned logit per head: negligible FLOPs), biases, and "
+                          "MXFP4 experts beside bf16 attention (weight_dtype applies to all decoder weights)")),
 ]})
 
 

@@ -331,3 +331,29 @@ def test_estimate_counts_the_window_blocks_per_request(capsys):
     assert set(res["ops"]) >= {"attention", "attention_sliding"}
     # a decode at context 4096: the sliding layers read 128 tokens a request, the full ones 4097
     assert res["ops"]["attention_sliding"]["flops"] == pytest.approx(res["ops"]["attention"]["flops"] * 127.5 / 4096)
+
+
+def test_readme_sliding_window_examples_are_valid_models():
+    import re
+    from pathlib import Path
+
+    import yaml
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"### Sliding-window attention\n\n```yaml\n(.*?)```", text, re.S).group(1)
+    preset = yaml.safe_load(block.split("\n# or")[0])["model"]
+    commented = block.split("\n# or")[1].splitlines()[1:]          # the inline example, commented out
+    inline = yaml.safe_load("\n".join(line[2:] for line in commented))["model"]
+    assert get_model(preset).sliding_layers == 18
+    m = resolve_model(_sc(inline, {"c": {"kind": "colocated", "device": "h100-sxm"}}))
+    assert (m.sliding_window, m.sliding_layers, m.full_layers) == (4096, 24, 8)
+
+
+def test_silicon_rows_of_gpt_oss_with_dp_attention_are_skipped_with_a_reason(tmp_path):
+    from pdsim.validate import read_measured
+    from test_validate import _silicon
+    oss = {"model_path": "openai/gpt-oss-120b", "system": "h200_sxm", "precision": "fp8", "moe_quant_mode": "fp8"}
+    path = _silicon(tmp_path / "silicon.csv", [
+        {**oss, "id": "dp4", "tp_size": 1, "moe_tp_size": 1, "moe_ep_size": 4, "attention_dp_size": 4},
+        {**oss, "id": "tp4", "tp_size": 4, "moe_tp_size": 4, "moe_ep_size": 1}])
+    rows = {r["id"]: why for r, why in read_measured(path)}
+    assert rows == {"dp4": "dp_attention_sliding_window", "tp4": None}
