@@ -357,3 +357,17 @@ def test_silicon_rows_of_gpt_oss_with_dp_attention_are_skipped_with_a_reason(tmp
         {**oss, "id": "tp4", "tp_size": 4, "moe_tp_size": 4, "moe_ep_size": 1}])
     rows = {r["id"]: why for r, why in read_measured(path)}
     assert rows == {"dp4": "dp_attention_sliding_window", "tp4": None}
+
+
+def test_gpt_oss_fast_path_equals_step_by_step_colocated_and_pd():
+    topos = {"c": {"kind": "colocated", "replicas": 2, "device": "h200", "tp": 2,
+                   "kv_blocks": 400, "chunked_prefill": {"token_budget": 512}},
+             "pd": {"kind": "disaggregated", "prefill": {"device": "h200", "tp": 2, "kv_blocks": 300},
+                    "decode": {"device": "h200", "tp": 2, "kv_blocks": 350}, "kv_link": {"bandwidth_GBps": 5}}}
+    sc = _sc("gpt-oss-120b", topos, rate=8.0, num_requests=30,
+             prompt_tokens={"dist": "uniform", "low": 1, "high": 1500},
+             output_tokens={"dist": "uniform", "low": 1, "high": 300})
+    fast, slow = _both(sc)
+    for f, s in zip(fast, slow):
+        _assert_same([f], [s])
+    assert all(r.status == "finished" for res in fast for r in res.requests)
