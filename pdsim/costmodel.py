@@ -555,7 +555,10 @@ class RooflineCost(CostModel):
         return out
 
     def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
-        """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays)."""
+        """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays).  A caller
+        that passes no ``swa`` for a model with sliding layers gets every layer priced as full attention
+        (an overestimate; the simulator's steps, the fast path, prefill_time, decode_time and ``pdsim
+        estimate`` all pass it)."""
         prefill = _is_prefill(attn_work, kv_read_tokens)
         if swa is not None:       # sliding layers: full and sliding attention apart (no DP attention)
             t_s, f_s, b_s = self._static(tokens, sampled)
