@@ -51,6 +51,7 @@ SEM = "tests/test_semantics.py::"
 SLO = "tests/test_slo.py::"
 SPEC = "tests/test_speculative.py::"
 EN = "tests/test_energy.py::"
+SWA = "tests/test_sliding_window.py::"
 
 MUTANTS: list[Mutant] = [
     # --- metrics ---------------------------------------------------------------------------------
@@ -308,6 +309,36 @@ MUTANTS: list[Mutant] = [
            "    if False and pool.pp > 1 and not pool.dp_attention and len(set(",
            ("tests/test_pp_uneven.py::test_kv_pool_of_an_uneven_split_keeps_the_fewest_blocks_any_stage_fits_by_hand",),
            "an uneven pipeline's KV pool sized on the heaviest weights with the largest blocks, not per stage"),
+    # --- sliding-window attention ----------------------------------------------------------------
+    Mutant("swa-window-blocks-not-taken", "pdsim/kvcache.py",
+           "take = need + (self.extra if req.blocks == 0 else 0)", "take = need",
+           (SWA + "test_sliding_pool_takes_window_blocks_with_the_first_and_returns_them",
+            SWA + "test_lone_request_holds_its_window_and_is_rejected_by_it"),
+           "a request of a sliding-window model holds no blocks for its sliding layers' window"),
+    Mutant("swa-window-no-written-block", "pdsim/models.py",
+           "window_blocks = -(-self.sliding_window // block_size) + 1",
+           "window_blocks = -(-self.sliding_window // block_size)",
+           (SWA + "test_gpt_oss_kv_bytes_and_blocks_by_hand",),
+           "the sliding window's KV without the block being written (vLLM keeps ceil(W / bs) + 1)"),
+    Mutant("swa-transfer-whole-context", "pdsim/topology.py",
+           "bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes",
+           "bytes_ += kv_tokens * self.window_kv_bytes",
+           (SWA + "test_pd_transfer_sends_the_window_of_the_sliding_layers",),
+           "PD sends the sliding layers' KV of the whole prompt, not their window"),
+    Mutant("swa-plan-kv-unclipped", "pdsim/scheduler.py",
+           "self.swa_kv += b if b < n + W - 1 else n + W - 1", "self.swa_kv += b",
+           (SWA + "test_sliding_step_plan_sums_equal_brute_force",
+            SWA + "test_lone_request_step_times_by_hand_linear"),
+           "a sliding layer reads the whole context's KV"),
+    Mutant("swa-window-sums-off-by-one", "pdsim/costmodel.py",
+           "return pre[m] + m * (1 + j) + (B - m) * W", "return pre[m] + m * j + (B - m) * W",
+           (SWA + "test_vectorised_window_sum_equals_brute_force",
+            SWA + "test_fast_path_equals_step_by_step_sliding"),
+           "the fast path's window sums one step behind the loop's"),
+    Mutant("swa-stage-times-full-layers", "pdsim/costmodel.py",
+           "per_layer = (t_f * full.count + t_w * sl.count) / L", "per_layer = t_f",
+           (SWA + "test_pipeline_stages_share_full_and_sliding_attention_evenly",),
+           "pipeline stages price every layer's attention as a full layer's"),
 ]
 
 

@@ -165,7 +165,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_estimate(args) -> int:
-    from .costmodel import RooflineCost
+    from .costmodel import RooflineCost, sliding_aggregates
     from .devices import get_device
     from .models import get_model
     model, dev = get_model(args.model, "--model"), get_device(args.device, "--device")
@@ -174,11 +174,15 @@ def cmd_estimate(args) -> int:
     model.validate_pp(args.pp, "--pp", args.pp_layers, "--pp-layers")
     if args.dp_attention:
         model.validate_dp_attention(args.tp, args.ep, args.pp, "--dp-attention")
+        if model.has_sliding:
+            raise ConfigError("DP attention with sliding-window layers is not modelled", key="--dp-attention",
+                              value=True)
     if args.micro_batches is not None and args.pp == 1:
         raise ConfigError("needs pipeline parallelism (--pp > 1)", key="--micro-batches", value=args.micro_batches)
     if args.expert_skew and not model.is_moe:
         raise ConfigError(f"needs a mixture-of-experts model; {model.name} is dense", key="--expert-skew",
                           value=args.expert_skew)
+    swa = {}      # the sliding layers' aggregates, when the model has some
     cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew, args.pp,
                       args.dp_attention, moe_tables=args.moe_tables,
                       pp_layers=tuple(args.pp_layers) if args.pp_layers is not None else None)
@@ -197,6 +201,9 @@ def cmd_estimate(args) -> int:
             raise ConfigError("must be >= 1", key="--batch", value=args.batch)
         p, b = args.prefill, args.batch
         agg = (p * b, b * p * p / 2.0, p * b, b, b)
+        if model.has_sliding:       # the sliding layers' work and KV reads (pdsim.costmodel.sliding_aggregates)
+            w, kv = sliding_aggregates(0, p, model.window)
+            swa = {"swa": (b * w, b * kv)}
         what = {"phase": "prefill", "prompt_tokens": p, "batch": b}
     elif args.decode_batch is not None:
         if args.decode_batch < 1:
@@ -206,14 +213,17 @@ def cmd_estimate(args) -> int:
                               key="--context", value=args.context)
         b, c = args.decode_batch, args.context
         agg = (b, float(b * c), b * (c + 1), b, b)
+        if model.has_sliding:
+            w, kv = sliding_aggregates(c, 1, model.window)
+            swa = {"swa": (b * w, b * kv)}
         what = {"phase": "decode", "batch": b, "context": c}
     else:
         raise ConfigError("give --prefill TOKENS or --decode-batch N [--context C]", key="estimate")
-    st = cm.step(*agg)
-    ops = cm.breakdown(*agg)           # under pp: one micro-batch through all stages
+    st = cm.step(*agg, **swa)
+    ops = cm.breakdown(*agg, **swa)           # under pp: one micro-batch through all stages
     pipe = None
     if args.pp > 1:
-        _, _, _, d = cm.iteration(*agg)
+        _, _, _, d = cm.iteration(*agg, **swa)
         pipe = {"stages": args.pp, "layers": list(model.stage_split(args.pp, args.pp_layers)), **{k: d[k] for k in ("micro_batches", "micro_batch_requests", "stage_s",
                                                          "transfer_s", "overhead_s", "round_trip_s",
                                                          "stage_load_s")}}
@@ -278,7 +288,8 @@ def _kv_capacity(pool, model, args, request_tokens: int) -> dict:
     except ConfigError as exc:     # the weights do not fit: the step time still stands
         return {"error": exc.reason}
     usable = blocks - int(pool.watermark * blocks)
-    per_req = -(-request_tokens // pool.block_size)
+    # + the sliding layers' window blocks a request holds (0 without sliding layers)
+    per_req = -(-request_tokens // pool.block_size) + model.sliding_extra_blocks(pool.block_size)
     return {"blocks": blocks, "block_size": pool.block_size, "tokens": usable * pool.block_size,
             "requests": usable // per_req, "request_tokens": request_tokens}
 

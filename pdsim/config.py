@@ -60,6 +60,9 @@ class InlineModel(_Strict):
     qk_rope_head_dim: Annotated[int, Field(ge=0, le=10**9)] = 0
     qk_nope_head_dim: Annotated[int, Field(ge=0, le=10**9)] = 0
     v_head_dim: Annotated[int, Field(ge=0, le=10**9)] = 0
+    # sliding-window attention: sliding_layers of the layers attend to the last sliding_window tokens only
+    sliding_window: Annotated[int, Field(ge=1, le=10**9)] | None = None
+    sliding_layers: Annotated[int, Field(ge=0, le=10**9)] = 0
 
 
 # --- cost model and pools ----------------------------------------------------------
@@ -768,6 +771,10 @@ def _key(loc) -> str:
 def validation_error(exc: ValidationError, file: str | None) -> ConfigError:
     """The first pydantic error as one line: file, dotted key, value, and a did-you-mean for typos."""
     errs = exc.errors()
+    # an inline model (a mapping) with a bad field: its field's error, not the union's "should be a valid string"
+    deep = [e for e in errs if "InlineModel" in [str(p) for p in e["loc"][:-1]]]
+    if deep:
+        errs = deep + [e for e in errs if e not in deep]
     # prefer a concrete error over "expected str" noise from the model: str | InlineModel union
     err = next((e for e in errs if e["type"] in ("extra_forbidden", "invalid_key")
                 or (e["type"] == "string_type" and e["loc"][-1:] == ("[key]",))), errs[0])

@@ -48,6 +48,13 @@ DP attention (``dp_attention``, ep = tp): every op but the routed experts runs o
 rank's share of the batch (ceil(batch / tp) requests) with whole (unsharded) weights; the routed experts
 on all the step's tokens / ep; no all-reduce; the all-to-all moves a rank's own tokens.
 
+Sliding-window attention (a model with ``sliding_layers`` > 0 and window W): a sliding layer's
+new token at position p (it attends to p tokens, itself included, on a full layer) attends to
+min(p, W).  The step then carries two more aggregates, ``swa = (swa_work, swa_kv)``, the sliding
+layers' counterparts of ``attn_work`` and ``kv_read_tokens`` (:func:`sliding_aggregates`); the
+full layers price attention on (attn_work, kv_read_tokens), the sliding layers on swa, each on its
+own layer count.  Callers without sliding layers pass no ``swa`` and run the code they always ran.
+
 ``ConstantCost`` and ``LinearCost`` are the what-if and theory-test models.
 """
 from __future__ import annotations
@@ -85,6 +92,50 @@ def expected_distinct_experts(tokens, k: int, experts: int, skew: float = 0.0):
     return float(np.sum(1.0 - (1.0 - expert_hit_probs(k, experts, skew)) ** tokens))
 
 
+def sliding_positions(c: int, n: int, W: int) -> int:
+    """sum over the new tokens' positions p = c + 1 .. c + n of min(p, W): what a chunk of n tokens after c
+    cached ones attends to on a sliding layer of window W (an integer, exact).
+
+    Closed form: with a = c + 1 and b = c + n the first and last position,
+      b <= W (the window covers the chunk):  sum_{p=a}^{b} p = (a + b) n / 2
+      a >= W (every token sees a full window): n W
+      a < W < b:  sum_{p=a}^{W} p + (b - W) W = (a + W)(W - a + 1) / 2 + (b - W) W
+    ((a + b) and (b - a + 1) differ in parity, so the products are even and // 2 is exact.)"""
+    if n <= 0:
+        return 0
+    a, b = c + 1, c + n
+    if b <= W:
+        return (a + b) * n // 2
+    if a >= W:
+        return n * W
+    return (a + W) * (W - a + 1) // 2 + (b - W) * W
+
+
+def sliding_aggregates(c: int, n: int, W: int) -> tuple[float, int]:
+    """(work, KV tokens read) of a chunk of n tokens after c cached ones on one sliding layer of window W.
+
+    Work: sum over the tokens of (min(p, W) - 1/2), the full layers' convention (their ``attn_work`` adds
+    n (c + n / 2) = sum_{p=c+1}^{c+n} (p - 1/2), the causal mean), so a window covering the whole context
+    prices exactly as a full layer.  A decode at context c: min(c + 1, W) - 1/2.  KV read: the distinct
+    cached tokens the chunk's queries touch, min(c + n, n + W - 1) (the chunk and the W - 1 before it; a
+    decode: min(c + 1, W))."""
+    return sliding_positions(c, n, W) - 0.5 * n, min(c + n, n + W - 1)
+
+
+def window_sums(c0: np.ndarray, k: int, W: int) -> np.ndarray:
+    """sum_i min(c0_i + 1 + j, W) for j = 0 .. k - 1 (int64): the sliding layers' positions of k decode steps
+    of a batch whose request i has c0_i cached tokens before step 0.  O(B log B + k log B): sort the
+    contexts once; at step j the requests with c0_i + 1 + j < W (c0_i < W - 1 - j: the first m of the
+    sorted contexts, found by binary search) contribute c0_i + 1 + j, the rest W."""
+    cs = np.sort(np.asarray(c0, dtype=np.int64))
+    B = len(cs)
+    pre = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(cs, out=pre[1:])
+    j = np.arange(k, dtype=np.int64)
+    m = np.searchsorted(cs, W - 1 - j, side="left")
+    return pre[m] + m * (1 + j) + (B - m) * W
+
+
 @dataclass(slots=True)
 class StepCost:
     time_s: float
@@ -96,34 +147,48 @@ class CostModel:
     """Protocol: ``step(tokens, attn_work, kv_read_tokens, sampled, batch) -> StepCost``."""
 
     tp: int = 1
+    window = None       # sliding window (tokens) of the model's sliding layers; None: no sliding layers
 
     def step(self, tokens: int, attn_work: float, kv_read_tokens: int, sampled: int,
-             batch: int) -> StepCost:  # pragma: no cover - interface
+             batch: int, swa=None) -> StepCost:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def decode_steps(self, batch: int, attn0: float, kv0: int, k: int):
+    def decode_steps(self, batch: int, attn0: float, kv0: int, k: int, swa=None):
         """Costs of ``k`` consecutive pure-decode steps of the same ``batch`` requests.
 
         Step i (0-based) has ``attn_work = attn0 + batch * i`` and ``kv_read_tokens =
         kv0 + batch * i``: every context grows by one token a step.  Returns numpy arrays
         (time_s, flops, bytes), each element what :meth:`step` gives for that step (the
         multi-step fast path of :class:`pdsim.instance.Instance` relies on it).
+        With sliding layers ``swa`` = (work, KV read) arrays of the k steps' sliding aggregates.
         This generic version calls ``step``; subclasses vectorise it.
         """
         out = np.empty((3, k))
         for i in range(k):
-            c = self.step(batch, attn0 + batch * i, kv0 + batch * i, batch, batch)
+            if swa is None:
+                c = self.step(batch, attn0 + batch * i, kv0 + batch * i, batch, batch)
+            else:
+                c = self.step(batch, attn0 + batch * i, kv0 + batch * i, batch, batch,
+                              swa=(float(swa[0][i]), float(swa[1][i])))
             out[0, i], out[1, i], out[2, i] = c.time_s, c.flops, c.bytes
         return out[0], out[1], out[2]
 
     def prefill_time(self, prompt_tokens: int) -> float:
         """A lone prefill of a whole prompt (TTFT of an idle instance)."""
         p = prompt_tokens
-        return self.step(p, p * p / 2.0, p, 1, 1).time_s
+        W = self.window
+        if W is None:
+            return self.step(p, p * p / 2.0, p, 1, 1).time_s
+        return self.step(p, p * p / 2.0, p, 1, 1, swa=sliding_aggregates(0, p, W)).time_s
 
     def decode_time(self, batch: int, context: int) -> float:
         """One decode step of ``batch`` requests that each have ``context`` tokens in cache."""
-        return self.step(batch, float(batch * context), batch * (context + 1), batch, batch).time_s
+        W = self.window
+        if W is None:
+            return self.step(batch, float(batch * context), batch * (context + 1), batch, batch).time_s
+        w, kv = sliding_aggregates(context, 1, W)
+        return self.step(batch, float(batch * context), batch * (context + 1), batch, batch,
+                         swa=(batch * w, batch * kv)).time_s
 
 
 @dataclass
@@ -131,28 +196,42 @@ class ConstantCost(CostModel):
     """Every step costs ``step_s`` whatever it holds (M/D/1 theory tests)."""
     step_s: float
     tp: int = 1
+    window: int | None = None
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
         return StepCost(self.step_s, 0.0, 0.0)
 
-    def decode_steps(self, batch, attn0, kv0, k):
+    def decode_steps(self, batch, attn0, kv0, k, swa=None):
         return np.full(k, float(self.step_s)), np.zeros(k), np.zeros(k)
 
 
 @dataclass
 class LinearCost(CostModel):
-    """``base_s + per_token_s * tokens + per_kv_token_s * kv_read_tokens`` per step."""
+    """``base_s + per_token_s * tokens + per_kv_token_s * kv_read_tokens`` per step.
+
+    With sliding layers (``window``, ``sliding_share`` = sliding layers / layers) ``per_kv_token_s`` is per
+    KV token read on every layer, so the KV term is ``per_kv_token_s * ((1 - s) kv_read_tokens + s swa_kv)``:
+    the full layers read the whole context, the sliding ones their window."""
     base_s: float = 0.0
     per_token_s: float = 0.0
     per_kv_token_s: float = 0.0
     tp: int = 1
+    window: int | None = None
+    sliding_share: float = 0.0
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
-        return StepCost(self.base_s + self.per_token_s * tokens + self.per_kv_token_s * kv_read_tokens,
-                        0.0, 0.0)
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+        if swa is None:
+            return StepCost(self.base_s + self.per_token_s * tokens + self.per_kv_token_s * kv_read_tokens,
+                            0.0, 0.0)
+        s = self.sliding_share
+        kv = (1.0 - s) * kv_read_tokens + s * swa[1]
+        return StepCost(self.base_s + self.per_token_s * tokens + self.per_kv_token_s * kv, 0.0, 0.0)
 
-    def decode_steps(self, batch, attn0, kv0, k):
+    def decode_steps(self, batch, attn0, kv0, k, swa=None):
         kv = kv0 + batch * np.arange(k, dtype=np.float64)
+        if swa is not None:
+            s = self.sliding_share
+            kv = (1.0 - s) * kv + s * np.asarray(swa[1], dtype=np.float64)
         return (self.base_s + self.per_token_s * batch) + self.per_kv_token_s * kv, np.zeros(k), np.zeros(k)
 
 
@@ -243,6 +322,10 @@ class RooflineCost(CostModel):
                 self.linears += [("up", f // ta, h, "Ld"), ("down", h, f // ta, "Ld")]
         self.lm_head = ("lm_head", m.vocab // ta, h)
         self.kv_bytes_per_token_shard = m.kv_bytes_per_token_per_gpu(self.kv_dtype, ta)
+        # sliding-window layers (None: none): attention priced on (attn_work, kv_read) for the full layers
+        # and on the step's sliding aggregates ``swa`` for the sliding ones (DP attention with them is refused)
+        self.window = m.window
+        assert self.window is None or not self.dp_attention
         # activation bytes per token of the per-layer elementwise kernels (bf16 activations)
         gates = 3 if m.gated_mlp else 2
         self._elementwise = [
@@ -373,9 +456,13 @@ class RooflineCost(CostModel):
                 {op.name: op.count for op in self._static_ops(1, 1, j)} for j in range(self.pp)]
         return got
 
-    def _attention_op(self, tokens, attn_work, kv_read_tokens, batch, prefill: bool) -> Op:
-        """Attention of one layer; ``attn_work`` and ``kv_read_tokens`` may be arrays over steps."""
+    def _attention_op(self, tokens, attn_work, kv_read_tokens, batch, prefill: bool, layers=None,
+                      name: str = "attention") -> Op:
+        """Attention of one layer; ``attn_work`` and ``kv_read_tokens`` may be arrays over steps.  ``layers``:
+        the op's count (default all layers; with sliding layers the full and the sliding ones apart)."""
         m, qh, kvh = self.model, self.q_heads, self.kv_heads_shard
+        if layers is None:
+            layers = m.layers
         d = m.head_dim
         if m.is_mla:
             r, dr, dn, dv = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
@@ -385,12 +472,19 @@ class RooflineCost(CostModel):
             else:            # absorbed: scores over latent + rope, values are the latent
                 flops = 2.0 * qh * (2 * r + dr) * attn_work
                 bytes_ = kv_read_tokens * (r + dr) * self.kv_bytes + tokens * qh * (2 * r + dr) * 2.0
-            return Op("attention", "attention", m.layers, flops, bytes_,
+            return Op(name, "attention", layers, flops, bytes_,
                       (tokens, attn_work, kv_read_tokens, batch, prefill))
         flops = 4.0 * qh * d * attn_work
         bytes_ = kv_read_tokens * 2 * kvh * d * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0
-        return Op("attention", "attention", m.layers, flops, bytes_,
+        return Op(name, "attention", layers, flops, bytes_,
                   (tokens, attn_work, kv_read_tokens, batch, prefill))
+
+    def _attention_ops(self, tokens, attn_work, kv_read_tokens, batch, prefill: bool, swa) -> list[Op]:
+        """Attention of a model with sliding layers: the full layers on the step's aggregates, the sliding
+        layers (op ``attention_sliding``) on ``swa`` = (work, KV read) (scalars, or arrays over steps)."""
+        m = self.model
+        return [self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill, m.full_layers),
+                self._attention_op(tokens, swa[0], swa[1], batch, prefill, m.sliding_layers, "attention_sliding")]
 
     def _rank(self, tokens, attn_work, kv_read_tokens, sampled, batch):
         """Under DP attention, the busiest attention rank's share of the step: the batch's requests are
@@ -401,10 +495,13 @@ class RooflineCost(CostModel):
         rb = -(-b // self.attn_dp)
         return tokens * rb / b, attn_work * rb / b, kv_read_tokens * rb / b, sampled * rb / b, rb
 
-    def ops(self, tokens: int, attn_work, kv_read_tokens, sampled: int, batch: int) -> list[Op]:
+    def ops(self, tokens: int, attn_work, kv_read_tokens, sampled: int, batch: int, swa=None) -> list[Op]:
         """The operators of one step (what :meth:`op_time` evaluates)."""
         # prefill vs decode attention only changes the kernel: the mix is judged by work
         prefill = _is_prefill(attn_work, kv_read_tokens)
+        if swa is not None:
+            return [*self._attention_ops(tokens, attn_work, kv_read_tokens, batch, prefill, swa),
+                    *self._static_ops(tokens, sampled)]
         if self.attn_dp > 1:
             Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
             return [self._attention_op(Ta, aw, kv, rb, prefill), *self._static_ops(tokens, sampled, rank=(Ta, Sa))]
@@ -457,9 +554,19 @@ class RooflineCost(CostModel):
             self._static_cache[key] = out
         return out
 
-    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch):
-        """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays)."""
+    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+        """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays).  A caller
+        that passes no ``swa`` for a model with sliding layers gets every layer priced as full attention
+        (an overestimate; the simulator's steps, the fast path, prefill_time, decode_time and ``pdsim
+        estimate`` all pass it)."""
         prefill = _is_prefill(attn_work, kv_read_tokens)
+        if swa is not None:       # sliding layers: full and sliding attention apart (no DP attention)
+            t_s, f_s, b_s = self._static(tokens, sampled)
+            full, sl = self._attention_ops(tokens, attn_work, kv_read_tokens, batch, prefill, swa)
+            t_f, t_w = self.op_time(full)[0], self.op_time(sl)[0]
+            # attention summed first: with equal full and sliding ops this is the full-attention sum, bit for bit
+            return (t_s + (t_f * full.count + t_w * sl.count), f_s + (full.flops * full.count + sl.flops * sl.count),
+                    b_s + (full.bytes * full.count + sl.bytes * sl.count))
         if self.attn_dp > 1:
             Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
             t_s, f_s, b_s = self._static(tokens, sampled, (Ta, Sa))
@@ -471,8 +578,10 @@ class RooflineCost(CostModel):
         L = att.count
         return t_s + t_a * L, f_s + att.flops * L, b_s + att.bytes * L
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
-        t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch)
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+        if swa is not None:
+            swa = (float(swa[0]), float(swa[1]))
+        t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch, swa)
         return StepCost(float(t), float(f), float(b))
 
     # --- pipeline stages (pdsim/pipeline.py combines them) ----------------------
@@ -499,14 +608,24 @@ class RooflineCost(CostModel):
             self._static_cache[key] = out
         return out
 
-    def stage_times(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+    def stage_times(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
         """One micro-batch through each pipeline stage: (seconds per stage, FLOPs, bytes over all stages),
         without the per-step overhead.  ``attn_work`` and ``kv_read_tokens`` may be arrays over decode
         steps (then the stage times are arrays).  Stage j holds its own layers (L / pp each when the split
         is even), hence as many attention kernels; the embedding sits on the first stage, the LM head on the
-        last, and each stage's TP group all-reduces its own layers' activations."""
+        last, and each stage's TP group all-reduces its own layers' activations.  With sliding layers
+        (``swa``) stage j of n_j layers holds n_j x full / L full and n_j x sliding / L sliding ones
+        (ASSUMPTION: the two kinds interleaved evenly over the stages, as gpt-oss alternates them)."""
         t_s, f_s, b_s = self._stage_static(tokens, sampled)
         prefill = _is_prefill(attn_work, kv_read_tokens)
+        if swa is not None:
+            full, sl = self._attention_ops(tokens, attn_work, kv_read_tokens, batch, prefill, swa)
+            t_f, t_w = self.op_time(full)[0], self.op_time(sl)[0]
+            L = self.model.layers
+            per_layer = (t_f * full.count + t_w * sl.count) / L     # a stage's mean attention time per layer
+            return ([t + per_layer * n for t, n in zip(t_s, self._split)],
+                    f_s + (full.flops * full.count + sl.flops * sl.count),
+                    b_s + (full.bytes * full.count + sl.bytes * sl.count))
         att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
         t_a = self.op_time(att)[0]
         L = att.count
@@ -524,24 +643,28 @@ class RooflineCost(CostModel):
         return self.device.step_overhead_s
 
     def breakdown(self, tokens: int, attn_work: float, kv_read_tokens: int, sampled: int,
-                  batch: int) -> dict[str, dict]:
+                  batch: int, swa=None) -> dict[str, dict]:
         """Per-op ``{op: {time_s, flops, bytes, source}}`` of one step (what ``pdsim estimate`` prints).
         ``source``: measured, interpolated, extrapolated or roofline (:mod:`pdsim.kernels`)."""
         out = {}
-        for op in self.ops(tokens, float(attn_work), float(kv_read_tokens), sampled, batch):
+        if swa is not None:
+            swa = (float(swa[0]), float(swa[1]))
+        for op in self.ops(tokens, float(attn_work), float(kv_read_tokens), sampled, batch, swa):
             t, code = self.op_time(op)
             out[op.name] = {"time_s": float(t) * op.count, "flops": float(op.flops) * op.count,
                             "bytes": float(op.bytes) * op.count, "source": kernels.source_name(code)}
         return out
 
-    def decode_steps(self, batch, attn0, kv0, k):
+    def decode_steps(self, batch, attn0, kv0, k, swa=None):
         """:meth:`step` for k decode steps of the same batch, on arrays: the same operators and the
         same evaluator with attention's work and KV reads as arrays over the step index (measured
-        tables included: their lookups are vectorised)."""
+        tables included: their lookups are vectorised); ``swa``: the sliding aggregates' arrays."""
         i = np.arange(k, dtype=np.float64)
         attn = float(attn0) + batch * i
         kv = float(kv0) + batch * i
-        t, f, b = self._sum(batch, attn, kv, batch, batch)
+        if swa is not None:
+            swa = (np.asarray(swa[0], dtype=np.float64), np.asarray(swa[1], dtype=np.float64))
+        t, f, b = self._sum(batch, attn, kv, batch, batch, swa)
         return np.asarray(t, float), np.asarray(f, float), np.asarray(b, float)
 
     # --- memory -------------------------------------------------------------

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costmodel import StepCost
+from .costmodel import CostModel, StepCost
 from .errors import ConfigError
 
 
@@ -90,20 +90,21 @@ class CappedCost:
         full = np.maximum(c, m)
         return np.where(full > 0, np.maximum(c / self.f, m) / np.where(full > 0, full, 1.0), 1.0)
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
-        s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch)
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+        s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch) if swa is None else \
+            self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, swa=swa)
         return StepCost(s.time_s * float(self._stretch(s.flops, s.bytes)), s.flops, s.bytes)
 
-    def decode_steps(self, batch, attn0, kv0, k):
-        t, f, b = self.inner.decode_steps(batch, attn0, kv0, k)
+    def decode_steps(self, batch, attn0, kv0, k, swa=None):
+        t, f, b = self.inner.decode_steps(batch, attn0, kv0, k) if swa is None else \
+            self.inner.decode_steps(batch, attn0, kv0, k, swa=swa)
         return t * self._stretch(f, b), f, b
 
     def prefill_time(self, prompt_tokens: int) -> float:
-        p = prompt_tokens
-        return self.step(p, p * p / 2.0, p, 1, 1).time_s
+        return CostModel.prefill_time(self, prompt_tokens)      # this step (sliding layers' aggregates too)
 
     def decode_time(self, batch: int, context: int) -> float:
-        return self.step(batch, float(batch * context), batch * (context + 1), batch, batch).time_s
+        return CostModel.decode_time(self, batch, context)
 
 
 def instance_energy_J(inst, pm: PowerModel, span_s: float) -> float:

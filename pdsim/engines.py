@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .costmodel import StepCost
+from .costmodel import CostModel, StepCost
 
 GiB = 1024 ** 3
 
@@ -215,20 +215,23 @@ class EngineCost:
     def __getattr__(self, name):          # device, tp, compute_dtype, weight_bytes_per_gpu, ...
         return getattr(self.inner, name)
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
-        c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch)
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+        if swa is None:
+            c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch)
+        else:
+            c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, swa=swa)
         return StepCost(c.time_s + self.overhead(batch, tokens) - self.replaced_s, c.flops, c.bytes)
 
-    def decode_steps(self, batch, attn0, kv0, k):
-        t, f, b = self.inner.decode_steps(batch, attn0, kv0, k)
+    def decode_steps(self, batch, attn0, kv0, k, swa=None):
+        t, f, b = self.inner.decode_steps(batch, attn0, kv0, k) if swa is None else \
+            self.inner.decode_steps(batch, attn0, kv0, k, swa=swa)
         return t + (self.overhead(batch, batch) - self.replaced_s), f, b
 
     def prefill_time(self, prompt_tokens: int) -> float:
-        p = prompt_tokens
-        return self.step(p, p * p / 2.0, p, 1, 1).time_s
+        return CostModel.prefill_time(self, prompt_tokens)      # this step (sliding layers' aggregates too)
 
     def decode_time(self, batch: int, context: int) -> float:
-        return self.step(batch, float(batch * context), batch * (context + 1), batch, batch).time_s
+        return CostModel.decode_time(self, batch, context)
 
 
 def wrap_cost(cost, pool):

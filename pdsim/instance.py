@@ -22,7 +22,7 @@ from collections import deque
 
 import numpy as np
 
-from .costmodel import CostModel, StepCost
+from .costmodel import CostModel, StepCost, window_sums
 from .kvcache import KVCache
 from .scheduler import Limits
 import simpy
@@ -184,6 +184,7 @@ class Instance:
                  limits: Limits, gpus: int, sink, bin_s: float, fast: bool = True, max_window: int = 4096):
         self.env, self.name, self.pool, self.role = env, name, pool, role
         self.cost, self.kv, self.policy, self.limits = cost, kv, policy, limits
+        self.window = limits.window        # sliding window of the model's sliding layers (None: none)
         self.gpus = gpus
         self.sink = sink                   # topology callbacks: first_token, finished, prefill_done
         self.waiting: deque[Request] = deque()
@@ -276,8 +277,11 @@ class Instance:
                     continue
             if self.spec is not None:       # speculative decoding: verify steps (pdsim/speculative.py)
                 c, drafts = self.spec.plan_step(plan, self.kv)
-            else:
+            elif self.window is None:
                 c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled, len(plan.items))
+            else:
+                c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled, len(plan.items),
+                                   swa=plan.swa)
             if self.kv.load_s:   # prefix blocks from the host tier are copied in before the step runs
                 c = StepCost(c.time_s + self.kv.take_load_s(), c.flops, c.bytes)
             t0 = env.now
@@ -432,7 +436,14 @@ class Instance:
                 return None
             need_k = int(np.maximum(0, -(-(c0 + k) // bs) - blk1).sum())
         B = len(reqs)
-        times, flops, bytes_ = self.cost.decode_steps(B, plan.attn_work, plan.kv_read_tokens, k)
+        if self.window is None:
+            times, flops, bytes_ = self.cost.decode_steps(B, plan.attn_work, plan.kv_read_tokens, k)
+        else:
+            # sliding layers: step j's positions sum_i min(c0_i + 1 + j, W) (integers), the very sums the
+            # step-by-step plans add up (SlidingStepPlan), so the k step costs are the loop's bit for bit
+            pos = window_sums(c0, k, self.window)
+            times, flops, bytes_ = self.cost.decode_steps(B, plan.attn_work, plan.kv_read_tokens, k,
+                                                          swa=(pos - 0.5 * B, pos))
         w = _Window()
         w.plan, w.reqs, w.c0, w.blk1, w.k, w.extra = plan, reqs, c0, blk1, k, 0
         w.t0 = self.env.now

@@ -74,6 +74,54 @@ class KVCache:
         req.blocks = 0
         assert self.free_blocks <= self.total_blocks, (self.free_blocks, self.total_blocks)
 
+    def held(self, req: Request) -> int:
+        """Blocks ``req`` holds in this pool."""
+        return req.blocks
+
+
+class SlidingKVCache(KVCache):
+    """The pool of a model with sliding-window layers (vLLM's hybrid KV manager, simplified).
+
+    A block is ``block_size`` tokens of the FULL-attention layers' KV.  A request holding any KV also
+    holds ``extra`` blocks (:meth:`pdsim.models.ModelShape.sliding_extra_blocks`) for its sliding layers'
+    window, taken with its first blocks and returned at release.  ``req.blocks`` counts only the
+    full-layer blocks, ceil(tokens / block_size), so every token -> block formula the schedulers and the
+    multi-step fast path use on ``req.blocks`` stays as it is; what a request holds in all is
+    :meth:`held`, and :meth:`blocks_for` (admission checks, capacity) counts the extra blocks too."""
+    __slots__ = ("extra",)
+
+    def __init__(self, total_blocks: int, block_size: int = 16, watermark: float = 0.0, extra: int = 0):
+        super().__init__(total_blocks, block_size, watermark)
+        assert extra >= 0
+        self.extra = extra
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size) + self.extra if tokens > 0 else 0
+
+    def grow(self, req: Request, tokens: int, admit: bool = False) -> bool:
+        need = -(-tokens // self.block_size) - req.blocks
+        if need <= 0:
+            return True
+        take = need + (self.extra if req.blocks == 0 else 0)     # the window's blocks come with the first ones
+        spare = self.free_blocks - self.watermark_blocks if admit else self.free_blocks
+        if take > spare:
+            return False
+        self.free_blocks -= take
+        req.blocks += need
+        used = self.total_blocks - self.free_blocks
+        if used > self.peak_used:
+            self.peak_used = used
+        return True
+
+    def release(self, req: Request) -> None:
+        if req.blocks:
+            self.free_blocks += req.blocks + self.extra
+        req.blocks = 0
+        assert self.free_blocks <= self.total_blocks, (self.free_blocks, self.total_blocks)
+
+    def held(self, req: Request) -> int:
+        return req.blocks + self.extra if req.blocks else 0
+
 
 # --- prefix caching ------------------------------------------------------------------------
 # A request that carries ``hash_ids`` (one id per ``hash_block_tokens`` tokens of its content, a

@@ -16,6 +16,15 @@ through a rank-``q_lora_rank`` bottleneck (0: a direct projection), keys and
 values are cached as one latent vector of ``kv_lora_rank`` plus a shared RoPE
 key of ``qk_rope_head_dim`` per token per layer, and decompressed per head into
 ``qk_nope_head_dim`` (+ rope) keys and ``v_head_dim`` values.
+
+Sliding-window attention (``sliding_layers > 0``, gpt-oss): that many of the layers attend only
+to the last ``sliding_window`` tokens (the new token included), the others to the whole
+context.  Which layers slide does not matter to the cost model, and under pipeline parallelism
+they are ASSUMED spread evenly (interleaved) over the stages, as in gpt-oss, where every other
+layer slides: stage j of n_j layers holds n_j x sliding_layers / layers of them (a fraction when
+the split does not fall evenly; it prices stage times and per-stage KV shares).
+``kv_bytes_per_token`` is the full-attention layers' KV (what grows with the context);
+``sliding_kv_bytes_per_token`` the sliding layers', of which a request keeps only a window.
 """
 from __future__ import annotations
 
@@ -61,6 +70,35 @@ class ModelShape:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     source: str = ""
+    # sliding-window attention: ``sliding_layers`` of the layers see only the last ``sliding_window`` tokens
+    sliding_window: int | None = None
+    sliding_layers: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.sliding_layers <= self.layers:
+            raise ConfigError(f"sliding-window layers must be between 0 and the {self.layers} layers of {self.name}",
+                              key="sliding_layers", value=self.sliding_layers)
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError("a sliding window must be at least 1 token", key="sliding_window",
+                              value=self.sliding_window)
+        if self.sliding_layers and self.sliding_window is None:
+            raise ConfigError("sliding-window layers need sliding_window (tokens)", key="sliding_layers",
+                              value=self.sliding_layers)
+
+    @property
+    def has_sliding(self) -> bool:
+        """Some layers use sliding-window attention."""
+        return self.sliding_layers > 0
+
+    @property
+    def window(self) -> int | None:
+        """The sliding window in tokens when some layers use it, else None."""
+        return self.sliding_window if self.sliding_layers else None
+
+    @property
+    def full_layers(self) -> int:
+        """Layers with full (whole-context) attention."""
+        return self.layers - self.sliding_layers
 
     @property
     def is_moe(self) -> bool:
@@ -182,7 +220,9 @@ class ModelShape:
         the shape; :meth:`weight_bytes_per_gpu` places them on the first and last stage)."""
         from dataclasses import replace
         dense, moe = self.stage_layers(pp, pp_layers)[stage]
-        return replace(self, layers=dense + moe, dense_layers=dense if self.is_moe else 0)
+        n = dense + moe      # sliding layers: the stage's even share, rounded down (weights do not depend on it)
+        return replace(self, layers=n, dense_layers=dense if self.is_moe else 0,
+                       sliding_layers=self.sliding_layers * n // self.layers)
 
     def stage_weight_bytes(self, weight_dtype: str = "bf16", tp: int = 1, ep: int = 1, pp: int = 1,
                            pp_layers=None) -> list[float]:
@@ -228,12 +268,40 @@ class ModelShape:
         dense = (self.decoder_params - self.routed_params - self.router_params - repl) * wb + self.embedding_params * 2.0
         return dense / tp + self.routed_params * wb / (ep * (tp // ep)) + repl * wb + self.router_params * 2.0
 
-    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
-        """KV cache per token, whole model.  GQA: K and V for every layer, 2 * L * n_kv * d * bytes.
-        MLA: the latent plus the shared RoPE key, L * (kv_lora_rank + qk_rope_head_dim) * bytes."""
+    def kv_bytes_per_layer_token(self, kv_dtype: str = "bf16") -> float:
+        """KV cache of one layer per token.  GQA: K and V, 2 * n_kv * d * bytes.  MLA: the latent plus
+        the shared RoPE key, (kv_lora_rank + qk_rope_head_dim) * bytes."""
         if self.is_mla:
-            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes(kv_dtype)
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype)
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes(kv_dtype)
+        return 2 * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype)
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
+        """KV cache per token of the full-attention layers (all layers of a model without sliding-window
+        layers): GQA 2 * L * n_kv * d * bytes, MLA L * (kv_lora_rank + qk_rope_head_dim) * bytes.  What
+        grows with the context; the sliding layers' KV is :meth:`sliding_kv_bytes_per_token` x the window."""
+        if self.is_mla:
+            return self.full_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes(kv_dtype)
+        return 2 * self.full_layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype)
+
+    def sliding_kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
+        """KV cache per token of the sliding-window layers (0 without them)."""
+        return self.sliding_layers * self.kv_bytes_per_layer_token(kv_dtype)
+
+    def sliding_extra_blocks(self, block_size: int) -> int:
+        """Blocks a request holds, on top of ceil(tokens / block_size), for its sliding layers' window.
+
+        vLLM's hybrid KV manager keeps, for a sliding layer, only the blocks covering the last
+        ``sliding_window`` tokens plus the block being written: ceil(W / block_size) + 1 blocks of the
+        sliding layers' bytes.  A pool block is block_size tokens of the FULL layers' KV, so those blocks
+        are counted in full-layer block units: ceil((ceil(W / bs) + 1) x sliding_layers / full_layers).
+        The same count on every pipeline stage (both kinds spread evenly over the stages).  0 without
+        sliding layers.  SIMPLIFICATION: a constant per request from its first block to its release (a
+        prefill chunk longer than the window briefly needs more on the sliding layers; not modelled)."""
+        if not self.sliding_layers:
+            return 0
+        assert self.full_layers > 0, "every layer slides: the pool has no full-layer block unit"
+        window_blocks = -(-self.sliding_window // block_size) + 1
+        return -(-(window_blocks * self.sliding_layers) // self.full_layers)
 
     def kv_bytes_per_token_per_gpu(self, kv_dtype: str = "bf16", tp: int = 1, pp: int = 1, pp_layers=None) -> float:
         """KV cache per token on one GPU of a tp instance.  GQA: KV heads split over the GPUs (one
@@ -370,10 +438,14 @@ PRESETS.update({m.name: m for m in [
     ModelShape("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, max_context=32768,
                experts=8, experts_per_token=2, expert_width=14336, source=_hf("mistralai/Mixtral-8x7B-v0.1")),
     ModelShape("gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, max_context=131072,
-               experts=128, experts_per_token=4, expert_width=2880,
-               source=_hf("openai/gpt-oss-120b", "sliding-window attention (128 tokens, every other layer), "
-                          "attention sinks and biases not modelled: KV and attention priced as full attention "
-                          "on all 36 layers (an overestimate); MXFP4 expert weights not modelled (no fp4 yet)")),
+               experts=128, experts_per_token=4, expert_width=2880, sliding_window=128, sliding_layers=18,
+               source=_hf("openai/gpt-oss-120b", "sliding-window attention modelled: sliding_window 128 and "
+                          "layer_types alternating sliding_attention / full_attention (18 of the 36 layers), so "
+                          "18 layers attend and read KV over min(context, 128) tokens and keep a 128-token window "
+                          "of KV (ceil(128 / block) + 1 blocks per request), 18 over the whole context; under "
+                          "pipeline parallelism the sliding layers are assumed spread evenly over the stages. "
+                          "Not modelled: attention sinks (one learned logit per head: negligible FLOPs), biases, and "
+                          "MXFP4 experts beside bf16 attention (weight_dtype applies to all decoder weights)")),
 ]})
 
 

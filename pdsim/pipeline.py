@@ -85,8 +85,17 @@ class UniformStages:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def stage_times(self, tokens, attn_work, kv_read_tokens, sampled, batch):
-        if isinstance(attn_work, np.ndarray):       # the k-step fast path: one step per element
+    def stage_times(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+        if swa is not None:                         # sliding layers: their aggregates along, element by element
+            if isinstance(attn_work, np.ndarray):
+                n = attn_work.shape
+                t = np.array([self.inner.step(tokens, float(a), float(k), sampled, batch,
+                                              swa=(float(w), float(v))).time_s
+                              for a, k, w, v in zip(attn_work, np.broadcast_to(kv_read_tokens, n),
+                                                    np.broadcast_to(swa[0], n), np.broadcast_to(swa[1], n))])
+            else:
+                t = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, swa=swa).time_s
+        elif isinstance(attn_work, np.ndarray):       # the k-step fast path: one step per element
             t = np.array([self.inner.step(tokens, float(a), float(k), sampled, batch).time_s
                           for a, k in zip(attn_work, np.broadcast_to(kv_read_tokens, attn_work.shape))])
         else:
@@ -112,6 +121,7 @@ class PipelineCost(CostModel):
         self.micro_batches = micro_batches or pp
         self.overhead = overhead
         self._flat_overhead_s = stages.overhead_s()
+        self.window = stages.window           # the sliding window of the stages' model (None: none)
 
     def __getattr__(self, name):          # device, tp, compute_dtype, model, ... of the stage model
         if name == "stages":
@@ -131,17 +141,22 @@ class PipelineCost(CostModel):
         q, r = divmod(batch, m)
         return [(q + 1, r), (q, m - r)] if r else [(q, m)]
 
-    def iteration(self, tokens, attn_work, kv_read_tokens, sampled, batch):
+    def iteration(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
         """(iteration seconds, FLOPs per GPU, bytes per GPU, details) of one scheduler iteration; attention
-        work and KV reads may be arrays over decode steps (the same arithmetic, element by element)."""
+        work and KV reads may be arrays over decode steps (the same arithmetic, element by element); ``swa``:
+        the sliding layers' (work, KV read), shared out over the micro-batches as the other aggregates."""
         B = max(1, batch)
         parts = self.split(B)
         load = [0.0] * self.pp
         cpu = flops = bytes_ = 0.0
         trip = None
         for b, n in parts:
-            s, f, by = self.stages.stage_times(tokens * b / B, attn_work * b / B, kv_read_tokens * b / B,
-                                               sampled * b / B, b)
+            if swa is None:
+                s, f, by = self.stages.stage_times(tokens * b / B, attn_work * b / B, kv_read_tokens * b / B,
+                                                   sampled * b / B, b)
+            else:
+                s, f, by = self.stages.stage_times(tokens * b / B, attn_work * b / B, kv_read_tokens * b / B,
+                                                   sampled * b / B, b, swa=(swa[0] * b / B, swa[1] * b / B))
             o = self._o(b, tokens * b / B)
             for j in range(self.pp):
                 load[j] = load[j] + n * s[j]
@@ -162,20 +177,27 @@ class PipelineCost(CostModel):
         return t, flops / self.pp, bytes_ / self.pp, {"micro_batches": sum(n for _, n in parts),
                                                      "round_trip_s": trip, "stage_load_s": load, **first}
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
-        t, f, b, _ = self.iteration(tokens, float(attn_work), float(kv_read_tokens), sampled, batch)
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+        if swa is not None:
+            swa = (float(swa[0]), float(swa[1]))
+        t, f, b, _ = self.iteration(tokens, float(attn_work), float(kv_read_tokens), sampled, batch, swa)
         return StepCost(float(t), float(f), float(b))
 
-    def decode_steps(self, batch, attn0, kv0, k):
+    def decode_steps(self, batch, attn0, kv0, k, swa=None):
         i = np.arange(k, dtype=np.float64)
         attn = float(attn0) + batch * i
         kv = float(kv0) + batch * i
-        t, f, b, _ = self.iteration(batch, attn, kv, batch, batch)
+        if swa is not None:
+            swa = (np.asarray(swa[0], dtype=np.float64), np.asarray(swa[1], dtype=np.float64))
+        t, f, b, _ = self.iteration(batch, attn, kv, batch, batch, swa)
         return (np.broadcast_to(np.asarray(t, float), (k,)).copy(), np.broadcast_to(np.asarray(f, float), (k,)).copy(),
                 np.broadcast_to(np.asarray(b, float), (k,)).copy())
 
-    def breakdown(self, tokens, attn_work, kv_read_tokens, sampled, batch) -> dict:
+    def breakdown(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None) -> dict:
         """The stage model's per-op breakdown of ONE micro-batch of the largest size, over all stages."""
         b = self.split(max(1, batch))[0][0]
         B = max(1, batch)
+        if swa is not None:
+            return self.stages.breakdown(tokens * b / B, attn_work * b / B, kv_read_tokens * b / B, sampled * b / B,
+                                         b, swa=(swa[0] * b / B, swa[1] * b / B))
         return self.stages.breakdown(tokens * b / B, attn_work * b / B, kv_read_tokens * b / B, sampled * b / B, b)

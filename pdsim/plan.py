@@ -413,7 +413,10 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     slo, need = sc.slo, sc.slo.attainment_target
     first = topo.pools[0].cost
     last = topo.pools[-1].cost
-    lone_ttft = np.array([first.step(int(pt), pt * pt / 2.0, int(pt), 1, 1).time_s for pt in prompt[:400]])
+    if getattr(first, "window", None) is None:
+        lone_ttft = np.array([first.step(int(pt), pt * pt / 2.0, int(pt), 1, 1).time_s for pt in prompt[:400]])
+    else:       # sliding-window layers: prefill_time adds their aggregates
+        lone_ttft = np.array([first.prefill_time(int(pt)) for pt in prompt[:400]])
     lone_tpot = np.array([last.decode_time(1, int(pt)) for pt in prompt[:400]]) / tokens_per_step(topo.pools[-1])
     ok = (lone_ttft <= slo.ttft_s) & ((out[:400] <= 1) | (lone_tpot <= slo.tpot_s))
     if ok.mean() < need:

@@ -43,12 +43,50 @@ class StepPlan:
         if c + n == req.prompt_tokens + req.generated:     # req.known, inlined: called per request per step
             self.sampled += 1
 
+    swa = None      # sliding layers' (work, KV read): only a SlidingStepPlan has them
+
+
+@dataclass(slots=True)
+class SlidingStepPlan(StepPlan):
+    """A step of a model with sliding-window layers (window ``window``): also sums, as integers, the
+    sliding layers' positions (sum over new tokens of min(position, W)) and KV reads
+    (:func:`pdsim.costmodel.sliding_aggregates`).  Only such models build it: :class:`StepPlan`'s ``add``,
+    the hottest function, is untouched for the others."""
+    window: int = 0
+    swa_pos: int = 0
+    swa_kv: int = 0
+
+    def add(self, req: Request, n: int) -> None:
+        c = req.computed
+        self.items.append((req, n))
+        self.tokens += n
+        self.attn_work += n * (c + 0.5 * n)
+        self.kv_read_tokens += c + n
+        if c + n == req.prompt_tokens + req.generated:
+            self.sampled += 1
+        W = self.window
+        # sliding_positions(c, n, W) inlined (see its docstring for the closed form)
+        a, b = c + 1, c + n
+        if b <= W:
+            self.swa_pos += (a + b) * n // 2
+        elif a >= W:
+            self.swa_pos += n * W
+        else:
+            self.swa_pos += (a + W) * (W - a + 1) // 2 + (b - W) * W
+        self.swa_kv += b if b < n + W - 1 else n + W - 1
+
+    @property
+    def swa(self) -> tuple[float, int]:
+        """(work, KV read) of the sliding layers: sum of (min(p, W) - 1/2) over new tokens, and KV tokens."""
+        return self.swa_pos - 0.5 * self.tokens, self.swa_kv
+
 
 @dataclass(slots=True)
 class Limits:
     max_running: int = 256              # requests in the running batch
     max_batched_tokens: int = 8192      # tokens in one step (the chunked policy's token budget)
     reserve_full: bool = False          # admission takes blocks for the whole sequence (kv_reservation: full)
+    window: int | None = None           # the model's sliding window (None: no sliding layers)
 
 
 def _preempt(victim: Request, kv: KVCache, running: list, waiting: deque, plan: StepPlan) -> None:
@@ -112,7 +150,7 @@ def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: Ste
 
 
 def fcfs(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
-    plan = StepPlan()
+    plan = StepPlan() if limits.window is None else SlidingStepPlan(window=limits.window)
     if waiting:
         _admit(waiting, running, kv, limits, plan, limits.max_batched_tokens, chunk=False)
         if plan.items:
@@ -133,7 +171,7 @@ def fcfs(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan
 
 
 def chunked(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
-    plan = StepPlan()
+    plan = StepPlan() if limits.window is None else SlidingStepPlan(window=limits.window)
     budget = limits.max_batched_tokens
     scheduled: set = set()
     bs = 0 if kv.prefix_on else kv.block_size     # as in fcfs: no KV call for a request that needs no block

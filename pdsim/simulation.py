@@ -33,12 +33,27 @@ def resolve_model(sc: Scenario) -> ModelShape:
     if m.heads % m.kv_heads:
         raise ConfigError("heads must be a multiple of kv_heads", key="model.kv_heads", value=m.kv_heads)
     _check_moe_mla(m)
+    _check_sliding(m)
     head_dim = m.head_dim or (m.qk_nope_head_dim + m.qk_rope_head_dim if m.kv_lora_rank else m.hidden // m.heads)
     return ModelShape(m.name, m.layers, m.hidden, m.heads, m.kv_heads, head_dim,
                       m.mlp_width, m.vocab, m.tied_embeddings, m.gated_mlp, m.max_context,
                       m.experts, m.experts_per_token, m.shared_experts, m.expert_width, m.dense_layers,
                       m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim,
-                      source="inline model in the scenario")
+                      source="inline model in the scenario", sliding_window=m.sliding_window,
+                      sliding_layers=m.sliding_layers)
+
+
+def _check_sliding(m) -> None:
+    """Sliding-window fields of an inline model: both or neither, within the layers; one error naming the key."""
+    if m.sliding_layers > m.layers:
+        raise ConfigError(f"at most the {m.layers} layers of the model can use the sliding window",
+                          key="model.sliding_layers", value=m.sliding_layers)
+    if m.sliding_layers and m.sliding_window is None:
+        raise ConfigError("sliding-window layers need sliding_window (tokens each such layer attends to)",
+                          key="model.sliding_window")
+    if m.sliding_window is not None and not m.sliding_layers:
+        raise ConfigError("a sliding window needs sliding_layers (how many of the layers use it, >= 1)",
+                          key="model.sliding_layers", value=m.sliding_layers)
 
 
 def _check_moe_mla(m) -> None:

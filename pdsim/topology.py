@@ -14,7 +14,7 @@ from .costmodel import ConstantCost, LinearCost, RooflineCost
 from .devices import GiB, get_device
 from .errors import ConfigError
 from .instance import Instance
-from .kvcache import KVCache, PrefixKVCache
+from .kvcache import KVCache, PrefixKVCache, SlidingKVCache
 from .scheduler import SCHEDULERS, Limits, final_kv_tokens
 from .workload import ABANDONED, UNFINISHED, Request
 
@@ -100,10 +100,13 @@ def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
     (``constant`` / ``linear`` then price one stage of one micro-batch)."""
     cm = pool.cost_model
     model.validate_pp(pool.pp, key=f"{key}.pp", pp_layers=pool.pp_layers, layers_key=f"{key}.pp_layers")
+    check_sliding(pool, model, key)
     if cm.kind == "constant":
-        cost = ConstantCost(cm.step_s, pool.tp)
+        cost = ConstantCost(cm.step_s, pool.tp, model.window)
     elif cm.kind == "linear":
         cost = LinearCost(cm.base_s, cm.per_token_s, cm.per_kv_token_s, pool.tp)
+        if model.has_sliding:
+            cost.window, cost.sliding_share = model.window, model.sliding_layers / model.layers
     else:
         device = get_device(pool.device, key=f"{key}.device", base_dir=base_dir)
         model.validate_tp(pool.tp, key=f"{key}.tp")
@@ -123,6 +126,26 @@ def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
     return PipelineCost(stages, pool.pp, pool.micro_batches)
 
 
+def check_sliding(pool: PoolSpec, model, key: str) -> None:
+    """Sliding-window layers with what is not modelled for them: one error line naming the key."""
+    if not model.has_sliding:
+        return
+    if model.full_layers == 0:
+        raise ConfigError("a model whose every layer is sliding-window is not modelled (the KV pool counts blocks "
+                          "of the full-attention layers); keep at least one full layer",
+                          key="model.sliding_layers", value=model.sliding_layers)
+    if pool.prefix_on:
+        raise ConfigError("prefix caching with sliding-window layers is not modelled (a cached prefix would need "
+                          "the sliding layers' window blocks at its end)", key=f"{key}.prefix_cache.enabled",
+                          value=True)
+    if pool.speculative is not None:
+        raise ConfigError("speculative decoding with sliding-window layers is not modelled",
+                          key=f"{key}.speculative", value=pool.speculative.method)
+    if pool.dp_attention:
+        raise ConfigError("DP attention with sliding-window layers is not modelled", key=f"{key}.dp_attention",
+                          value=True)
+
+
 def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir, key: str) -> tuple[int, float]:
     """(blocks, bytes per block per GPU): device memory x utilisation - weights/tp - activation reserve.
     Under pipeline parallelism a GPU holds its stage's layers' weights and KV: every stage keeps the
@@ -131,7 +154,9 @@ def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
     that is the stage with the embedding or the LM head; ``block_bytes`` is the busiest stage's (the
     stage with the most layers)."""
     # KV heads split across the tp GPUs; with tp > kv_heads each GPU keeps one (replicated) head; MLA: the whole latent
+    # sliding-window layers: a block is block_size tokens of the full layers' KV (SlidingKVCache adds the window's)
     model.validate_ep(pool.ep, pool.tp, key=f"{key}.ep")
+    check_sliding(pool, model, key)
     model.validate_pp(pool.pp, key=f"{key}.pp", pp_layers=pool.pp_layers, layers_key=f"{key}.pp_layers")
     ranks = 1
     if pool.dp_attention:
@@ -243,10 +268,15 @@ class Pool:
                                               self.power)
         # full reservation covers the sequence an instance will hold: a prefill instance hands off after the
         # prompt (TRT-LLM's context servers run with max_tokens 1), so it reserves the prompt only
-        limits = Limits(spec.max_running, spec.token_budget, spec.kv_reservation == "full" and role != "prefill")
+        limits = Limits(spec.max_running, spec.token_budget, spec.kv_reservation == "full" and role != "prefill",
+                        model.window)
         policy = SCHEDULERS[spec.scheduler_name]
-        make_kv = self._prefix_kv(spec, blocks, key) if spec.prefix_on else \
-            (lambda: KVCache(blocks, spec.block_size, spec.watermark))
+        if model.has_sliding:      # each request also holds its sliding layers' window (check_sliding: no prefix)
+            extra = model.sliding_extra_blocks(spec.block_size)
+            make_kv = lambda: SlidingKVCache(blocks, spec.block_size, spec.watermark, extra)   # noqa: E731
+        else:
+            make_kv = self._prefix_kv(spec, blocks, key) if spec.prefix_on else \
+                (lambda: KVCache(blocks, spec.block_size, spec.watermark))
         self.instances = [
             Instance(env, f"{name}-{i}", name, role, self.cost,
                      make_kv(), policy, limits, spec.gpus_per_instance, sink, ctx.bin_s,
@@ -436,6 +466,8 @@ class Disaggregated(_Serving):
             self.links = [KVLink(env, f"kv-link-{i.name}", bw, link.latency_us * 1e-6) for i in self.prefill.instances]
             self.link_of = {i.name: l for i, l in zip(self.prefill.instances, self.links)}
         self.kv_bytes_per_token = ctx.model.kv_bytes_per_token(ctx.kv_dtype)
+        # sliding-window layers send only their window: min(tokens, W) tokens of their KV
+        self.window, self.window_kv_bytes = ctx.model.window, ctx.model.sliding_kv_bytes_per_token(ctx.kv_dtype)
         self.pending = {d.name: [] for d in self.decode.instances}   # reservations waiting for blocks
         self.entry = self.prefill.instances
         self.decode_up: list = []          # hand-offs waiting for any decode instance to come back
@@ -495,7 +527,6 @@ class Disaggregated(_Serving):
         req.blocks = 0                     # the decode side's allocation starts from zero
         link = self.link_of[src.name]
         kv_tokens = req.computed
-        bytes_ = kv_tokens * self.kv_bytes_per_token
         while True:
             # back-pressure: wait for decode blocks while the prefill side keeps holding this KV
             dec = self._pick_decode(req)
@@ -509,7 +540,7 @@ class Disaggregated(_Serving):
                     dec = self._pick_decode(req)
             dec_epoch = dec.epoch
             dec.reserved_count += 1
-            dec.reserved_blocks += req.blocks
+            dec.reserved_blocks += req.blocks if self.window is None else dec.kv.held(req)
             with link.res.request() as slot:
                 yield slot
                 while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
@@ -520,6 +551,8 @@ class Disaggregated(_Serving):
                 t_start = env.now
                 hit = self.xfer_hit.pop(req.id, 0)
                 bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
+                if self.window is not None:     # (no prefix cache with sliding layers: hit is 0)
+                    bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes
                 wire_s = xfer_s = link.latency_s + bytes_ / (link.bandwidth_Bps * link.factor)
                 if self.spec.kv_link.layerwise_overlap:
                     # layer l's KV leaves while layers l+1.. compute: only the part that outlasts prefill shows
@@ -548,7 +581,7 @@ class Disaggregated(_Serving):
         src.wake()
         req.blocks = held
         dec.reserved_count -= 1
-        dec.reserved_blocks -= held
+        dec.reserved_blocks -= req.blocks if self.window is None else dec.kv.held(req)
         req.status = UNFINISHED
         req.decode_start_s = env.now
         dec.accept(req)
@@ -558,7 +591,7 @@ class Disaggregated(_Serving):
         if dec.epoch == dec_epoch:
             dec.cut()                  # blocks come back: the next plan may change (sync first)
             dec.reserved_count -= 1
-            dec.reserved_blocks -= req.blocks
+            dec.reserved_blocks -= req.blocks if self.window is None else dec.kv.held(req)
             dec.kv.release(req)
             dec.wake()
             self.on_decode_freed(dec)

@@ -143,6 +143,9 @@ def _moe_split(r: dict, moe_tp: int, moe_ep: int, attention_dp: int) -> str | No
     if attention_dp > 1:
         if not (tp == 1 and moe_tp == 1 and moe_ep == attention_dp):
             return "attention_data_parallel"
+        from .models import get_model
+        if get_model(r["model"]).has_sliding:      # DP attention with sliding-window layers: not modelled
+            return "dp_attention_sliding_window"
         r["tp"], r["dp_attention"] = attention_dp, True
     elif tp != moe_tp * moe_ep:
         return "moe_split"
