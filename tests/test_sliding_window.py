@@ -371,3 +371,20 @@ def test_gpt_oss_fast_path_equals_step_by_step_colocated_and_pd():
     for f, s in zip(fast, slow):
         _assert_same([f], [s])
     assert all(r.status == "finished" for res in fast for r in res.requests)
+
+
+def test_sliding_pool_unit_cases_by_hand():
+    """20 blocks of 16 tokens, watermark 0.2 (4 blocks), 3 window blocks per request holding any KV."""
+    kv = SlidingKVCache(20, 16, watermark=0.2, extra=3)
+    assert kv.watermark_blocks == 4
+    assert (kv.blocks_for(0), kv.blocks_for(1), kv.blocks_for(16), kv.blocks_for(17)) == (0, 4, 4, 5)
+    r = Request(0, 0.0, 300, 10)
+    assert kv.grow(r, 0) and kv.free_blocks == 20 and kv.held(r) == 0      # no token, no window blocks
+    assert not kv.grow(r, 16 * 14, admit=True) and r.blocks == 0           # 14 + 3 = 17 > 20 - 4
+    assert kv.grow(r, 16 * 13, admit=True) and (r.blocks, kv.free_blocks, kv.held(r)) == (13, 4, 16)
+    assert kv.grow(r, 16 * 13 + 1) and (r.blocks, kv.free_blocks, kv.peak_used) == (14, 3, 17)
+    kv.release(r)
+    assert (kv.free_blocks, kv.held(r)) == (20, 0)
+    plain = SlidingKVCache(10, 16)                  # no window blocks: a plain pool
+    q = Request(1, 0.0, 40, 1)
+    assert plain.grow(q, 40) and plain.free_blocks == 7
