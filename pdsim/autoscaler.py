@@ -72,18 +72,28 @@ class PoolScaler:
         self.busy_seen: dict[str, float] = {i.name: 0.0 for i in pool.instances}
         self.asked: deque = deque()                            # (t_s, count the policy asked for)
         self.gen: dict[str, int] = {}                          # provisioning generation (a cancel voids it)
+        self.failed_retired = 0                                # failed instances given back (faults)
 
     def of(self, state: str) -> list:
         return [i for i in self.pool.instances if i.state == state]
 
+    def healthy(self) -> list:
+        """Serving instances that are not failed: the pool's serving capacity."""
+        return [i for i in self.pool.instances if i.state == SERVING and not i.failed]
+
+    def failed(self) -> list:
+        """Failed instances (a fault): paid, serving nothing until they recover."""
+        return [i for i in self.pool.instances if i.state == SERVING and i.failed]
+
     @property
     def active(self) -> int:
-        """Instances serving or on their way (the count the policy sets)."""
-        return sum(1 for i in self.pool.instances if i.state in (SERVING, PROVISIONING))
+        """Instances serving (not failed) or on their way (the count the policy sets)."""
+        return sum(1 for i in self.pool.instances
+                   if i.state == PROVISIONING or (i.state == SERVING and not i.failed))
 
     def record(self, now: float) -> None:
         alive = sum(1 for i in self.pool.instances if i.state != OFF)
-        serving = sum(1 for i in self.pool.instances if i.state == SERVING)
+        serving = sum(1 for i in self.pool.instances if i.state == SERVING and not i.failed)
         if self.timeline and self.timeline[-1][0] == now:
             self.timeline[-1] = (now, alive, serving)
         else:
@@ -126,7 +136,8 @@ class Autoscaler:
             sc = PoolScaler(key, pool, bounds, pool.initial_instances, load_s)
             self.scalers[key] = self.by_pool[pool.name] = sc
             for inst in pool.instances[pool.initial_instances:]:
-                inst.state, inst.down = OFF, True
+                inst.state = OFF
+                inst.set_down()
             sc.record(0.0)
         # slo policy: what the planner observes (arrival time and prompt; completion time and output)
         self.arrived: deque = deque()
@@ -173,6 +184,10 @@ class Autoscaler:
         n = max(sc.bounds.min, min(sc.bounds.max, n))
         now = self.env.now
         changed = False
+        for inst in sc.failed():           # any action replaces broken instances: given back, not repaired
+            changed = True
+            self._leave(sc, inst)
+            sc.failed_retired += 1
         while sc.active < n:
             changed = True
             back = sc.of(DRAINING)
@@ -181,6 +196,7 @@ class Autoscaler:
                 continue
             inst = sc.of(OFF)[0]
             inst.state = PROVISIONING
+            inst.set_down()
             inst.alive_from_s = now
             g = sc.gen[inst.name] = sc.gen.get(inst.name, 0) + 1
             self.env.process(self._provision(sc, inst, g, self.spec.provisioning_s + sc.load_s))
@@ -194,11 +210,12 @@ class Autoscaler:
                 self._leave(sc, inst)
                 sc.scale_ins += 1
                 continue
-            serving = sc.of(SERVING)
+            serving = sc.healthy()
             for i in serving:
                 i.sync()
             inst = min(reversed(serving), key=lambda i: i.load_tokens())   # ties: the newest
-            inst.state, inst.draining, inst.down = DRAINING, True, True
+            inst.state, inst.draining = DRAINING, True
+            inst.set_down()
             sc.scale_ins += 1
             if inst.role == "decode":
                 self.topo.on_decode_freed(inst)     # hand-offs waiting for its blocks choose again
@@ -219,9 +236,27 @@ class Autoscaler:
         self.topo.recover_instance(inst)    # down = False; the backlog (if any) is dispatched again
 
     def _leave(self, sc: PoolScaler, inst) -> None:
-        inst.alive_total_s += self.env.now - inst.alive_from_s
-        inst.state, inst.draining, inst.down = OFF, False, True
+        now = self.env.now
+        inst.alive_total_s += now - inst.alive_from_s
+        if inst.failed:                     # the broken machine is given back: its outage ends here and
+            inst.down_s += now - inst.down_since    # its fault process does not bring it back (outages)
+            inst.failed = False
+            inst.outages += 1
+            self.topo.fault_log.append({"instance": inst.name, "at_s": now,
+                                        "retired": "failed instance left the pool (autoscaler)"})
+        inst.state, inst.draining = OFF, False
+        inst.set_down()
         inst.kv.reset()                     # its memory goes with the machine (a prefix cache too)
+        inst.wake()                         # (a failed one's process waits for this to idle again)
+
+    def restart_provisioning(self, inst, down_s: float) -> float:
+        """A fault on a provisioning instance: what it loaded is lost; after the repair (``down_s``) it
+        provisions and loads from the start.  Returns when it will serve."""
+        sc = self.by_pool[inst.pool]
+        g = sc.gen[inst.name] = sc.gen.get(inst.name, 0) + 1      # voids the pending provisioning
+        delay = down_s + self.spec.provisioning_s + sc.load_s
+        self.env.process(self._provision(sc, inst, g, delay))
+        return self.env.now + delay
 
     def drained(self, inst) -> None:
         """A draining instance holds nothing any more: it leaves (or, switching roles, joins the other pool)."""
@@ -237,6 +272,7 @@ class Autoscaler:
             dst = self.scalers[to]
             new = dst.of(OFF)[0]
             new.state, new.alive_from_s = PROVISIONING, self.env.now
+            new.set_down()
             g = dst.gen[new.name] = dst.gen.get(new.name, 0) + 1
             self.env.process(self._provision(dst, new, g, self.spec.switch_s))
             dst.record(self.env.now)
@@ -295,7 +331,7 @@ class Autoscaler:
 
     def signal(self, sc: PoolScaler) -> float:
         """The threshold policy's signal per serving instance (instances are synced)."""
-        serving = sc.of(SERVING)
+        serving = sc.healthy()
         k = max(1, len(serving))
         metric = sc.bounds.metric
         if metric == "outstanding_tokens":
@@ -305,7 +341,7 @@ class Autoscaler:
             busy = 0.0
             for i in sc.pool.instances:
                 prev = sc.busy_seen.get(i.name, i.busy_s)
-                if i.state == SERVING:
+                if i.state == SERVING and not i.failed:
                     busy += i.busy_s - prev
                 sc.busy_seen[i.name] = i.busy_s
             return busy / (dt * k) if now > 0 else 0.0
@@ -434,7 +470,8 @@ class Autoscaler:
         for i in serving:
             i.sync()
         inst = min(reversed(serving), key=lambda i: i.load_tokens())
-        inst.state, inst.draining, inst.down, inst.switch_to = DRAINING, True, True, dst.name
+        inst.state, inst.draining, inst.switch_to = DRAINING, True, dst.name
+        inst.set_down()
         inst.switch_decided_s = self.env.now
         src.last_action_s = dst.last_action_s = self.env.now
         src.scale_ins += 1
@@ -457,6 +494,8 @@ class Autoscaler:
                            "provisioning_s": self.spec.provisioning_s, "load_s": sc.load_s,
                            "scale_outs": sc.scale_outs, "scale_ins": sc.scale_ins,
                            "timeline": [{"t_s": t, "alive": a, "serving": s} for t, a, s in sc.timeline]}
+            if sc.failed_retired:
+                pools[name]["failed_retired"] = sc.failed_retired
         out = {"policy": self.spec.policy, "pools": pools}
         if self.switches:
             out["role_switches"] = self.switches

@@ -355,6 +355,8 @@ class _Serving:
         self.fault_log.append({"instance": inst.name, "at_s": self.env.now, "until_s": until_s,
                                "requests_lost": len(lost)})
         self._after_failure(inst, lost)
+        if inst.draining:        # scaled in and now holding nothing: the drain is complete, it leaves
+            self.autoscaler.drained(inst)
 
     def _after_failure(self, inst, lost) -> None:
         for r in lost:
