@@ -7,7 +7,7 @@ topology's own count start serving and the rest are ``off``.  An instance's life
   power) and serves exactly ``provisioning_s + load time`` later, load time = the weights one GPU
   holds / ``load_GBps`` (every GPU of a TP group loads its shard in parallel), or ``load_s``.
   A scale-out first takes back a draining instance (still loaded: it serves at once).
-- **scale-in**: ``serving -> draining``: routers skip it (the ``down`` flag the faults use), P->D
+- **scale-in**: ``serving -> draining``: routers skip it (``down``, see ``Instance.set_down``), P->D
   assignment stops reserving on it, and hand-offs waiting for its blocks pick another instance.  It
   finishes its queue and batch (a prefill instance hands every prompt's KV off), then leaves
   (``off``: no longer paid, its KV cache cleared).  A scale-in first cancels provisioning instances.
@@ -184,16 +184,14 @@ class Autoscaler:
         n = max(sc.bounds.min, min(sc.bounds.max, n))
         now = self.env.now
         changed = False
-        for inst in sc.failed():           # any action replaces broken instances: given back, not repaired
-            changed = True
-            self._leave(sc, inst)
-            sc.failed_retired += 1
         while sc.active < n:
             changed = True
             back = sc.of(DRAINING)
             if back:                       # still loaded: cancel its drain, it serves at once
                 self._serve(sc, back[-1])
                 continue
+            if not sc.of(OFF):             # every slot taken: a failed instance's slot is freed first
+                self._retire(sc, sc.failed()[0])
             inst = sc.of(OFF)[0]
             inst.state = PROVISIONING
             inst.set_down()
@@ -220,9 +218,16 @@ class Autoscaler:
             if inst.role == "decode":
                 self.topo.on_decode_freed(inst)     # hand-offs waiting for its blocks choose again
             inst.wake()                              # an idle one leaves now
+        for inst in sc.failed():           # any action replaces broken instances: given back, not repaired
+            changed = True
+            self._retire(sc, inst)
         if changed:
             sc.last_action_s = now
             sc.record(now)
+
+    def _retire(self, sc: PoolScaler, inst) -> None:
+        self._leave(sc, inst)
+        sc.failed_retired += 1
 
     def _provision(self, sc: PoolScaler, inst, gen: int, delay_s: float):
         yield self.env.timeout(delay_s)
