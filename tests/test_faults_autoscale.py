@@ -56,16 +56,20 @@ def test_fault_on_an_autoscaled_pool_reroutes_recomputes_and_is_replaced_by_hand
 
 def test_a_failed_instance_stays_paid_and_serves_again_after_its_repair_without_an_action():
     # no autoscaler action during the outage: replica-0 is paid all along, out of the serving count from
-    # 1.105 to 1.105 + 0.5 + 0.1, then back (an idle request stream: 1 request at t=1 as above)
+    # 1.105 to 1.105 + 0.5 + 0.1, then back (1 request at t=1 as above; the schedule's look at 2.5 has
+    # nothing to change and nothing failed to give back)
     topo = {"kind": "colocated", "replicas": 2, "router": "round_robin", "kv_blocks": 100, **CONST,
             "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 2.5, "replicas": 2}], "replicas": {"max": 3}}}
     sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=100, output_tokens=50)
-    sc = _faulted(sc, {"at_s": 1.105, "instance": "replica-0", "down_s": 0.5, "warmup_s": 0.1})
+    # replica-1 fails at 2.8 and is still broken at the end (3.0): paid all the same
+    sc = _faulted(sc, {"at_s": 1.105, "instance": "replica-0", "down_s": 0.5, "warmup_s": 0.1},
+                  {"at_s": 2.8, "instance": "replica-1", "down_s": 5.0})
     sc = sc.model_copy(update={"horizon_s": 3.0})
     (res,) = simulate(sc)
-    assert _timeline(res) == [(0.0, 2, 2), (1.105, 2, 1), (pytest.approx(1.705, abs=1e-12), 2, 2)]
-    r0 = res.topology.by_name["replica-0"]
+    assert _timeline(res) == [(0.0, 2, 2), (1.105, 2, 1), (pytest.approx(1.705, abs=1e-12), 2, 2), (2.8, 2, 1)]
+    r0, r1 = res.topology.by_name["replica-0"], res.topology.by_name["replica-1"]
     assert r0.state == "serving" and not r0.down and r0.alive_s(3.0) == 3.0
+    assert r1.failed and r1.down and r1.alive_s(3.0) == 3.0
     s = metrics.summarize([res], metrics.requests_frame([res]), sc)["c"]
     assert s["gpu_hours"] == pytest.approx(2 * 3.0 / 3600, rel=1e-12)
 
