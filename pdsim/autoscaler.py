@@ -13,6 +13,13 @@ topology's own count start serving and the rest are ``off``.  An instance's life
   (``off``: no longer paid, its KV cache cleared).  A scale-in first cancels provisioning instances.
   The least loaded serving instance drains first.  No request is lost or moved.
 
+Faults (pdsim/faults.py) on an autoscaled pool: a failed instance stays ``serving`` with ``failed`` set:
+paid, but not capacity (``active``, the threshold signal and the timeline's serving count leave it out),
+so a policy may order a replacement; any action on the pool (``set_target``) gives its failed instances
+back (``_retire``: off, not paid, the end of their outage does not bring them back).  A fault on a
+provisioning instance restarts its provisioning after the repair (``restart_provisioning``); on a draining
+one its requests are re-routed and it leaves at once; on an off one it does nothing.  Not with ``mix``.
+
 Policies (plain functions of the pool state, chosen by name):
 
 - ``threshold``: every ``interval_s``, a pool's signal per serving instance (``queue``: requests
