@@ -7,11 +7,18 @@ topology's own count start serving and the rest are ``off``.  An instance's life
   power) and serves exactly ``provisioning_s + load time`` later, load time = the weights one GPU
   holds / ``load_GBps`` (every GPU of a TP group loads its shard in parallel), or ``load_s``.
   A scale-out first takes back a draining instance (still loaded: it serves at once).
-- **scale-in**: ``serving -> draining``: routers skip it (the ``down`` flag the faults use), P->D
+- **scale-in**: ``serving -> draining``: routers skip it (``down``, see ``Instance.set_down``), P->D
   assignment stops reserving on it, and hand-offs waiting for its blocks pick another instance.  It
   finishes its queue and batch (a prefill instance hands every prompt's KV off), then leaves
   (``off``: no longer paid, its KV cache cleared).  A scale-in first cancels provisioning instances.
   The least loaded serving instance drains first.  No request is lost or moved.
+
+Faults (pdsim/faults.py) on an autoscaled pool: a failed instance stays ``serving`` with ``failed`` set:
+paid, but not capacity (``active``, the threshold signal and the timeline's serving count leave it out),
+so a policy may order a replacement; any action on the pool (``set_target``) gives its failed instances
+back (``_retire``: off, not paid, the end of their outage does not bring them back).  A fault on a
+provisioning instance restarts its provisioning after the repair (``restart_provisioning``); on a draining
+one its requests are re-routed and it leaves at once; on an off one it does nothing.  Not with ``mix``.
 
 Policies (plain functions of the pool state, chosen by name):
 
@@ -72,18 +79,28 @@ class PoolScaler:
         self.busy_seen: dict[str, float] = {i.name: 0.0 for i in pool.instances}
         self.asked: deque = deque()                            # (t_s, count the policy asked for)
         self.gen: dict[str, int] = {}                          # provisioning generation (a cancel voids it)
+        self.failed_retired = 0                                # failed instances given back (faults)
 
     def of(self, state: str) -> list:
         return [i for i in self.pool.instances if i.state == state]
 
+    def healthy(self) -> list:
+        """Serving instances that are not failed: the pool's serving capacity."""
+        return [i for i in self.pool.instances if i.state == SERVING and not i.failed]
+
+    def failed(self) -> list:
+        """Failed instances (a fault): paid, serving nothing until they recover."""
+        return [i for i in self.pool.instances if i.state == SERVING and i.failed]
+
     @property
     def active(self) -> int:
-        """Instances serving or on their way (the count the policy sets)."""
-        return sum(1 for i in self.pool.instances if i.state in (SERVING, PROVISIONING))
+        """Instances serving (not failed) or on their way (the count the policy sets)."""
+        return sum(1 for i in self.pool.instances
+                   if i.state == PROVISIONING or (i.state == SERVING and not i.failed))
 
     def record(self, now: float) -> None:
         alive = sum(1 for i in self.pool.instances if i.state != OFF)
-        serving = sum(1 for i in self.pool.instances if i.state == SERVING)
+        serving = sum(1 for i in self.pool.instances if i.state == SERVING and not i.failed)
         if self.timeline and self.timeline[-1][0] == now:
             self.timeline[-1] = (now, alive, serving)
         else:
@@ -126,7 +143,8 @@ class Autoscaler:
             sc = PoolScaler(key, pool, bounds, pool.initial_instances, load_s)
             self.scalers[key] = self.by_pool[pool.name] = sc
             for inst in pool.instances[pool.initial_instances:]:
-                inst.state, inst.down = OFF, True
+                inst.state = OFF
+                inst.set_down()
             sc.record(0.0)
         # slo policy: what the planner observes (arrival time and prompt; completion time and output)
         self.arrived: deque = deque()
@@ -179,8 +197,11 @@ class Autoscaler:
             if back:                       # still loaded: cancel its drain, it serves at once
                 self._serve(sc, back[-1])
                 continue
+            if not sc.of(OFF):             # every slot taken: a failed instance's slot is freed first
+                self._retire(sc, sc.failed()[0])
             inst = sc.of(OFF)[0]
             inst.state = PROVISIONING
+            inst.set_down()
             inst.alive_from_s = now
             g = sc.gen[inst.name] = sc.gen.get(inst.name, 0) + 1
             self.env.process(self._provision(sc, inst, g, self.spec.provisioning_s + sc.load_s))
@@ -194,18 +215,26 @@ class Autoscaler:
                 self._leave(sc, inst)
                 sc.scale_ins += 1
                 continue
-            serving = sc.of(SERVING)
+            serving = sc.healthy()
             for i in serving:
                 i.sync()
             inst = min(reversed(serving), key=lambda i: i.load_tokens())   # ties: the newest
-            inst.state, inst.draining, inst.down = DRAINING, True, True
+            inst.state, inst.draining = DRAINING, True
+            inst.set_down()
             sc.scale_ins += 1
             if inst.role == "decode":
                 self.topo.on_decode_freed(inst)     # hand-offs waiting for its blocks choose again
             inst.wake()                              # an idle one leaves now
+        for inst in sc.failed():           # any action replaces broken instances: given back, not repaired
+            changed = True
+            self._retire(sc, inst)
         if changed:
             sc.last_action_s = now
             sc.record(now)
+
+    def _retire(self, sc: PoolScaler, inst) -> None:
+        self._leave(sc, inst)
+        sc.failed_retired += 1
 
     def _provision(self, sc: PoolScaler, inst, gen: int, delay_s: float):
         yield self.env.timeout(delay_s)
@@ -219,9 +248,27 @@ class Autoscaler:
         self.topo.recover_instance(inst)    # down = False; the backlog (if any) is dispatched again
 
     def _leave(self, sc: PoolScaler, inst) -> None:
-        inst.alive_total_s += self.env.now - inst.alive_from_s
-        inst.state, inst.draining, inst.down = OFF, False, True
+        now = self.env.now
+        inst.alive_total_s += now - inst.alive_from_s
+        if inst.failed:                     # the broken machine is given back: its outage ends here and
+            inst.down_s += now - inst.down_since    # its fault process does not bring it back (outages)
+            inst.failed = False
+            inst.outages += 1
+            self.topo.fault_log.append({"instance": inst.name, "at_s": now,
+                                        "retired": "failed instance left the pool (autoscaler)"})
+        inst.state, inst.draining = OFF, False
+        inst.set_down()
         inst.kv.reset()                     # its memory goes with the machine (a prefix cache too)
+        inst.wake()                         # (a failed one's process waits for this to idle again)
+
+    def restart_provisioning(self, inst, down_s: float) -> float:
+        """A fault on a provisioning instance: what it loaded is lost; after the repair (``down_s``) it
+        provisions and loads from the start.  Returns when it will serve."""
+        sc = self.by_pool[inst.pool]
+        g = sc.gen[inst.name] = sc.gen.get(inst.name, 0) + 1      # voids the pending provisioning
+        delay = down_s + self.spec.provisioning_s + sc.load_s
+        self.env.process(self._provision(sc, inst, g, delay))
+        return self.env.now + delay
 
     def drained(self, inst) -> None:
         """A draining instance holds nothing any more: it leaves (or, switching roles, joins the other pool)."""
@@ -237,6 +284,7 @@ class Autoscaler:
             dst = self.scalers[to]
             new = dst.of(OFF)[0]
             new.state, new.alive_from_s = PROVISIONING, self.env.now
+            new.set_down()
             g = dst.gen[new.name] = dst.gen.get(new.name, 0) + 1
             self.env.process(self._provision(dst, new, g, self.spec.switch_s))
             dst.record(self.env.now)
@@ -295,7 +343,7 @@ class Autoscaler:
 
     def signal(self, sc: PoolScaler) -> float:
         """The threshold policy's signal per serving instance (instances are synced)."""
-        serving = sc.of(SERVING)
+        serving = sc.healthy()
         k = max(1, len(serving))
         metric = sc.bounds.metric
         if metric == "outstanding_tokens":
@@ -305,7 +353,7 @@ class Autoscaler:
             busy = 0.0
             for i in sc.pool.instances:
                 prev = sc.busy_seen.get(i.name, i.busy_s)
-                if i.state == SERVING:
+                if i.state == SERVING and not i.failed:
                     busy += i.busy_s - prev
                 sc.busy_seen[i.name] = i.busy_s
             return busy / (dt * k) if now > 0 else 0.0
@@ -434,7 +482,8 @@ class Autoscaler:
         for i in serving:
             i.sync()
         inst = min(reversed(serving), key=lambda i: i.load_tokens())
-        inst.state, inst.draining, inst.down, inst.switch_to = DRAINING, True, True, dst.name
+        inst.state, inst.draining, inst.switch_to = DRAINING, True, dst.name
+        inst.set_down()
         inst.switch_decided_s = self.env.now
         src.last_action_s = dst.last_action_s = self.env.now
         src.scale_ins += 1
@@ -457,6 +506,8 @@ class Autoscaler:
                            "provisioning_s": self.spec.provisioning_s, "load_s": sc.load_s,
                            "scale_outs": sc.scale_outs, "scale_ins": sc.scale_ins,
                            "timeline": [{"t_s": t, "alive": a, "serving": s} for t, a, s in sc.timeline]}
+            if sc.failed_retired:
+                pools[name]["failed_retired"] = sc.failed_retired
         out = {"policy": self.spec.policy, "pools": pools}
         if self.switches:
             out["role_switches"] = self.switches

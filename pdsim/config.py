@@ -732,9 +732,9 @@ class Scenario(_Strict):
                                  f"{'topology ' + f.topology if f.topology else 'any topology'} "
                                  "(names are replica-N, prefill-N, decode-N)")
         for name, t in self.topologies.items():
-            if t.autoscaler is not None:
-                raise ValueError(f"topologies.{name}.autoscaler: faults and autoscaling in one scenario are not "
-                                 "supported yet (a failed instance and a drained one share the down flag)")
+            if t.autoscaler is not None and t.autoscaler.policy == "mix":
+                raise ValueError(f"topologies.{name}.autoscaler.policy: role switching (mix) with faults is not "
+                                 "supported yet (use threshold, schedule or slo)")
         for i, f in enumerate(self.faults.links):
             if f.topology is not None and f.topology not in self.topologies:
                 raise ValueError(f"faults.links[{i}].topology: no topology '{f.topology}'")

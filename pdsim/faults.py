@@ -5,6 +5,12 @@ A failed instance loses its step in flight and its whole KV cache: running reque
 and recompute their tokens (a decode instance's requests are prefilled again, prompt and generated
 tokens), queued requests move to live instances (or wait in the topology's backlog while none is
 up).  After ``down_s`` plus ``warmup_s`` (weight loading) it serves again with an empty cache.
+
+With an autoscaler (README, "Faults and autoscaling"): a fault on an ``off`` instance does nothing; on
+a ``provisioning`` one it restarts provisioning and loading after the repair
+(``Autoscaler.restart_provisioning``); on a ``draining`` one its requests are re-routed as above and,
+holding nothing any more, it leaves at once; a failed instance that the autoscaler retires meanwhile
+is not brought back by the end of its outage.
 """
 from __future__ import annotations
 
@@ -17,15 +23,27 @@ def _instance_fault(env, topo, inst, at_s: float, down_s: float, warmup_s: float
     if at_s > env.now:
         yield env.timeout(at_s - env.now)
     until = env.now + down_s + warmup_s
-    if inst.down:                 # already down: a longer overlapping fault extends the outage
+    if inst.state == "off":       # not paid, holds nothing: nothing to break
+        topo.fault_log.append({"instance": inst.name, "at_s": env.now, "skipped": "off (autoscaler)"})
+        return
+    if inst.state == "provisioning":    # what it loaded is lost: provisioning starts again after repair
+        serves = topo.autoscaler.restart_provisioning(inst, down_s)
+        topo.fault_log.append({"instance": inst.name, "at_s": env.now, "until_s": serves,
+                               "provisioning": "restarted after the repair"})
+        return
+    if inst.failed:               # already down: a longer overlapping fault extends the outage
         topo.fault_log.append({"instance": inst.name, "at_s": env.now, "until_s": max(until, inst.down_until),
                                "overlaps": "already down: outage extended to the later end"})
         inst.down_until = max(inst.down_until, until)
         return
     inst.down_until, inst.down_since = until, env.now
-    topo.fail_instance(inst, until)
-    while env.now < inst.down_until:
+    inst.outages += 1
+    outage = inst.outages
+    topo.fail_instance(inst, until)          # (a draining instance leaves at once: outages moves on)
+    while inst.outages == outage and env.now < inst.down_until:
         yield env.timeout(inst.down_until - env.now)
+    if inst.outages != outage:    # the autoscaler retired it meanwhile: it stays off
+        return
     inst.down_s += env.now - inst.down_since
     topo.recover_instance(inst)
 
@@ -35,7 +53,7 @@ def _random_faults(env, topo, inst, rng, mtbf_s: float, mttr_s: float, warmup_s:
         yield env.timeout(rng.exponential(mtbf_s))
         repair = rng.exponential(mttr_s)
         yield from _instance_fault(env, topo, inst, env.now, repair, warmup_s)
-        while inst.down:          # a scheduled fault kept it down longer: the next failure follows recovery
+        while inst.failed:        # a scheduled fault kept it down longer: the next failure follows recovery
             yield env.timeout(max(inst.down_until - env.now, 1e-9))
 
 

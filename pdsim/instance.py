@@ -197,7 +197,11 @@ class Instance:
         self.fast, self.max_window = fast and role != "prefill", max_window
         self._win: _Window | None = None
         self.windows = 0                   # fast-path windows opened (for the benchmark)
-        self.down = False                  # failed or warming up: serves nothing, routers skip it
+        # routers read ``down`` only; it is derived (set_down) from two sources: a fault (``failed``:
+        # down until repaired and warmed up) and the autoscaler (``state`` not serving)
+        self.down = False                  # unroutable: failed, or provisioning / draining / off
+        self.failed = False                # a fault: lost its GPU, serves nothing until it recovers
+        self.outages = 0                   # outages begun (a fault process ends only its own)
         self.epoch = 0                     # failures so far: KV held from an earlier epoch is gone
         self.down_s = 0.0                  # total time down (failure + warm-up), outages that ended
         self.down_since = self.down_until = 0.0
@@ -244,7 +248,7 @@ class Instance:
                 yield from self._serve()
             except simpy.Interrupt:      # failed (see fail): the step in flight is lost
                 pass
-            while self.down:
+            while self.failed:
                 self._wake = self.env.event()
                 try:
                     yield self._wake
@@ -306,7 +310,8 @@ class Instance:
         if self._win is not None:
             self.sync()              # steps that ended before the failure happened
             self._win = None
-        self.down = True
+        self.failed = True
+        self.set_down()
         self.epoch += 1
         lost = []
         for r in self.running:
@@ -327,8 +332,13 @@ class Instance:
         return lost
 
     def recover(self) -> None:
-        self.down = False
+        self.failed = False
+        self.set_down()
         self.wake()
+
+    def set_down(self) -> None:
+        """The one place ``down`` (what routers read) is derived: failed, or not serving for the autoscaler."""
+        self.down = self.failed or self.state != "serving"
 
     def alive_s(self, end_s: float) -> float:
         """Paid seconds up to ``end_s``: provisioning, loading, serving and draining (GPU-hours, idle energy)."""

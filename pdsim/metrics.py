@@ -558,6 +558,6 @@ def fault_summary(topo, d: pd.DataFrame, slo, end_s: float, window_s: float = 30
         "requests_arriving_in_fault_windows": int(inside.sum()),
         "recovery": recover,
         # an outage still running at the end of the run counts up to the end
-        "instance_down_s": {i.name: i.down_s + (max(0.0, end_s - i.down_since) if i.down else 0.0)
-                            for i in topo.instances if i.down_s or i.down},
+        "instance_down_s": {i.name: i.down_s + (max(0.0, end_s - i.down_since) if i.failed else 0.0)
+                            for i in topo.instances if i.down_s or i.failed},
     }

@@ -355,6 +355,10 @@ class _Serving:
         self.fault_log.append({"instance": inst.name, "at_s": self.env.now, "until_s": until_s,
                                "requests_lost": len(lost)})
         self._after_failure(inst, lost)
+        if inst.draining:        # scaled in and now holding nothing: the drain is complete, it leaves
+            self.autoscaler.drained(inst)
+        elif self.autoscaler is not None:       # the pool's timeline: one fewer serving
+            self.autoscaler.by_pool[inst.pool].record(self.env.now)
 
     def _after_failure(self, inst, lost) -> None:
         for r in lost:
@@ -362,6 +366,8 @@ class _Serving:
 
     def recover_instance(self, inst) -> None:
         inst.recover()
+        if self.autoscaler is not None:
+            self.autoscaler.by_pool[inst.pool].record(self.env.now)
         backlog, self.backlog = self.backlog, []
         for r in backlog:
             self._dispatch(r, admit=False)

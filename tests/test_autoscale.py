@@ -199,9 +199,13 @@ def test_bad_autoscaler_and_rate_curve_input_is_one_clear_line(workload, topo, m
     assert "\n" not in str(e.value) and str(e.value).startswith("test.yaml: ")
 
 
-def test_faults_and_autoscaling_together_are_refused():
+def test_faults_with_autoscaling_are_accepted_but_not_with_role_switching():
+    # (what they do together: tests/test_faults_autoscale.py)
     topo = {**PD, "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 5, "prefill": 3}]}}
-    with pytest.raises(ConfigError, match="faults and autoscaling in one scenario are not supported"):
+    config.parse({"workload": {"rate": 1, "num_requests": 5}, "topologies": {"t": topo},
+                  "faults": [{"at_s": 1, "instance": "decode-0", "down_s": 1}]}, "test.yaml")
+    topo = {**PD, "autoscaler": {"policy": "mix"}}
+    with pytest.raises(ConfigError, match=r"autoscaler\.policy: role switching \(mix\) with faults is not supported"):
         config.parse({"workload": {"rate": 1, "num_requests": 5}, "topologies": {"t": topo},
                       "faults": [{"at_s": 1, "instance": "decode-0", "down_s": 1}]}, "test.yaml")
 

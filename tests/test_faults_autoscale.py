@@ -1,0 +1,224 @@
+"""Faults on an autoscaled cluster (README "Faults and autoscaling"): timings by hand, invariants under
+random faults + autoscaling, the fast path against step by step."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import REPO, scenario
+from pdsim import config, metrics
+from pdsim.errors import ConfigError
+from pdsim.simulation import simulate
+from test_fastpath import _assert_same
+from test_faults import fault_schedules
+
+CONST = {"cost_model": {"kind": "constant", "step_s": 0.01}}
+
+
+def _timeline(res, pool="replicas"):
+    return [(e["t_s"], e["alive"], e["serving"])
+            for e in res.topology.autoscaler.summary(res.sim_end_s)["pools"][pool]["timeline"]]
+
+
+def _faulted(sc, *faults):
+    return sc.model_copy(update={"faults": config.FaultsSpec(instances=list(faults))})
+
+
+def test_fault_on_an_autoscaled_pool_reroutes_recomputes_and_is_replaced_by_hand():
+    # 2 replicas (max 3), constant 10 ms steps, one request at t=1 (100 prompt + 50 output) on replica-0
+    # (round robin).  replica-0 fails at 1.105: 10 steps done (100 + 9 tokens in KV), the 11th lost; the
+    # request is re-routed to replica-1 and prefilled again (109 + 1 tokens, one step), then 39 decode
+    # steps: it finishes at 1.105 + 40 x 0.01.  At 1.2 the schedule asks for 2 replicas: one serves (the
+    # failed one is no capacity), so replica-2 is ordered (serves at 1.2 + 0.3 + 0.2 = 1.7) and the failed
+    # replica-0 is given back at 1.2; its repair would end at 2.105 + 0.1 but it stays off.
+    topo = {"kind": "colocated", "replicas": 2, "router": "round_robin", "kv_blocks": 100, **CONST,
+            "autoscaler": {"policy": "schedule", "provisioning_s": 0.3, "load_s": 0.2,
+                           "schedule": [{"at_s": 1.2, "replicas": 2}], "replicas": {"max": 3}}}
+    sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=100, output_tokens=50)
+    sc = _faulted(sc, {"at_s": 1.105, "instance": "replica-0", "down_s": 1.0, "warmup_s": 0.1})
+    sc = sc.model_copy(update={"horizon_s": 3.0})
+    (res,) = simulate(sc)
+    r = res.requests[0]
+    assert r.status == "finished" and r.instance == "replica-1"
+    assert r.recomputed_tokens == 109 and r.fault_hits == 1
+    assert r.finish_s == pytest.approx(1.105 + 0.01 * 40, abs=1e-9)
+    assert _timeline(res) == [(0.0, 2, 2), (1.105, 2, 1), (1.2, 2, 1), (pytest.approx(1.7, abs=1e-12), 2, 2)]
+    r0 = res.topology.by_name["replica-0"]
+    # recovery after the scale-in decision: still off at the end (3.0 > 2.205), not routable
+    assert r0.state == "off" and r0.down and not r0.failed
+    assert r0.down_s == pytest.approx(1.2 - 1.105, abs=1e-12)       # its outage ended when it was given back
+    assert res.topology.autoscaler.summary(res.sim_end_s)["pools"]["replicas"]["failed_retired"] == 1
+    # GPU-hours by hand: replica-0 paid 0..1.2 (failed from 1.105, still paid), replica-1 0..3, replica-2 1.2..3
+    s = metrics.summarize([res], metrics.requests_frame([res]), sc)["c"]
+    assert res.sim_end_s == pytest.approx(3.0)
+    assert s["gpu_hours"] == pytest.approx((1.2 + 3.0 + 1.8) / 3600, rel=1e-12)
+
+
+def test_a_failed_instance_stays_paid_and_serves_again_after_its_repair_without_an_action():
+    # no autoscaler action during the outage: replica-0 is paid all along, out of the serving count from
+    # 1.105 to 1.105 + 0.5 + 0.1, then back (1 request at t=1 as above; the schedule's look at 2.5 has
+    # nothing to change and nothing failed to give back)
+    topo = {"kind": "colocated", "replicas": 2, "router": "round_robin", "kv_blocks": 100, **CONST,
+            "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 2.5, "replicas": 2}], "replicas": {"max": 3}}}
+    sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=100, output_tokens=50)
+    # replica-1 fails at 2.8 and is still broken at the end (3.0): paid all the same
+    sc = _faulted(sc, {"at_s": 1.105, "instance": "replica-0", "down_s": 0.5, "warmup_s": 0.1},
+                  {"at_s": 2.8, "instance": "replica-1", "down_s": 5.0})
+    sc = sc.model_copy(update={"horizon_s": 3.0})
+    (res,) = simulate(sc)
+    assert _timeline(res) == [(0.0, 2, 2), (1.105, 2, 1), (pytest.approx(1.705, abs=1e-12), 2, 2), (2.8, 2, 1)]
+    r0, r1 = res.topology.by_name["replica-0"], res.topology.by_name["replica-1"]
+    assert r0.state == "serving" and not r0.down and r0.alive_s(3.0) == 3.0
+    assert r1.failed and r1.down and r1.alive_s(3.0) == 3.0
+    s = metrics.summarize([res], metrics.requests_frame([res]), sc)["c"]
+    assert s["gpu_hours"] == pytest.approx(2 * 3.0 / 3600, rel=1e-12)
+
+
+def test_a_fault_while_provisioning_restarts_provisioning_after_the_repair():
+    # 1 replica; at t=1 the schedule asks for 2: replica-1 would serve at 1 + 2 + 1 = 4.  It fails at 2.0
+    # for 0.5 s: what it loaded is lost, it provisions and loads again after the repair, serving at
+    # 2.0 + 0.5 + 2 + 1 = 5.5 (the fault's warmup_s is the load time the autoscaler already counts).
+    topo = {"kind": "colocated", "replicas": 1, "router": "round_robin", "kv_blocks": 100, **CONST,
+            "autoscaler": {"policy": "schedule", "provisioning_s": 2.0, "load_s": 1.0,
+                           "schedule": [{"at_s": 1.0, "replicas": 2}], "replicas": {"max": 2}}}
+    sc = scenario({"c": topo}, arrival="constant", rate=2.0, num_requests=20, prompt_tokens=100, output_tokens=5)
+    faulted = _faulted(sc, {"at_s": 2.0, "instance": "replica-1", "down_s": 0.5, "warmup_s": 0.3})
+    (base,), (res,) = simulate(sc), simulate(faulted)
+    assert _timeline(base) == [(0.0, 1, 1), (1.0, 2, 1), (4.0, 2, 2)]
+    assert _timeline(res) == [(0.0, 1, 1), (1.0, 2, 1), (5.5, 2, 2)]
+    got = [r for r in res.requests if r.instance == "replica-1"]
+    assert got and min(r.arrival_s for r in got) >= 5.5           # nothing reached it before it served
+    assert all(r.status == "finished" and not r.fault_hits for r in res.requests)
+    assert res.topology.by_name["replica-1"].alive_s(res.sim_end_s) == pytest.approx(res.sim_end_s - 1.0)
+
+
+def test_a_fault_on_a_draining_instance_reroutes_its_request_and_the_drain_ends_at_once():
+    # 2 replicas, requests at t=1 (replica-0) and t=2 (replica-1), 100 prompt + 300 output each.  At 2.05
+    # the schedule asks for 1: replica-0 (190 tokens still to go, fewer than replica-1's) drains.  It
+    # fails at 2.105: 110 steps done (100 + 109 tokens in KV), the request moves to replica-1, whose step in
+    # flight ends at 2.11; then one step prefills 209 + 1 tokens (token 111) and 189 decode steps follow:
+    # it finishes at 2.11 + 190 x 0.01 = 4.01.  replica-0 holds nothing: it leaves at 2.105 (paid until
+    # then), and its repair (until 3.105) does not bring it back.  The default scheduler runs a prefill step
+    # alone (prefill first): replica-1's own request loses that one step, 2.0 + 300 x 0.01 + 0.01.
+    topo = {"kind": "colocated", "replicas": 2, "router": "round_robin", "kv_blocks": 200, **CONST,
+            "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 2.05, "replicas": 1}]}}
+    sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=2, prompt_tokens=100, output_tokens=300)
+    sc = _faulted(sc, {"at_s": 2.105, "instance": "replica-0", "down_s": 1.0})
+    (res,) = simulate(sc)
+    r1, r2 = res.requests
+    assert r1.instance == "replica-1" and r1.recomputed_tokens == 209 and r1.fault_hits == 1
+    assert r1.finish_s == pytest.approx(4.01, abs=1e-9)
+    assert r2.finish_s == pytest.approx(2.0 + 300 * 0.01 + 0.01, abs=1e-9) and not r2.fault_hits
+    r0 = res.topology.by_name["replica-0"]
+    assert r0.state == "off" and not r0.failed and r0.alive_s(res.sim_end_s) == pytest.approx(2.105, abs=1e-12)
+    assert _timeline(res) == [(0.0, 2, 2), (2.05, 2, 1), (2.105, 1, 1)]
+
+
+def test_a_fault_on_an_off_instance_does_nothing():
+    topo = {"kind": "colocated", "replicas": 1, "kv_blocks": 100, **CONST,
+            "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 5.0, "replicas": 2}], "replicas": {"max": 2}}}
+    sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=3, prompt_tokens=100, output_tokens=5)
+    (base,), (res,) = simulate(sc), simulate(_faulted(sc, {"at_s": 1.0, "instance": "replica-1", "down_s": 10.0}))
+    assert [r.finish_s for r in res.requests] == [r.finish_s for r in base.requests]
+    assert _timeline(res) == _timeline(base)
+    inst = res.topology.by_name["replica-1"]
+    assert inst.down_s == 0.0 and not inst.failed and inst.alive_s(res.sim_end_s) == base.topology.by_name[
+        "replica-1"].alive_s(base.sim_end_s)
+
+
+def test_role_switching_with_faults_is_refused_by_key():
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, "device": "h100-sxm"},
+            "decode": {"instances": 1, "device": "h100-sxm"}, "autoscaler": {"policy": "mix"}}
+    with pytest.raises(ConfigError, match=r"topologies\.t\.autoscaler\.policy: role switching \(mix\) with faults"):
+        config.parse({"workload": {"rate": 1, "num_requests": 5}, "topologies": {"t": topo},
+                      "faults": [{"at_s": 1, "instance": "decode-0", "down_s": 1}]}, "test.yaml")
+
+
+LIN = {"cost_model": {"kind": "linear", "base_s": 0.005, "per_token_s": 5e-5, "per_kv_token_s": 1e-7}}
+TOPOS = [
+    {"kind": "colocated", "replicas": 2, "kv_blocks": 60, **LIN,
+     "autoscaler": {"policy": "schedule", "provisioning_s": 0.2, "load_s": 0.1, "replicas": {"max": 4},
+                    "schedule": [{"at_s": 0.5, "replicas": 1}, {"at_s": 1.0, "replicas": 4}, {"at_s": 2.0, "replicas": 2}]}},
+    {"kind": "colocated", "replicas": 1, "kv_blocks": 60, **LIN,
+     "autoscaler": {"policy": "threshold", "interval_s": 0.1, "cooldown_s": 0.2, "provisioning_s": 0.1, "load_s": 0.1,
+                    "scale_in_window_s": 0.2,
+                    "replicas": {"max": 3, "metric": "queue", "scale_out_above": 1, "scale_in_below": 0.5}}},
+    {"kind": "disaggregated", "prefill": {"instances": 2, "kv_blocks": 40, **LIN},
+     "decode": {"instances": 2, "kv_blocks": 50, "max_running": 6, **LIN}, "kv_link": {"bandwidth_GBps": 1},
+     "autoscaler": {"policy": "schedule", "provisioning_s": 0.2, "load_s": 0.1, "prefill": {"max": 3},
+                    "decode": {"max": 3},
+                    "schedule": [{"at_s": 0.4, "prefill": 1, "decode": 1}, {"at_s": 1.2, "prefill": 3, "decode": 3},
+                                 {"at_s": 2.2, "decode": 1}]}},
+    {"kind": "disaggregated", "prefill": {"instances": 1, "device": "h100-sxm"},
+     "decode": {"instances": 1, "device": "h100-sxm", "kv_blocks": 400},
+     "autoscaler": {"policy": "slo", "interval_s": 0.25, "cooldown_s": 0.25, "provisioning_s": 0.2, "load_s": 0.2,
+                    "scale_in_window_s": 0.5, "slo": {"window_s": 1.0}, "prefill": {"max": 3}, "decode": {"max": 3}}},
+]
+SCALED = st.sampled_from(TOPOS)
+
+
+def _all_names(sc):
+    t = sc.topologies["t"]
+    if t.kind == "colocated":
+        return [f"replica-{i}" for i in range(t.autoscaler.replicas.max)]
+    return [f"prefill-{i}" for i in range(t.autoscaler.prefill.max)] + \
+        [f"decode-{i}" for i in range(t.autoscaler.decode.max)]
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=SCALED, seed=st.integers(0, 10**6), n=st.integers(1, 6) | st.integers(20, 60), rate=st.floats(2, 60),
+       data=st.data(), fast=st.booleans())
+def test_nothing_lost_and_kv_conserved_under_random_faults_and_autoscaling(topo, seed, n, rate, data, fast):
+    sc = scenario({"t": topo}, rate=rate, num_requests=n,
+                  prompt_tokens={"dist": "uniform", "low": 1, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 1, "high": 60})
+    names = sorted(set(sc.instance_names("t")) | set(_all_names(sc)))
+    sched = data.draw(fault_schedules(names))
+    sched["instances"] = [f for f in sched["instances"] if f["instance"] in sc.instance_names("t")]
+    sc = sc.model_copy(update={"seed": seed, "faults": config.FaultsSpec(**sched)})
+    (res,) = simulate(sc, fast=fast)        # check_conservation raises on lost requests or leaked blocks
+    assert {r.status for r in res.requests} <= {"finished", "rejected"}
+    for r in res.requests:
+        if r.status == "finished":
+            assert r.generated == r.output_tokens and r.finish_s >= r.arrival_s
+    for inst in res.topology.instances:
+        assert inst.down == (inst.failed or inst.state != "serving")
+        if inst.state == "off":
+            assert not inst.failed and inst.kv.free_blocks == inst.kv.total_blocks
+        if not inst.down:
+            assert inst.kv.free_blocks == inst.kv.total_blocks
+        # paid time never exceeds the run, and an off instance accrues nothing after it left
+        assert 0.0 <= inst.alive_s(res.sim_end_s) <= res.sim_end_s + 1e-9
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("which", [0, 2, 3])
+def test_fast_path_equals_step_by_step_with_faults_and_autoscaling(which, seed):
+    topo = TOPOS[which]
+    sc = scenario({"t": topo}, rate=None, num_requests=None, duration_s=3,
+                  rate_curve={"points": [[0, 5], [1.0, 40], [3, 5]]},
+                  prompt_tokens={"dist": "uniform", "low": 10, "high": 200},
+                  output_tokens={"dist": "uniform", "low": 2, "high": 150})
+    first = sc.instance_names("t")[0]
+    last = sc.instance_names("t")[-1]
+    sc = sc.model_copy(update={"seed": seed, "faults": config.FaultsSpec(
+        instances=[{"at_s": 0.3, "instance": first, "down_s": 0.4, "warmup_s": 0.1},
+                   {"at_s": 1.25, "instance": last, "down_s": 0.3},
+                   {"at_s": 2.1, "instance": first, "down_s": 0.2}],
+        random={"mtbf_s": 2.0, "mttr_s": 0.3})})
+    fast, slow = simulate(sc), simulate(sc, fast=False)
+    _assert_same(fast, slow)
+    pools = [p.name.replace("replica", "replicas") for p in fast[0].topology.pools]
+    for p in pools:
+        assert _timeline(fast[0], p) == _timeline(slow[0], p)
+    assert len(fast[0].topology.fault_log) >= 3
+
+
+def test_faults_autoscale_scenario_runs_at_tiny_scale():
+    sc = config.load(REPO / "scenarios" / "faults-autoscale.yaml")
+    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"duration_s": 90.0})})
+    results = simulate(sc)
+    for res in results:
+        assert all(r.status in ("finished", "rejected") for r in res.requests)
+    scaled = [r for r in results if r.topology.autoscaler is not None]
+    assert scaled and any(e.get("requests_lost") is not None for r in scaled for e in r.topology.fault_log)
