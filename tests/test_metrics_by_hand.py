@@ -315,3 +315,47 @@ def test_busy_fraction_is_never_above_one():
     sc, res = _run([(0.001 * i, 500, 50) for i in range(64)], topo=topo, bin_s=0.005)
     ts = metrics.timeseries_frame([res])
     assert ts.busy_fraction.max() == 1.0
+
+
+def test_fault_summary_by_hand():
+    # an outage of r-0 over [10, 20), a link fault over [61, 62); r-1 went down at 95 and is still down at 100
+    log = [{"instance": "r-0", "at_s": 10.0, "until_s": 20.0}, {"link": "all", "at_s": 61.0, "until_s": 62.0}]
+    topo = NS(fault_log=log, instances=[NS(name="r-0", down_s=10.0, down=False, down_since=10.0),
+                                        NS(name="r-1", down_s=0.0, down=True, down_since=95.0),
+                                        NS(name="r-2", down_s=0.0, down=False, down_since=0.0)])
+    # (arrival, TTFT, E2E, fault hits, recomputed tokens); the request at 5 was rejected
+    rows = [(0, 1, 2, 0, 0), (1, 1, 2, 0, 0), (2, 1, 2, 0, 0), (3, 1, 2, 0, 0), (5, None, None, 0, 0),
+            (10, 5, 6, 1, 0), (12, 5, 6, 1, 100), (15, 5, 9, 1, 50),                 # inside [10, 20)
+            (20, 4, 5, 0, 0), (22, 4, 5, 0, 0), (23, 4, 5, 0, 0), (24, 4, 5, 0, 0),   # slow after it
+            (30, 1, 2, 0, 0), (31, 1, 2, 0, 0), (32, 1, 2, 0, 0), (60, 1, 2, 0, 0)]
+    d = pd.DataFrame({"arrival_s": [float(r[0]) for r in rows],
+                      "ttft_s": [np.nan if r[1] is None else float(r[1]) for r in rows],
+                      "e2e_s": [np.nan if r[2] is None else float(r[2]) for r in rows],
+                      "tpot_s": np.nan, "fault_hits": [r[3] for r in rows], "recomputed_tokens": [r[4] for r in rows],
+                      "status": ["rejected" if r[1] is None else "finished" for r in rows]})
+    slo = config.SLOSpec(ttft_s=2.0, tpot_s=1.0)
+    f = metrics.fault_summary(topo, d, slo, 100.0)
+    assert f["events"] is log and f["requests_affected"] == 3 and f["recomputed_tokens"] == 150
+    # arrivals in [10, 20) or [61, 62): 10, 12, 15 (20 is not: the window is half-open)
+    assert f["requests_arriving_in_fault_windows"] == 3
+    # E2E of the finished requests hit: (6 + 6 + 9) / 3 = 7; of the others: (8 x 2 + 4 x 5) / 12 = 3
+    assert f["extra_e2e_s_affected"] == pytest.approx(4.0)
+    # inside: none of 3 has TTFT <= 2; outside: 8 of 13 (the rejected one counts as a miss)
+    assert f["slo_attainment_inside_fault_windows"] == 0.0
+    assert f["slo_attainment_outside_fault_windows"] == pytest.approx(8 / 13)
+    # recovery: baseline = median TTFT outside the windows = 1 (eight 1s, four 4s; NaN left out).
+    # From 20: arrivals in [20, 50) have TTFTs 4,4,4,4,1,1,1: median 4 > 1.25. From 25 (a sixth of the 30 s
+    # window later): [25, 55) holds 30, 31, 32, all 1: recovered 5 s after the end. The link window ends at
+    # 62, after the last arrival (60): never measured
+    assert f["recovery"] == [{"fault_start_s": 10.0, "fault_end_s": 20.0, "time_to_recover_s": 5.0},
+                             {"fault_start_s": 61.0, "fault_end_s": 62.0, "time_to_recover_s": None}]
+    # r-0: its 10 s; r-1: down since 95, counted to the end of the run (100); r-2 never down: not listed
+    assert f["instance_down_s"] == {"r-0": 10.0, "r-1": 5.0}
+    # nothing outside any window: no baseline, no recovery, no outside attainment; nothing hit: no extra E2E
+    d2 = d[(d.arrival_s >= 10) & (d.arrival_s < 20)].assign(fault_hits=0)
+    f = metrics.fault_summary(topo, d2, slo, 100.0)
+    assert f["slo_attainment_outside_fault_windows"] is None and f["recovery"][0]["time_to_recover_s"] is None
+    assert f["extra_e2e_s_affected"] is None and f["slo_attainment_inside_fault_windows"] == 0.0
+    d3 = d[d.arrival_s < 5]
+    f = metrics.fault_summary(topo, d3, slo, 100.0)
+    assert f["slo_attainment_inside_fault_windows"] is None and f["slo_attainment_outside_fault_windows"] == 1.0
