@@ -359,3 +359,35 @@ def test_fault_summary_by_hand():
     d3 = d[d.arrival_s < 5]
     f = metrics.fault_summary(topo, d3, slo, 100.0)
     assert f["slo_attainment_inside_fault_windows"] is None and f["slo_attainment_outside_fault_windows"] == 1.0
+
+
+def test_timeseries_of_two_instances_is_one_frame_numbered_from_zero():
+    # two replicas, one request each at 0 (3 steps of 0.1 s): one 1 s bin per instance, rows 0 and 1
+    topo = {"kind": "colocated", "replicas": 2, "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.1}}
+    sc, res = _run([(0.0, 20, 3), (0.0, 20, 3)], topo=topo, bin_s=1.0)
+    ts = metrics.timeseries_frame([res])
+    assert list(ts.instance) == ["replica-0", "replica-1"] and list(ts.index) == [0, 1]
+    assert list(ts.steps) == [3, 3]
+    assert ts.loc[1, "instance"] == "replica-1"
+
+
+def test_kv_capacity_with_an_engine_shows_its_sizing_by_hand():
+    # SGLang sizes its KV pool as memory x mem_fraction_static - weights (- the CUDA-graph pool given here);
+    # Llama-3.1-8B bf16 weights: 2 B x (32 layers x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336)
+    # + 2 x 128256 x 4096 (embeddings and LM head))
+    gib = 1024 ** 3
+    weights = 2 * (32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 2 * 128256 * 4096)
+    topo = {"kind": "colocated", "engine": "sglang", "device": "h100-sxm", "gpu_memory_utilization": 0.8,
+            "cuda_graph_GiB": 1.0, "watermark": 0.0}
+    sc, res = _run([(0.0, 20, 3)], topo=topo)
+    p = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["pools"]["replica"]
+    k = p["kv_sizing_bytes"]
+    assert k["kv_bytes"] == pytest.approx(80 * gib * 0.8 - weights - 1 * gib, rel=1e-12)
+    assert k["weights_bytes"] == weights and k["memory_bytes"] == 80 * gib and p["engine"] == "sglang"
+    # the pool: that many bytes in SGLang's 1-token pages of 128 KiB (BLOCK_BYTES / 16)
+    assert p["kv_block_size"] == 1 and p["kv_blocks"] == int(k["kv_bytes"] // (BLOCK_BYTES // 16))
+    assert p["kv_capacity_tokens"] == p["kv_blocks"]
+    # kv_blocks given: no sizing shown
+    topo["kv_blocks"] = 100
+    sc, res = _run([(0.0, 20, 3)], topo=topo)
+    assert "kv_sizing_bytes" not in metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["pools"]["replica"]
