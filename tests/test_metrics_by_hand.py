@@ -391,3 +391,33 @@ def test_kv_capacity_with_an_engine_shows_its_sizing_by_hand():
     topo["kv_blocks"] = 100
     sc, res = _run([(0.0, 20, 3)], topo=topo)
     assert "kv_sizing_bytes" not in metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["pools"]["replica"]
+
+
+def _fault_frame(rows):
+    """(arrival, TTFT) rows of finished requests, E2E = TTFT + 1, no fault hits."""
+    return pd.DataFrame({"arrival_s": [float(a) for a, _ in rows], "ttft_s": [float(t) for _, t in rows],
+                         "e2e_s": [t + 1.0 for _, t in rows], "tpot_s": np.nan, "fault_hits": 0,
+                         "recomputed_tokens": 0, "status": "finished"})
+
+
+def test_fault_recovery_scan_edges_by_hand():
+    slo = config.SLOSpec(ttft_s=2.0, tpot_s=1.0)
+    topo = NS(fault_log=[{"instance": "r-0", "at_s": 100.0, "until_s": 105.0}], instances=[])
+    fast = [(k, 1) for k in range(20)]                        # the baseline: median TTFT 1, bound 1.25
+    # slow arrivals every 5 s after the fault, one fast one at 135 = the last arrival. Scan from 105 in 5 s
+    # steps: every 30 s window holds a majority of 9 s TTFTs until t = 130 ([130, 160): 9 and 1, median 5);
+    # at t = 135 = the last arrival, [135, 165) holds only the fast one: recovered 30 s after the end
+    d = _fault_frame(fast + [(105 + 5 * k, 9) for k in range(6)] + [(135, 1)])
+    assert metrics.fault_summary(topo, d, slo, 200.0)["recovery"][0]["time_to_recover_s"] == 30.0
+    # the window is half-open: at t = 105, [105, 135) holds 105 (9) and 110 (1): median 5, not yet; the fast
+    # one at 135 belongs to t = 110's window: [110, 140) holds 1 and 1: recovered 5 s after the end
+    d = _fault_frame(fast + [(105, 9), (110, 1), (135, 1)])
+    assert metrics.fault_summary(topo, d, slo, 200.0)["recovery"][0]["time_to_recover_s"] == 5.0
+    # recovered means a median TTFT within 1.25 x the baseline, the bound included: baseline 4 -> bound 5.
+    # t = 105: [105, 135) holds 9 and 5, median 7 > 5; t = 110: 5 <= 5, recovered 5 s after the end
+    d = _fault_frame([(k, 4) for k in range(20)] + [(105, 9), (110, 5)])
+    assert metrics.fault_summary(topo, d, slo, 200.0)["recovery"][0]["time_to_recover_s"] == 5.0
+    # every arrival inside some window: no baseline, no recovery (even though arrivals follow the first one)
+    topo = NS(fault_log=[{"at_s": 10.0, "until_s": 20.0}, {"at_s": 30.0, "until_s": 40.0}], instances=[])
+    f = metrics.fault_summary(topo, _fault_frame([(15, 1), (35, 1)]), slo, 50.0)
+    assert [r["time_to_recover_s"] for r in f["recovery"]] == [None, None]
