@@ -307,3 +307,48 @@ def test_generate_conversations_cut_at_duration():
     t = [r.arrival_s for r in rs]
     assert max(t) < 10.0 and len(rs) < 19 and t == sorted(t) and t[0] == 0.5 and 1.0 in t
     assert all(r.hash_ids for r in rs) and [r.id for r in rs] == list(range(len(rs)))
+
+
+def test_rate_curve_periods_and_time_scale_by_hand():
+    # points (2, 1) -> (4, 3), constant outside them, repeating every 10 s: rate 1 until 2 in each period,
+    # 1 -> 3 on [2, 4), 3 until the period ends, then back to 1 (the wrap is an edge of its own)
+    c = _curve(points=[[2, 1], [4, 3]], period_s=10)
+    starts, r0, r1 = wl.rate_breakpoints(c, 25.0)
+    assert list(starts) == [0, 2, 4, 10, 12, 14, 20, 22, 24]
+    assert list(r0) == [1, 1, 3, 1, 1, 3, 1, 1, 3] and list(r1) == [1, 3, 3, 1, 3, 3, 1, 3, 3]
+    # the same at time_scale 0.5: every simulated time halves
+    starts, r0, r1 = wl.rate_breakpoints(_curve(points=[[2, 1], [4, 3]], period_s=10, time_scale=0.5), 12.5)
+    assert list(starts) == [0, 1, 2, 5, 6, 7, 10, 11, 12]
+    assert list(r0) == [1, 1, 3, 1, 1, 3, 1, 1, 3] and list(r1) == [1, 3, 3, 1, 3, 3, 1, 3, 3]
+    # an interior knot: (0, 1) -> (4, 3) -> (10, 1) every 10 s
+    starts, r0, r1 = wl.rate_breakpoints(_curve(points=[[0, 1], [4, 3], [10, 1]], period_s=10), 20.0)
+    assert list(starts) == [0, 4, 10, 14] and list(r0) == [1, 3, 1, 3] and list(r1) == [3, 1, 3, 1]
+
+
+def test_hourly_rates_hold_the_last_hour_and_switch_on_the_hour():
+    # hourly 1, 2 over a 3-hour period: the third hour holds the last value (2), then the day repeats
+    starts, r0, _ = wl.rate_breakpoints(_curve(hourly=[1, 2], period_s=10800), 4 * 3600.0)
+    assert list(starts) == [0, 3600, 7200, 10800] and list(r0) == [1, 2, 2, 1]   # 7200: the end of the values
+    # a burst (x1) from 3600 to 3601 cuts a one-second segment at the start of hour 2: it has hour 2's rate
+    c = _curve(hourly=[1, 2], bursts=[{"at_s": 3600, "duration_s": 1, "multiplier": 1}])
+    starts, r0, _ = wl.rate_breakpoints(c, 7200.0)
+    assert list(starts) == [0, 3600, 3601] and list(r0) == [1, 2, 2]
+
+
+def test_nhpp_low_rates_zero_segments_and_ramps_away_from_zero():
+    rng = np.random.default_rng(11)
+    # 0.5 req/s for 2000 s: 1000 +- 5 x 32 arrivals (a rate below 1 is still a rate)
+    t = wl.nhpp_arrivals(rng, _curve(points=[[0, 0.5], [1, 0.5]]), 2000.0)
+    assert abs(len(t) - 1000) < 5 * np.sqrt(1000)
+    # silent (x0) on [0, 5), 100/s on [5, 10): 500 +- 112, all in [5, 10)
+    c = _curve(points=[[0, 100], [1, 100]], bursts=[{"at_s": 0, "duration_s": 5, "multiplier": 0}])
+    t = wl.nhpp_arrivals(rng, c, 10.0)
+    assert abs(len(t) - 500) < 5 * np.sqrt(500) and t.min() >= 5.0
+    # a ramp 100 -> 300 on [10, 20) after a flat 100 on [0, 10): 750 on [10, 15), 1250 on [15, 20)
+    t = wl.nhpp_arrivals(rng, _curve(points=[[0, 1], [10, 1], [20, 3]], scale=100.0), 20.0)
+    for lo, hi, want in ((0, 10, 1000), (10, 15, 750), (15, 20, 1250)):
+        k = int(((t >= lo) & (t < hi)).sum())
+        assert abs(k - want) < 5 * np.sqrt(want), (lo, hi, k, want)
+    # a ramp from 0 to 2 over 2000 s: integral 2000, of which 500 in the first half (rate below 1 there)
+    t = wl.nhpp_arrivals(rng, _curve(points=[[0, 0], [2000, 2]]), 2000.0)
+    assert abs(len(t) - 2000) < 5 * np.sqrt(2000) and abs((t < 1000).sum() - 500) < 5 * np.sqrt(500)
