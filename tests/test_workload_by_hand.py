@@ -71,6 +71,9 @@ def test_lognormal_lengths_mean_cv_and_clip():
     x = wl.lognormal_lengths(rng, 200.0, 0.5, 200_000)
     assert x.dtype == np.int64 and abs(x.mean() / 200 - 1) < 0.01 and abs(x.std() / x.mean() / 0.5 - 1) < 0.02
     assert x.min() >= 1 and x.max() > 1000                      # unclipped above: P(x > 1000) ~ 1e-5 x n
+    # mean 1.5: about a third of the draws round to 0 and are clipped up to the default floor of 1 token
+    z = wl.lognormal_lengths(rng, 1.5, 1.0, 10_000)
+    assert z.min() == 1 and (z == 1).mean() > 0.3
     y = wl.lognormal_lengths(rng, 200.0, 0.5, 10_000, low=150, high=250)
     assert y.min() == 150 and y.max() == 250                    # both ends hit (P(< 150) ~ 0.27, P(> 250) ~ 0.25)
 
@@ -222,6 +225,14 @@ def test_conversations_by_hand():
                           unit_tokens=4)
     assert [(r.prompt_tokens, r.output_tokens, r.hash_ids, r.hash_tokens) for r in rs] == \
         [(5, 2, [1, 2], 7), (3, 6, [3, 4, 5], 9)]
+    # a 48-token context: the second turn (45 + 5 = 50 tokens) never fits; each session has one turn
+    rs = wl.conversations(np.random.default_rng(0), np.array([0.0, 5.0]), np.full(4, 10), np.full(4, 5),
+                          turns_mean=1e6, system_prompts=1, system_tokens=20, unit_tokens=16, max_context=48)
+    assert [(r.arrival_s, r.prompt_tokens) for r in rs] == [(0.0, 30), (5.0, 30)]
+    # two sessions starting together: renumbered in arrival order, a tie kept in session order
+    rs = wl.conversations(np.random.default_rng(0), np.array([0.0, 0.0]), np.array([10, 5]), np.array([2, 2]),
+                          unit_tokens=4)
+    assert [(r.id, r.prompt_tokens) for r in rs] == [(0, 10), (1, 5)]
     # more sessions than messages: at most len(user_tokens) requests
     rs = wl.conversations(np.random.default_rng(0), np.arange(5.0), np.full(3, 5), np.full(3, 2), unit_tokens=4)
     assert [r.arrival_s for r in rs] == [0.0, 1.0, 2.0]
@@ -234,10 +245,16 @@ def test_conversation_turns_arrive_think_time_apart_in_the_mean():
     n = 20_000
     rs = wl.conversations(np.random.default_rng(1), np.arange(0.0, 2000 * 1e4, 1e4), np.full(n, 10), np.full(n, 5),
                           turns_mean=1e6, think_s=2.0, max_context=150)
+    assert rs[0].hash_block_tokens == 16                           # the default: one hash id per 16 tokens
     t = np.array([r.arrival_s for r in rs]).reshape(-1, 10)          # 10 turns per session, sorted by time
     gaps = np.diff(t, axis=1)
     assert len(rs) == n and {r.prompt_tokens for r in rs[:10]} == {10 + 15 * k for k in range(10)}
     assert gaps.min() > 0 and abs(gaps.mean() - 2.0) < 5 * 2.0 / np.sqrt(gaps.size)
+    # a think time below 1 s is a think time too: 0.5 s on average
+    rs = wl.conversations(np.random.default_rng(3), np.arange(0.0, 200 * 1e4, 1e4), np.full(2000, 10),
+                          np.full(2000, 5), turns_mean=1e6, think_s=0.5, max_context=150)
+    gaps = np.diff(np.array([r.arrival_s for r in rs]).reshape(-1, 10), axis=1)
+    assert abs(gaps.mean() - 0.5) < 5 * 0.5 / np.sqrt(gaps.size)
     # turns_mean 3: geometric turns, mean 3 (p = 1/3, variance 6): 3000 sessions of at most 9000 messages
     rs = wl.conversations(np.random.default_rng(2), np.arange(3000.0), np.full(12_000, 10), np.full(12_000, 5),
                           turns_mean=3.0)
@@ -297,6 +314,17 @@ def test_trace_lengths_keep_pairs_from_one_file_and_mix_two(tmp_path):
     assert {r.prompt_tokens for r in rs} == {5} and {r.output_tokens for r in rs} == {70, 80, 90}
     rs = _gen(_sc(tmp_path, arrival="constant", rate=1.0, num_requests=50, prompt_tokens=tr(b), output_tokens=6))
     assert {r.prompt_tokens for r in rs} == {7, 8, 9} and {r.output_tokens for r in rs} == {6}
+
+
+def test_trace_format_given_is_the_format_read(tmp_path):
+    # a Vidur file read as an Azure trace lacks Azure's columns: the format given is used, not guessed
+    from pdsim.errors import TraceError
+    a = _vidur(tmp_path / "a.csv", [(0.0, 100, 1), (1.0, 200, 2)])
+    b = _vidur(tmp_path / "b.csv", [(0.0, 7, 70), (1.0, 8, 80)])
+    for p, o in (({"dist": "trace", "path": a, "format": "azure"}, {"dist": "trace", "path": a, "format": "azure"}),
+                 ({"dist": "trace", "path": a, "format": "azure"}, {"dist": "trace", "path": b})):
+        with pytest.raises(TraceError):
+            _gen(_sc(tmp_path, arrival="constant", rate=1.0, num_requests=5, prompt_tokens=p, output_tokens=o))
 
 
 def test_generate_conversations_cut_at_duration():
