@@ -55,6 +55,13 @@ def test_one_fault_down_for_down_plus_warmup():
     env.process(faults._instance_fault(env, topo, inst, 0.0, 2.0, 0.0))
     env.run(until=10)
     assert topo.events == [("fail", 0.0, "r-0"), ("up", 2.0, "r-0")]
+    # at_s is an absolute time: a fault process started at 1 s for a fault at 5 s fails it at 5 s
+    env = simpy.Environment()
+    topo, inst = _Topo(env), _inst()
+    env.run(until=1.0)
+    env.process(faults._instance_fault(env, topo, inst, 5.0, 1.0, 0.0))
+    env.run(until=10)
+    assert topo.events == [("fail", 5.0, "r-0"), ("up", 6.0, "r-0")]
 
 
 def test_overlapping_faults_extend_to_the_later_end_only():
@@ -67,7 +74,8 @@ def test_overlapping_faults_extend_to_the_later_end_only():
     assert topo.events == [("fail", 1.0, "r-0"), ("up", 4.0, "r-0")]
     assert inst.down_s == 3.0
     ext = [e for e in topo.fault_log if "overlaps" in e]
-    assert [(e["at_s"], e["until_s"]) for e in ext] == [(2.0, 4.0), (2.5, 4.0)]
+    assert [(e["instance"], e["at_s"], e["until_s"]) for e in ext] == [("r-0", 2.0, 4.0), ("r-0", 2.5, 4.0)]
+    assert all(e["overlaps"].startswith("already down") for e in ext)
     assert faults.fault_windows(topo) == [(1.0, 3.0), (2.0, 4.0), (2.5, 4.0)]
     # a fault inside an outage does not shorten it: A 1.0 -> 5.0, B at 2.0 for 1.0
     env = simpy.Environment()
@@ -105,6 +113,19 @@ def test_random_fault_during_a_scheduled_outage_waits_for_its_end():
     env.run(until=35)
     assert [(k, t) for k, t, _ in topo.events] == [("fail", 5.0), ("up", 20.0), ("fail", pytest.approx(30.0)),
                                                    ("up", pytest.approx(33.0))]
+
+
+def test_random_fault_that_extends_a_scheduled_outage_fails_again_mtbf_after_the_end():
+    # scheduled: down 5 -> 20. The random failure due at 10 (repair 14 + warm-up 1) extends the outage to 25;
+    # both processes wake at 25, the random one first (its wait was set at 10): it waits for the recovery
+    # (a nanosecond), and fails it again an MTBF later: 35, up at 35 + 15 = 50
+    env = simpy.Environment()
+    topo, inst = _Topo(env), _inst()
+    env.process(faults._instance_fault(env, topo, inst, 5.0, 15.0, 0.0))
+    env.process(faults._random_faults(env, topo, inst, _MeanRng(), 10.0, 14.0, 1.0))
+    env.run(until=55)
+    assert [(k, t) for k, t, _ in topo.events] == [("fail", 5.0), ("up", 25.0), ("fail", pytest.approx(35.0)),
+                                                   ("up", pytest.approx(50.0))]
 
 
 class _Link:
