@@ -149,6 +149,13 @@ def test_link_fault_degrades_every_link_for_its_window():
     env.process(faults._link_fault(env, topo, 0.0, 1.0, 0.0))
     env.run(until=10)
     assert topo.links[0].factors == [(0.0, 0.0), (1.0, 1.0)]
+    # at_s is an absolute time here too: started at 1 s, the fault at 4 s runs 4 -> 6
+    env = simpy.Environment()
+    topo = _Topo(env, [_Link()])
+    env.run(until=1.0)
+    env.process(faults._link_fault(env, topo, 4.0, 2.0, 0.5))
+    env.run(until=10)
+    assert topo.links[0].factors == [(4.0, 0.5), (6.0, 1.0)]
 
 
 def _fspec(instances=(), random=None, links=()):
