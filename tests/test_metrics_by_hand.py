@@ -322,7 +322,8 @@ def test_fault_summary_by_hand():
     log = [{"instance": "r-0", "at_s": 10.0, "until_s": 20.0}, {"link": "all", "at_s": 61.0, "until_s": 62.0}]
     topo = NS(fault_log=log, instances=[NS(name="r-0", down_s=10.0, down=False, down_since=10.0),
                                         NS(name="r-1", down_s=0.0, down=True, down_since=95.0),
-                                        NS(name="r-2", down_s=0.0, down=False, down_since=0.0)])
+                                        NS(name="r-2", down_s=0.0, down=False, down_since=0.0),
+                                        NS(name="r-3", down_s=2.0, down=True, down_since=99.5)])
     # (arrival, TTFT, E2E, fault hits, recomputed tokens); the request at 5 was rejected
     rows = [(0, 1, 2, 0, 0), (1, 1, 2, 0, 0), (2, 1, 2, 0, 0), (3, 1, 2, 0, 0), (5, None, None, 0, 0),
             (10, 5, 6, 1, 0), (12, 5, 6, 1, 100), (15, 5, 9, 1, 50),                 # inside [10, 20)
@@ -349,13 +350,16 @@ def test_fault_summary_by_hand():
     # 62, after the last arrival (60): never measured
     assert f["recovery"] == [{"fault_start_s": 10.0, "fault_end_s": 20.0, "time_to_recover_s": 5.0},
                              {"fault_start_s": 61.0, "fault_end_s": 62.0, "time_to_recover_s": None}]
-    # r-0: its 10 s; r-1: down since 95, counted to the end of the run (100); r-2 never down: not listed
-    assert f["instance_down_s"] == {"r-0": 10.0, "r-1": 5.0}
+    # r-0: its 10 s; r-1: down since 95, counted to the end of the run (100); r-2 never down: not listed;
+    # r-3: 2 s of an earlier outage plus the last half second
+    assert f["instance_down_s"] == {"r-0": 10.0, "r-1": 5.0, "r-3": 2.5}
     # nothing outside any window: no baseline, no recovery, no outside attainment; nothing hit: no extra E2E
     d2 = d[(d.arrival_s >= 10) & (d.arrival_s < 20)].assign(fault_hits=0)
     f = metrics.fault_summary(topo, d2, slo, 100.0)
     assert f["slo_attainment_outside_fault_windows"] is None and f["recovery"][0]["time_to_recover_s"] is None
     assert f["extra_e2e_s_affected"] is None and f["slo_attainment_inside_fault_windows"] == 0.0
+    # every finished request hit: nothing to compare with
+    assert metrics.fault_summary(topo, d.assign(fault_hits=1), slo, 100.0)["extra_e2e_s_affected"] is None
     d3 = d[d.arrival_s < 5]
     f = metrics.fault_summary(topo, d3, slo, 100.0)
     assert f["slo_attainment_inside_fault_windows"] is None and f["slo_attainment_outside_fault_windows"] == 1.0
