@@ -1,0 +1,382 @@
+"""pdsim.workload by hand and by theory: arrival processes, lengths, rate curves, chat sessions.
+
+Written to kill mutmut survivors in workload.py (tests/MUTANTS.md section 2). Expected values are
+arithmetic on the inputs or the moments of the distributions (with sampling bounds of several
+standard errors), never a second call into pdsim's own code path.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdsim import workload as wl
+
+
+def test_constant_arrivals_by_hand():
+    # 4 requests at 2/s: one every 0.5 s, the first after one gap
+    assert list(wl.constant_arrivals(2.0, 4)) == [0.5, 1.0, 1.5, 2.0]
+
+
+def _sc(tmp_path=None, **workload):
+    from pdsim import config
+    raw = {"seed": 0, "model": "llama-3.1-8b", "workload": workload,
+           "topologies": {"c": {"kind": "colocated", "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.1}}}}
+    return config.parse(raw, "s.yaml", base_dir=tmp_path or ".")
+
+
+def _gen(sc):
+    from pdsim.simulation import resolve_model
+    return wl.generate(sc, resolve_model(sc))
+
+
+def test_request_progress_by_hand():
+    r = wl.Request(7, 1.5, 10, 5, computed=3, generated=2, hash_ids=[1, 2], hash_block_tokens=8, hash_tokens=15)
+    assert r.known == 12                       # 10 prompt + 2 generated
+    assert r.remaining == 11                   # 10 + 5 - 1 (the last token's KV is never computed) - 3
+    c = r.clone()
+    assert (c.id, c.arrival_s, c.prompt_tokens, c.output_tokens) == (7, 1.5, 10, 5)
+    assert (c.computed, c.generated, c.hash_ids, c.hash_block_tokens, c.hash_tokens) == (0, 0, [1, 2], 8, 15)
+    c = wl.Request(3, 0.0, 4, 2, computed=1).clone()
+    assert c.computed == 0 and c.hash_ids is None and c.hash_block_tokens == 0 and c.hash_tokens == 0
+
+
+def test_make_requests_by_hand():
+    rs = wl.make_requests(np.array([0.5, 1.0]), np.array([10, 20]), np.array([3, 4]))
+    assert [(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids) for r in rs] == \
+        [(0, 0.5, 10, 3, None), (1, 1.0, 20, 4, None)]
+    rs = wl.make_requests(np.array([0.5, 1.0]), np.array([10, 20]), np.array([3, 4]), [[1], [1, 2]], 512)
+    assert [(r.id, r.hash_ids, r.hash_block_tokens) for r in rs] == [(0, [1], 512), (1, [1, 2], 512)]
+    assert type(rs[0].arrival_s) is float and type(rs[0].prompt_tokens) is int
+
+
+def test_poisson_and_gamma_gaps_have_mean_one_over_rate():
+    # 100,000 gaps at 4/s: mean 0.25 s, standard error 0.25 x cv / sqrt(n) (cv 1: 0.00079); 5 errors allowed
+    rng = np.random.default_rng(1)
+    n = 100_000
+    g = wl.poisson_gaps(rng, 4.0, n)
+    assert len(g) == n and abs(g.mean() - 0.25) < 5 * 0.25 / np.sqrt(n)
+    assert abs(g.std() / g.mean() - 1.0) < 0.02                 # exponential: CV 1
+    g = wl.gamma_gaps(rng, 4.0, 0.5, n)
+    assert abs(g.mean() - 0.25) < 5 * 0.25 * 0.5 / np.sqrt(n) and abs(g.std() / g.mean() - 0.5) < 0.01
+    a = wl.poisson_arrivals(rng, 4.0, 1000)
+    assert len(a) == 1000 and (np.diff(a) > 0).all() and a[0] > 0 and abs(a[-1] / 1000 - 0.25) < 0.05
+    a = wl.gamma_arrivals(rng, 4.0, 0.5, 1000)
+    assert len(a) == 1000 and (np.diff(a) > 0).all() and abs(a[-1] / 1000 - 0.25) < 0.03
+
+
+def test_lognormal_lengths_mean_cv_and_clip():
+    # lognormal with mean 200, CV 0.5: sample mean within 1% on 200,000 draws (standard error 0.11%),
+    # rounding to integers moves it by far less; CV within 2%
+    rng = np.random.default_rng(2)
+    x = wl.lognormal_lengths(rng, 200.0, 0.5, 200_000)
+    assert x.dtype == np.int64 and abs(x.mean() / 200 - 1) < 0.01 and abs(x.std() / x.mean() / 0.5 - 1) < 0.02
+    assert x.min() >= 1 and x.max() > 1000                      # unclipped above: P(x > 1000) ~ 1e-5 x n
+    # mean 1.5: about a third of the draws round to 0 and are clipped up to the default floor of 1 token
+    z = wl.lognormal_lengths(rng, 1.5, 1.0, 10_000)
+    assert z.min() == 1 and (z == 1).mean() > 0.3
+    y = wl.lognormal_lengths(rng, 200.0, 0.5, 10_000, low=150, high=250)
+    assert y.min() == 150 and y.max() == 250                    # both ends hit (P(< 150) ~ 0.27, P(> 250) ~ 0.25)
+
+
+def test_uniform_lengths_include_both_ends():
+    x = wl.uniform_lengths(np.random.default_rng(3), 3, 5, 30_000)
+    counts = np.bincount(x, minlength=6)
+    assert counts[:3].sum() == 0 and counts.sum() == 30_000
+    assert all(abs(c - 10_000) < 500 for c in counts[3:])         # 1/3 each, sd 82
+
+
+def test_generate_constant_stream_cut_at_duration_by_hand():
+    # 2 req/s for 10 s: arrivals 0.5, 1.0, ..., 9.5 (10.0 is not < 10): 19 requests of the fixed sizes
+    rs = _gen(_sc(arrival="constant", rate=2.0, duration_s=10.0, prompt_tokens=7, output_tokens=3))
+    assert [r.arrival_s for r in rs] == [0.5 * k for k in range(1, 20)]
+    assert {(r.prompt_tokens, r.output_tokens) for r in rs} == {(7, 3)}
+    # num_requests with duration_s: duration only cuts
+    rs = _gen(_sc(arrival="constant", rate=2.0, num_requests=5, duration_s=2.0))
+    assert [r.arrival_s for r in rs] == [0.5, 1.0, 1.5]
+    rs = _gen(_sc(arrival="constant", rate=2.0, num_requests=5))
+    assert [r.arrival_s for r in rs] == [0.5, 1.0, 1.5, 2.0, 2.5]
+
+
+def test_generate_poisson_over_a_duration_fills_it():
+    # Poisson at 50/s over 100 s: 5000 +- 4 x sqrt(5000) = 283 arrivals, all inside, the last within a few gaps
+    # of the end (P(no arrival in the last 0.2 s) = e^-10)
+    for arrival, extra in (("poisson", {}), ("gamma", {"cv": 3.0})):
+        rs = _gen(_sc(arrival=arrival, rate=50.0, duration_s=100.0, **extra))
+        t = np.array([r.arrival_s for r in rs])
+        assert t.max() < 100.0 and (np.diff(t) >= 0).all()
+        if arrival == "poisson":
+            assert abs(len(rs) - 5000) < 283 and t.max() > 99.8
+        else:    # gamma, cv 3: a count's variance is cv^2 times Poisson's: 5000 +- 4 x 3 x 71
+            assert abs(len(rs) - 5000) < 850
+
+
+def test_generate_closed_loop_has_no_arrival_times():
+    rs = _gen(_sc(arrival="closed", clients=2, num_requests=3, prompt_tokens=5, output_tokens=2))
+    assert len(rs) == 3 and all(np.isnan(r.arrival_s) for r in rs)
+
+
+def test_generate_lengths_by_distribution():
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=2000,
+                  prompt_tokens={"dist": "uniform", "low": 10, "high": 12},
+                  output_tokens={"dist": "lognormal", "mean": 100, "cv": 2.0, "max": 150}))
+    assert {r.prompt_tokens for r in rs} == {10, 11, 12}
+    out = np.array([r.output_tokens for r in rs])
+    assert out.max() == 150 and out.min() >= 1                     # clipped at max (P(> 150) ~ 0.16)
+    # lognormal without max: clipped at the model's 131,072-token context, not below it
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=20000, prompt_tokens=10,
+                  output_tokens={"dist": "lognormal", "mean": 2000, "cv": 8.0}))
+    assert max(r.output_tokens for r in rs) > 8192
+
+
+def test_generate_refuses_requests_longer_than_the_context():
+    from pdsim.errors import ConfigError
+    # llama-3.1-8b: 131,072 tokens
+    for w, key in (({"prompt_tokens": 131072, "output_tokens": 1}, "workload.prompt_tokens"),
+                   ({"prompt_tokens": 10, "output_tokens": 131072}, "workload.output_tokens"),
+                   ({"prompt_tokens": 100000, "output_tokens": 31073}, "workload.output_tokens")):
+        with pytest.raises(ConfigError) as e:
+            _gen(_sc(arrival="constant", rate=1.0, num_requests=2, **w))
+        assert key in str(e.value), (w, str(e.value))
+    # exactly the context is allowed: 100,000 + 31,072 = 131,072
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=2, prompt_tokens=100000, output_tokens=31072))
+    assert len(rs) == 2
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=2, prompt_tokens=131071, output_tokens=1))
+    assert len(rs) == 2
+
+
+def _curve(**kw):
+    from pdsim import config
+    return config.RateCurveSpec(**kw)
+
+
+def test_rate_breakpoints_of_points_by_hand():
+    # points (0, 1) -> (10, 3), constant after 10; x2 scale; a x4 burst over [5, 7)
+    c = _curve(points=[[0, 1], [10, 3]], scale=2.0, bursts=[{"at_s": 5, "duration_s": 2, "multiplier": 4}])
+    starts, r0, r1 = wl.rate_breakpoints(c, 20.0)
+    assert list(starts) == [0, 5, 7, 10]
+    # [0,5): 1 -> 2; [5,7): 2 -> 2.4 (x4); [7,10): 2.4 -> 3; [10,20): 3 flat, all x2
+    assert list(r0) == pytest.approx([2, 16, 4.8, 6]) and list(r1) == pytest.approx([4, 19.2, 6, 6])
+    assert wl.rate_at(c, 20.0, [0.0, 2.5, 6.0, 8.5, 15.0]) == pytest.approx([2, 3, 17.6, 5.4, 6])
+    # time_scale 0.5: the curve's 10 s pass in 5 simulated seconds
+    starts, r0, r1 = wl.rate_breakpoints(_curve(points=[[0, 1], [10, 3]], time_scale=0.5), 8.0)
+    assert list(starts) == [0, 5] and list(r0) == pytest.approx([1, 3]) and list(r1) == pytest.approx([3, 3])
+    # repeating every 10 s: the ramp again on [10, 20), cut at duration 15
+    starts, r0, r1 = wl.rate_breakpoints(_curve(points=[[0, 1], [10, 3]], period_s=10), 15.0)
+    assert list(starts) == [0, 10] and list(r0) == pytest.approx([1, 1]) and list(r1) == pytest.approx([3, 2])
+    # a burst of multiplier 0 silences its window
+    c = _curve(points=[[0, 2], [10, 2]], bursts=[{"at_s": 2, "duration_s": 3, "multiplier": 0}])
+    assert wl.rate_at(c, 10.0, [1.0, 3.0, 4.99, 5.0]) == pytest.approx([2, 0, 0, 2])
+
+
+def test_rate_breakpoints_of_hours_by_hand():
+    # hourly 1, 2, 3 req/s; time_scale 0.01: an hour is 36 simulated seconds; the 3-hour day repeats
+    c = _curve(hourly=[1, 2, 3], time_scale=0.01)
+    starts, r0, r1 = wl.rate_breakpoints(c, 120.0)
+    assert list(starts) == pytest.approx([0, 36, 72, 108])
+    assert list(r0) == [1, 2, 3, 1] and list(r1) == [1, 2, 3, 1]
+    # a 2-hour period over 3 hours of values: the third hour is never reached
+    starts, r0, _ = wl.rate_breakpoints(_curve(hourly=[1, 2, 3], period_s=7200), 4 * 3600.0)
+    assert list(starts) == [0, 3600, 7200, 10800] and list(r0) == [1, 2, 1, 2]
+
+
+def test_nhpp_arrival_counts_follow_the_integral_of_the_rate():
+    # rate 100 -> 300 over [0, 10) then 300 on [10, 20): expected counts 2000 on [0, 10) (of which
+    # integral_0^5 (100 + 20 t) dt = 750 on [0, 5)) and 3000 on [10, 20); sd = sqrt(count), 5 sd allowed
+    c = _curve(points=[[0, 1], [10, 3]], scale=100.0)
+    t = wl.nhpp_arrivals(np.random.default_rng(5), c, 20.0)
+    assert (np.diff(t) >= 0).all() and t.min() >= 0 and t.max() < 20
+    for lo, hi, want in ((0, 5, 750), (5, 10, 1250), (10, 20, 3000)):
+        k = int(((t >= lo) & (t < hi)).sum())
+        assert abs(k - want) < 5 * np.sqrt(want), (lo, hi, k, want)
+    # a curve silenced by a x0 burst over the whole run gives nothing
+    c = _curve(points=[[0, 1], [1, 1]], bursts=[{"at_s": 0, "duration_s": 10, "multiplier": 0}])
+    assert len(wl.nhpp_arrivals(np.random.default_rng(5), c, 10.0)) == 0
+
+
+def test_generate_with_a_rate_curve():
+    from pdsim.errors import ConfigError
+    rs = _gen(_sc(rate_curve={"points": [[0, 50], [100, 50]]}, duration_s=100.0))
+    assert abs(len(rs) - 5000) < 5 * np.sqrt(5000) and max(r.arrival_s for r in rs) < 100
+    rs = _gen(_sc(rate_curve={"points": [[0, 50], [100, 50]]}, duration_s=100.0, num_requests=10))
+    assert len(rs) == 10 and rs[-1].arrival_s < 1.0            # the first 10 of ~50 a second
+    with pytest.raises(ConfigError) as e:
+        _gen(_sc(rate_curve={"points": [[0, 1], [10, 1]],
+                             "bursts": [{"at_s": 0, "duration_s": 10, "multiplier": 0}]}, duration_s=10.0))
+    assert "workload.rate_curve" in str(e.value)
+
+
+def test_conversations_by_hand():
+    # 2 sessions (at 0 and 5 s), a 20-token system prompt, messages of 10 and replies of 5 tokens, hash
+    # ids per 16 tokens, 50-token context, turns unbounded (mean 1e6): each session has 2 turns, the
+    # third (20 + 2 x 15 + 10 = 60 tokens) passing the context
+    # session 0: system ids [1], 4 tokens left over. Turn 0: prompt 20 + 10 = 30, +5 reply = 35 tokens:
+    #   ids 1 (0-15), 2 (16-31), then a partial block: a fresh id 3 -> [1, 2, 3]
+    #   turn 1: prompt 35 + 10 = 45, reply 5 -> 50 <= 50: ids 1, 2, 4 (32-47), partial 5 -> [1, 2, 4, 5]
+    # session 1: the same system id 1, then its own: [1, 6, 7], [1, 6, 8, 9]
+    rs = wl.conversations(np.random.default_rng(0), np.array([0.0, 5.0]), np.full(4, 10), np.full(4, 5),
+                          turns_mean=1e6, system_prompts=1, system_tokens=20, unit_tokens=16, max_context=50)
+    assert [(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids, r.hash_tokens) for r in rs] == [
+        (0, 0.0, 30, 5, [1, 2, 3], 35), (1, 0.0, 45, 5, [1, 2, 4, 5], 50),
+        (2, 5.0, 30, 5, [1, 6, 7], 35), (3, 5.0, 45, 5, [1, 6, 8, 9], 50)]
+    assert {r.hash_block_tokens for r in rs} == {16}
+    # no system prompt, one turn per session (mean 1): ids of the message and reply only
+    # session 0: 5 + 2 = 7 tokens of 4 per id: 1 whole id, 3 left -> [1, 2]; session 1: 3 + 6 = 9 -> [3, 4, 5]
+    rs = wl.conversations(np.random.default_rng(0), np.array([0.0, 1.0]), np.array([5, 3]), np.array([2, 6]),
+                          unit_tokens=4)
+    assert [(r.prompt_tokens, r.output_tokens, r.hash_ids, r.hash_tokens) for r in rs] == \
+        [(5, 2, [1, 2], 7), (3, 6, [3, 4, 5], 9)]
+    # a 48-token context: the second turn (45 + 5 = 50 tokens) never fits; each session has one turn
+    rs = wl.conversations(np.random.default_rng(0), np.array([0.0, 5.0]), np.full(4, 10), np.full(4, 5),
+                          turns_mean=1e6, system_prompts=1, system_tokens=20, unit_tokens=16, max_context=48)
+    assert [(r.arrival_s, r.prompt_tokens) for r in rs] == [(0.0, 30), (5.0, 30)]
+    # two sessions starting together: renumbered in arrival order, a tie kept in session order
+    rs = wl.conversations(np.random.default_rng(0), np.array([0.0, 0.0]), np.array([10, 5]), np.array([2, 2]),
+                          unit_tokens=4)
+    assert [(r.id, r.prompt_tokens) for r in rs] == [(0, 10), (1, 5)]
+    # more sessions than messages: at most len(user_tokens) requests
+    rs = wl.conversations(np.random.default_rng(0), np.arange(5.0), np.full(3, 5), np.full(3, 2), unit_tokens=4)
+    assert [r.arrival_s for r in rs] == [0.0, 1.0, 2.0]
+
+
+def test_conversation_turns_arrive_think_time_apart_in_the_mean():
+    # 2000 sessions of unbounded turns over 20,000 messages, think time exponential, mean 2 s. Turn k's
+    # prompt and reply are 15 (k + 1) tokens: a 150-token context ends every session after 10 turns.
+    # The gaps within a session average 2 s (standard error 2 / sqrt(18000) = 0.015; 5 allowed)
+    n = 20_000
+    rs = wl.conversations(np.random.default_rng(1), np.arange(0.0, 2000 * 1e4, 1e4), np.full(n, 10), np.full(n, 5),
+                          turns_mean=1e6, think_s=2.0, max_context=150)
+    assert rs[0].hash_block_tokens == 16                           # the default: one hash id per 16 tokens
+    t = np.array([r.arrival_s for r in rs]).reshape(-1, 10)          # 10 turns per session, sorted by time
+    gaps = np.diff(t, axis=1)
+    assert len(rs) == n and {r.prompt_tokens for r in rs[:10]} == {10 + 15 * k for k in range(10)}
+    assert gaps.min() > 0 and abs(gaps.mean() - 2.0) < 5 * 2.0 / np.sqrt(gaps.size)
+    # a think time below 1 s is a think time too: 0.5 s on average
+    rs = wl.conversations(np.random.default_rng(3), np.arange(0.0, 200 * 1e4, 1e4), np.full(2000, 10),
+                          np.full(2000, 5), turns_mean=1e6, think_s=0.5, max_context=150)
+    gaps = np.diff(np.array([r.arrival_s for r in rs]).reshape(-1, 10), axis=1)
+    assert abs(gaps.mean() - 0.5) < 5 * 0.5 / np.sqrt(gaps.size)
+    # turns_mean 3: geometric turns, mean 3 (p = 1/3, variance 6): 3000 sessions of at most 9000 messages
+    rs = wl.conversations(np.random.default_rng(2), np.arange(3000.0), np.full(12_000, 10), np.full(12_000, 5),
+                          turns_mean=3.0)
+    assert abs(len(rs) / 3000 - 3.0) < 5 * np.sqrt(6 / 3000)
+
+
+def _vidur(path, rows):
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(f"{a},{p},{o}\n" for a, p, o in rows))
+    return path.name
+
+
+def test_generate_replays_a_trace_window_by_hand(tmp_path):
+    from pdsim.errors import ConfigError
+    name = _vidur(tmp_path / "t.csv", [(0.0, 10, 1), (1.0, 20, 2), (2.0, 30, 3), (3.0, 40, 4)])
+    rs = _gen(_sc(tmp_path, arrival="trace", trace={"path": name}))
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in rs] == \
+        [(0.0, 10, 1), (1.0, 20, 2), (2.0, 30, 3), (3.0, 40, 4)]
+    # the window [1, 3) mapped to 0, at twice the rate: rows 1 and 2 at 0 and 0.5 s
+    rs = _gen(_sc(tmp_path, arrival="trace", trace={"path": name, "start_s": 1.0, "duration_s": 2.0, "rate_scale": 2}))
+    assert [(r.arrival_s, r.prompt_tokens) for r in rs] == [(0.0, 20), (0.5, 30)]
+    rs = _gen(_sc(tmp_path, arrival="trace", num_requests=2, trace={"path": name}))
+    assert [r.prompt_tokens for r in rs] == [10, 20]
+    # jitter spreads each arrival over [t, t + jitter): with jitter 0.5, each stays in its own half second
+    rs = _gen(_sc(tmp_path, arrival="trace", trace={"path": name, "jitter_s": 0.5}))
+    t = [r.arrival_s for r in rs]
+    assert all(k <= x < k + 0.5 for k, x in enumerate(t)) and t != [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ConfigError) as e:
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": name, "start_s": 10.0}))
+    assert "workload.trace" in str(e.value)
+    (tmp_path / "l.csv").write_text("num_prefill_tokens,num_decode_tokens\n5,1\n")
+    with pytest.raises(ConfigError) as e:
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": "l.csv"}))
+    assert "workload.trace.path" in str(e.value)
+
+
+def test_mooncake_trace_replay_keeps_hash_ids(tmp_path):
+    (tmp_path / "m.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 500, "input_length": 20, "output_length": 3, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 1000, "input_length": 30, "output_length": 4, "hash_ids": [1, 2, 3]}\n')
+    rs = _gen(_sc(tmp_path, arrival="trace", num_requests=2, trace={"path": "m.jsonl", "hash_block_tokens": 8}))
+    assert [(r.arrival_s, r.prompt_tokens, r.hash_ids, r.hash_block_tokens) for r in rs] == \
+        [(0.0, 10, [1], 8), (0.5, 20, [1, 2], 8)]
+
+
+def test_trace_lengths_keep_pairs_from_one_file_and_mix_two(tmp_path):
+    # one file for both: every request is a real (prompt, output) row; two files: prompts from one, outputs
+    # from the other, independently (all 3 x 3 pairs show up in 2000 requests)
+    a = _vidur(tmp_path / "a.csv", [(0.0, 100, 1), (1.0, 200, 2), (2.0, 300, 3)])
+    b = _vidur(tmp_path / "b.csv", [(0.0, 7, 70), (1.0, 8, 80), (2.0, 9, 90)])
+    tr = lambda p: {"dist": "trace", "path": p}                      # noqa: E731
+    rs = _gen(_sc(tmp_path, arrival="constant", rate=1.0, num_requests=2000, prompt_tokens=tr(a), output_tokens=tr(a)))
+    assert {(r.prompt_tokens, r.output_tokens) for r in rs} == {(100, 1), (200, 2), (300, 3)}
+    rs = _gen(_sc(tmp_path, arrival="constant", rate=1.0, num_requests=2000, prompt_tokens=tr(a), output_tokens=tr(b)))
+    assert {(r.prompt_tokens, r.output_tokens) for r in rs} == {(p, o) for p in (100, 200, 300) for o in (70, 80, 90)}
+    rs = _gen(_sc(tmp_path, arrival="constant", rate=1.0, num_requests=50, prompt_tokens=5, output_tokens=tr(b)))
+    assert {r.prompt_tokens for r in rs} == {5} and {r.output_tokens for r in rs} == {70, 80, 90}
+    rs = _gen(_sc(tmp_path, arrival="constant", rate=1.0, num_requests=50, prompt_tokens=tr(b), output_tokens=6))
+    assert {r.prompt_tokens for r in rs} == {7, 8, 9} and {r.output_tokens for r in rs} == {6}
+
+
+def test_trace_format_given_is_the_format_read(tmp_path):
+    # a Vidur file read as an Azure trace lacks Azure's columns: the format given is used, not guessed
+    from pdsim.errors import TraceError
+    a = _vidur(tmp_path / "a.csv", [(0.0, 100, 1), (1.0, 200, 2)])
+    b = _vidur(tmp_path / "b.csv", [(0.0, 7, 70), (1.0, 8, 80)])
+    for p, o in (({"dist": "trace", "path": a, "format": "azure"}, {"dist": "trace", "path": a, "format": "azure"}),
+                 ({"dist": "trace", "path": a, "format": "azure"}, {"dist": "trace", "path": b})):
+        with pytest.raises(TraceError):
+            _gen(_sc(tmp_path, arrival="constant", rate=1.0, num_requests=5, prompt_tokens=p, output_tokens=o))
+
+
+def test_generate_conversations_cut_at_duration():
+    # sessions start every 0.5 s over 10 s (19 arrivals draw 19 messages: at most 19 requests); turns 5 s
+    # apart on average (4 per session): later turns pass 10 s and are dropped, the first turns all stay
+    rs = _gen(_sc(arrival="constant", rate=2.0, duration_s=10.0, prompt_tokens=10, output_tokens=5,
+                  conversation={"turns": 4, "think_s": 5.0}))
+    t = [r.arrival_s for r in rs]
+    assert max(t) < 10.0 and len(rs) < 19 and t == sorted(t) and t[0] == 0.5 and 1.0 in t
+    assert all(r.hash_ids for r in rs) and [r.id for r in rs] == list(range(len(rs)))
+
+
+def test_rate_curve_periods_and_time_scale_by_hand():
+    # points (2, 1) -> (4, 3), constant outside them, repeating every 10 s: rate 1 until 2 in each period,
+    # 1 -> 3 on [2, 4), 3 until the period ends, then back to 1 (the wrap is an edge of its own)
+    c = _curve(points=[[2, 1], [4, 3]], period_s=10)
+    starts, r0, r1 = wl.rate_breakpoints(c, 25.0)
+    assert list(starts) == [0, 2, 4, 10, 12, 14, 20, 22, 24]
+    assert list(r0) == [1, 1, 3, 1, 1, 3, 1, 1, 3] and list(r1) == [1, 3, 3, 1, 3, 3, 1, 3, 3]
+    # the same at time_scale 0.5: every simulated time halves
+    starts, r0, r1 = wl.rate_breakpoints(_curve(points=[[2, 1], [4, 3]], period_s=10, time_scale=0.5), 12.5)
+    assert list(starts) == [0, 1, 2, 5, 6, 7, 10, 11, 12]
+    assert list(r0) == [1, 1, 3, 1, 1, 3, 1, 1, 3] and list(r1) == [1, 3, 3, 1, 3, 3, 1, 3, 3]
+    # an interior knot: (0, 1) -> (4, 3) -> (10, 1) every 10 s
+    starts, r0, r1 = wl.rate_breakpoints(_curve(points=[[0, 1], [4, 3], [10, 1]], period_s=10), 20.0)
+    assert list(starts) == [0, 4, 10, 14] and list(r0) == [1, 3, 1, 3] and list(r1) == [3, 1, 3, 1]
+
+
+def test_hourly_rates_hold_the_last_hour_and_switch_on_the_hour():
+    # hourly 1, 2 over a 3-hour period: the third hour holds the last value (2), then the day repeats
+    starts, r0, _ = wl.rate_breakpoints(_curve(hourly=[1, 2], period_s=10800), 4 * 3600.0)
+    assert list(starts) == [0, 3600, 7200, 10800] and list(r0) == [1, 2, 2, 1]   # 7200: the end of the values
+    # a burst (x1) from 3600 to 3601 cuts a one-second segment at the start of hour 2: it has hour 2's rate
+    c = _curve(hourly=[1, 2], bursts=[{"at_s": 3600, "duration_s": 1, "multiplier": 1}])
+    starts, r0, _ = wl.rate_breakpoints(c, 7200.0)
+    assert list(starts) == [0, 3600, 3601] and list(r0) == [1, 2, 2]
+
+
+def test_nhpp_low_rates_zero_segments_and_ramps_away_from_zero():
+    rng = np.random.default_rng(11)
+    # 0.5 req/s for 2000 s: 1000 +- 5 x 32 arrivals (a rate below 1 is still a rate)
+    t = wl.nhpp_arrivals(rng, _curve(points=[[0, 0.5], [1, 0.5]]), 2000.0)
+    assert abs(len(t) - 1000) < 5 * np.sqrt(1000)
+    # silent (x0) on [0, 5), 100/s on [5, 10): 500 +- 112, all in [5, 10)
+    c = _curve(points=[[0, 100], [1, 100]], bursts=[{"at_s": 0, "duration_s": 5, "multiplier": 0}])
+    t = wl.nhpp_arrivals(rng, c, 10.0)
+    assert abs(len(t) - 500) < 5 * np.sqrt(500) and t.min() >= 5.0
+    # a ramp 100 -> 300 on [10, 20) after a flat 100 on [0, 10): 750 on [10, 15), 1250 on [15, 20)
+    t = wl.nhpp_arrivals(rng, _curve(points=[[0, 1], [10, 1], [20, 3]], scale=100.0), 20.0)
+    for lo, hi, want in ((0, 10, 1000), (10, 15, 750), (15, 20, 1250)):
+        k = int(((t >= lo) & (t < hi)).sum())
+        assert abs(k - want) < 5 * np.sqrt(want), (lo, hi, k, want)
+    # a ramp from 0 to 2 over 2000 s: integral 2000, of which 500 in the first half (rate below 1 there)
+    t = wl.nhpp_arrivals(rng, _curve(points=[[0, 0], [2000, 2]]), 2000.0)
+    assert abs(len(t) - 2000) < 5 * np.sqrt(2000) and abs((t < 1000).sum() - 500) < 5 * np.sqrt(500)
