@@ -218,7 +218,12 @@ PP_TOPOS = [
 @given(topo=st.integers(0, len(PP_TOPOS) - 1), seed=st.integers(0, 10**6), n=st.integers(1, 6) | st.integers(15, 30),
        rate=st.floats(0.5, 100), out=st.integers(1, 200))
 def test_fast_path_equals_step_by_step_and_nothing_is_lost_under_pp(topo, seed, n, rate, out):
-    sc = _sc(PP_TOPOS[topo], rate=rate, num_requests=n, prompt_tokens={"dist": "uniform", "low": 1, "high": 300},
+    check_fast_equals_slow_and_nothing_lost(PP_TOPOS[topo], seed, n, rate, out)
+
+
+def check_fast_equals_slow_and_nothing_lost(topo: dict, seed: int, n: int, rate: float, out: int) -> None:
+    """One random run of ``topo``: fast path == step by step, every request accounted for, every block back."""
+    sc = _sc(topo, rate=rate, num_requests=n, prompt_tokens={"dist": "uniform", "low": 1, "high": 300},
              output_tokens={"dist": "uniform", "low": 1, "high": out})
     sc = sc.model_copy(update={"seed": seed})
     fast, slow = _both(sc)               # simulate checks conservation (raises on a lost request or block)

@@ -26,9 +26,8 @@ from pdsim.pipeline import PipelineCost
 from pdsim.simulation import simulate
 from pdsim.topology import kv_blocks, make_cost
 
-from test_fastpath import _assert_same, _both
 from test_moe import _err, _run_yaml
-from test_pp import BASE_S, LINEAR, PER_TOKEN_S, _requests, _sc
+from test_pp import BASE_S, LINEAR, PER_TOKEN_S, _requests, _sc, check_fast_equals_slow_and_nothing_lost
 
 H100 = get_device("h100-sxm")
 
@@ -248,18 +247,7 @@ UNEVEN_TOPOS = [     # Llama-3.1-8B, 32 layers
 @given(topo=st.integers(0, len(UNEVEN_TOPOS) - 1), seed=st.integers(0, 10**6),
        n=st.integers(1, 6) | st.integers(15, 30), rate=st.floats(0.5, 100), out=st.integers(1, 200))
 def test_fast_path_equals_step_by_step_and_nothing_is_lost_under_uneven_pp(topo, seed, n, rate, out):
-    sc = _sc(UNEVEN_TOPOS[topo], rate=rate, num_requests=n, prompt_tokens={"dist": "uniform", "low": 1, "high": 300},
-             output_tokens={"dist": "uniform", "low": 1, "high": out})
-    sc = sc.model_copy(update={"seed": seed})
-    fast, slow = _both(sc)               # simulate checks conservation (raises on a lost request or block)
-    _assert_same(fast, slow)
-    df = metrics.requests_frame(fast)
-    assert len(df) == n == (df.status == "finished").sum() + (df.status == "rejected").sum()
-    for inst in fast[0].topology.instances:
-        assert inst.kv.free_blocks == inst.kv.total_blocks
-    for r in fast[0].requests:
-        if r.status == "finished":
-            assert r.generated == r.output_tokens and r.first_token_s <= r.finish_s
+    check_fast_equals_slow_and_nothing_lost(UNEVEN_TOPOS[topo], seed, n, rate, out)
 
 
 def test_kv_transfer_of_an_uneven_pp_prefill_waits_for_the_largest_stage():
