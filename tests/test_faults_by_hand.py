@@ -28,17 +28,18 @@ class _Topo:
         self.env, self.fault_log, self.links, self.events = env, [], list(links), []
 
     def fail_instance(self, inst, until_s):
-        inst.down = True
+        inst.down = inst.failed = True
         self.fault_log.append({"instance": inst.name, "at_s": self.env.now, "until_s": until_s})
         self.events.append(("fail", self.env.now, inst.name))
 
     def recover_instance(self, inst):
-        inst.down = False
+        inst.down = inst.failed = False
         self.events.append(("up", self.env.now, inst.name))
 
 
 def _inst(name="r-0", pool="replica"):
-    return NS(name=name, pool=pool, down=False, down_until=0.0, down_since=0.0, down_s=0.0)
+    return NS(name=name, pool=pool, down=False, failed=False, state="serving", outages=0, down_until=0.0,
+              down_since=0.0, down_s=0.0)
 
 
 def test_one_fault_down_for_down_plus_warmup():

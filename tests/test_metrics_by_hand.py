@@ -320,10 +320,10 @@ def test_busy_fraction_is_never_above_one():
 def test_fault_summary_by_hand():
     # an outage of r-0 over [10, 20), a link fault over [61, 62); r-1 went down at 95 and is still down at 100
     log = [{"instance": "r-0", "at_s": 10.0, "until_s": 20.0}, {"link": "all", "at_s": 61.0, "until_s": 62.0}]
-    topo = NS(fault_log=log, instances=[NS(name="r-0", down_s=10.0, down=False, down_since=10.0),
-                                        NS(name="r-1", down_s=0.0, down=True, down_since=95.0),
-                                        NS(name="r-2", down_s=0.0, down=False, down_since=0.0),
-                                        NS(name="r-3", down_s=2.0, down=True, down_since=99.5)])
+    topo = NS(fault_log=log, instances=[NS(name="r-0", down_s=10.0, down=False, failed=False, down_since=10.0),
+                                        NS(name="r-1", down_s=0.0, down=True, failed=True, down_since=95.0),
+                                        NS(name="r-2", down_s=0.0, down=False, failed=False, down_since=0.0),
+                                        NS(name="r-3", down_s=2.0, down=True, failed=True, down_since=99.5)])
     # (arrival, TTFT, E2E, fault hits, recomputed tokens); the request at 5 was rejected
     rows = [(0, 1, 2, 0, 0), (1, 1, 2, 0, 0), (2, 1, 2, 0, 0), (3, 1, 2, 0, 0), (5, None, None, 0, 0),
             (10, 5, 6, 1, 0), (12, 5, 6, 1, 100), (15, 5, 9, 1, 50),                 # inside [10, 20)
