@@ -239,16 +239,21 @@ def check_fast_equals_slow_and_nothing_lost(topo: dict, seed: int, n: int, rate:
 
 def test_vectorised_pipeline_decode_costs_equal_scalar_steps():
     for m, tp, pp, mb in (("llama-3.1-70b", 4, 2, None), ("qwen3-30b-a3b", 2, 4, 3)):
-        cost = PipelineCost(RooflineCost(get_model(m), H100, tp, pp=pp), pp, mb)
-        rng = np.random.default_rng(2)
-        for batch in (1, 5, 64):
-            c0 = rng.integers(10, 3000, batch)
-            attn0, kv0 = float(c0.sum()), int((c0 + 1).sum())
-            got = cost.decode_steps(batch, attn0, kv0, 50)
-            for i in range(50):
-                ref = cost.step(batch, attn0 + batch * i, kv0 + batch * i, batch, batch)
-                assert got[0][i] == pytest.approx(ref.time_s, rel=1e-12)
-                assert got[1][i] == pytest.approx(ref.flops, rel=1e-12) and got[2][i] == pytest.approx(ref.bytes, rel=1e-12)
+        check_decode_steps_equal_scalar_steps(PipelineCost(RooflineCost(get_model(m), H100, tp, pp=pp), pp, mb),
+                                              seed=2, batches=(1, 5, 64), k=50)
+
+
+def check_decode_steps_equal_scalar_steps(cost, seed: int, batches, k: int) -> None:
+    """``decode_steps`` over k steps of random contexts equals k scalar ``step`` calls (time, FLOPs, bytes)."""
+    rng = np.random.default_rng(seed)
+    for batch in batches:
+        c0 = rng.integers(10, 3000, batch)
+        attn0, kv0 = float(c0.sum()), int((c0 + 1).sum())
+        got = cost.decode_steps(batch, attn0, kv0, k)
+        for i in range(k):
+            ref = cost.step(batch, attn0 + batch * i, kv0 + batch * i, batch, batch)
+            assert got[0][i] == pytest.approx(ref.time_s, rel=1e-12)
+            assert got[1][i] == pytest.approx(ref.flops, rel=1e-12) and got[2][i] == pytest.approx(ref.bytes, rel=1e-12)
 
 
 def test_gpus_and_summary_count_tp_times_pp():

@@ -27,7 +27,8 @@ from pdsim.simulation import simulate
 from pdsim.topology import kv_blocks, make_cost
 
 from test_moe import _err, _run_yaml
-from test_pp import BASE_S, LINEAR, PER_TOKEN_S, _requests, _sc, check_fast_equals_slow_and_nothing_lost
+from test_pp import (BASE_S, LINEAR, PER_TOKEN_S, _requests, _sc, check_decode_steps_equal_scalar_steps,
+                     check_fast_equals_slow_and_nothing_lost)
 
 H100 = get_device("h100-sxm")
 
@@ -218,16 +219,9 @@ def test_uneven_stage_split_conserves_the_whole_models_work():
 def test_vectorised_decode_costs_equal_scalar_steps_on_uneven_stages():
     for m, tp, pp, mb, layers in (("llama-3.1-70b", 4, 3, None, None), ("qwen3-30b-a3b", 2, 5, 3, None),
                                   ("llama-3.1-8b", 1, 2, 2, (20, 12))):
-        cost = PipelineCost(RooflineCost(get_model(m), H100, tp, pp=pp, pp_layers=layers), pp, mb)
-        rng = np.random.default_rng(3)
-        for batch in (1, 7, 64):
-            c0 = rng.integers(10, 3000, batch)
-            attn0, kv0 = float(c0.sum()), int((c0 + 1).sum())
-            got = cost.decode_steps(batch, attn0, kv0, 30)
-            for i in range(30):
-                ref = cost.step(batch, attn0 + batch * i, kv0 + batch * i, batch, batch)
-                assert got[0][i] == pytest.approx(ref.time_s, rel=1e-12)
-                assert got[1][i] == pytest.approx(ref.flops, rel=1e-12) and got[2][i] == pytest.approx(ref.bytes, rel=1e-12)
+        check_decode_steps_equal_scalar_steps(
+            PipelineCost(RooflineCost(get_model(m), H100, tp, pp=pp, pp_layers=layers), pp, mb),
+            seed=3, batches=(1, 7, 64), k=30)
 
 
 # --- fast path and invariants on uneven PP topologies -----------------------------------------------
