@@ -403,7 +403,15 @@ def cmd_validate(args) -> int:
     if args.range_ratio is not None and not 0 < args.range_ratio <= 1:
         raise ConfigError("must be in (0, 1]", key="--range-ratio", value=args.range_ratio)
     profiles = parse_profiles(args.profile, args.profiles, {r.get("device") for r, why in rows if why is None})
+    step_overhead = None
+    if args.step_overhead:
+        from .engine_fit import load_step_overheads
+        step_overhead = load_step_overheads(args.step_overhead)
+        if args.no_engine:
+            raise ConfigError("needs the engine presets (drop --no-engine)", key="--step-overhead",
+                              value=args.step_overhead)
     res = validate(rows, engine_presets=not args.no_engine, requests_per_client=args.requests_per_client,
+                   step_overhead=step_overhead,
                    profiles=profiles, length_ratio=args.range_ratio, progress=None if args.quiet else
                    lambda i, n, r: print(f"pdsim validate: {i}/{n} {r['id']}", file=sys.stderr, flush=True))
     out = Path(args.out or "reports/validate")
@@ -542,6 +550,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     help="price this GPU's rows with a profile file (e.g. an imported measured one); repeatable")
     va.add_argument("--profiles", metavar="PATTERN", help="price each GPU's rows with the profile whose file name "
                     "starts with the GPU, from a folder or glob (e.g. 'calibration/profiles/*-aic.yaml')")
+    va.add_argument("--step-overhead", metavar="FILE", help="engine step overheads fitted by `pdsim calibrate "
+                    "--from-benchmark` (its YAML) instead of the presets', for the engines it names")
     va.add_argument("--range-ratio", type=float, help="the benchmark's --random-range-ratio for every row: lengths "
                     "uniform in [int(L x R), L] (default: recognised harnesses' own, else fixed lengths)")
     va.add_argument("--sample", type=_int_in(0, 10**9), metavar="ROWS",

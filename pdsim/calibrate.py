@@ -712,6 +712,12 @@ def _tp_list(text: str) -> list[int]:
 
 
 def cmd_calibrate(args) -> int:
+    if args.from_benchmark or args.silicon:
+        return cmd_from_benchmark(args)
+    for flag, val in (("--gpu", args.gpu), ("--engine", args.engine), ("--holdout", args.holdout),
+                      ("--split-by", args.split_by), ("--step-overhead-fit", args.step_overhead_fit)):
+        if val is not None:
+            raise ConfigError("only with --from-benchmark or --silicon", key=flag, value=val)
     if args.check:
         errs = check(args.check, progress=not args.quiet)
         return 3 if errs.get("verdict") == "machine too noisy to judge" else 0
@@ -719,6 +725,31 @@ def cmd_calibrate(args) -> int:
     run(device=args.device, model=args.model, tp=tps, quick=args.quick, out=args.out, base=args.base,
         progress=not args.quiet, force=args.force)
     return 0
+
+
+def cmd_from_benchmark(args) -> int:
+    """Fit engine step overheads to measured serving runs (pdsim/engine_fit.py)."""
+    from .engine_fit import calibrate_from_benchmark, print_result
+    from .validate import parse_profiles, silicon_sample_path
+    files = list(args.from_benchmark or [])
+    if args.silicon:
+        files.append(str(silicon_sample_path()))
+    tps = [t for group in (args.tp or []) for t in group]
+    if len(tps) > 1:
+        raise ConfigError("with --from-benchmark: one TP degree, the one of JSON results that do not give it",
+                          key="--tp", value=",".join(map(str, tps)))
+    defaults = {k: v for k, v in (("device", args.gpu), ("tp", tps[0] if tps else None), ("engine", args.engine))
+                if v}
+    profiles = parse_profiles(args.profile, args.profiles) if (args.profile or args.profiles) else None
+    out = args.out or "reports/calibrate/engines-fitted.yaml"
+    res = calibrate_from_benchmark(files, defaults, out, holdout=0.5 if args.holdout is None else args.holdout,
+                                   split_by=args.split_by or "row", rounds=args.rounds,
+                                   fit=args.step_overhead_fit or "both",
+                                   requests_per_client=args.requests_per_client, sample=args.sample, seed=args.seed,
+                                   profiles=profiles, progress=not args.quiet)
+    print_result(res)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0 if res["engines"] else 1
 
 
 def add_parser(sub) -> None:
@@ -739,4 +770,29 @@ def add_parser(sub) -> None:
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.add_argument("--force", action="store_true",
                    help="write the profile even when some points never reached a median within +-3%% (noisy machine)")
+    b = c.add_argument_group("engine calibration from measured serving runs (no torch needed)")
+    b.add_argument("--from-benchmark", nargs="+", metavar="MEASURED",
+                   help="fit each engine's step overhead (base, per running request, per token; microseconds) to "
+                        "measured runs: aiconfigurator silicon CSV, `vllm bench serve` JSON, GenAI-Perf JSON; "
+                        "writes --out (YAML, default reports/calibrate/engines-fitted.yaml)")
+    b.add_argument("--silicon", action="store_true",
+                   help="add the silicon sample of an installed aiconfigurator-core to --from-benchmark")
+    b.add_argument("--gpu", metavar="DEVICE", help="GPU of JSON results that do not name one (e.g. h100-sxm)")
+    b.add_argument("--engine", help="engine of JSON results that do not name one (vllm-v1, vllm-v0, sglang, trtllm)")
+    b.add_argument("--holdout", type=float, metavar="FRACTION",
+                   help="share of the rows held out of the fit and used to report its error (default 0.5)")
+    b.add_argument("--split-by", choices=["row", "model"],
+                   help="hold out by a hash of the row id (default) or of the model name (whole models held out)")
+    b.add_argument("--step-overhead-fit", choices=["both", "tpot"],
+                   help="both (default): base and per-request from TPOT, per-token from TTFT; tpot: per-token "
+                        "stays the preset's")
+    b.add_argument("--rounds", type=int, default=2, help="alternations of the TTFT and TPOT fits (default 2)")
+    b.add_argument("--requests-per-client", type=int, default=10,
+                   help="closed-loop requests each client sends per row (default 10)")
+    b.add_argument("--sample", type=int, metavar="ROWS", help="a seeded random sample of this many rows")
+    b.add_argument("--seed", type=int, default=0, help="seed of --sample and of each row's request stream")
+    b.add_argument("--profile", action="append", metavar="DEVICE=PATH",
+                   help="price this GPU's rows with a profile file; repeatable")
+    b.add_argument("--profiles", metavar="PATTERN",
+                   help="price each GPU's rows with the profile whose file name starts with the GPU")
     c.set_defaults(fn=cmd_calibrate)

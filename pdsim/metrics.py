@@ -458,7 +458,15 @@ def expected_error(topo) -> dict:
     """The error band measured for this engine and GPU against real benchmark runs (pdsim validate),
     or ``unvalidated``."""
     from .validate import error_band
-    return {p.name: error_band(p.spec.engine, p.spec.device, p.spec.tp) for p in topo.pools}
+    out = {}
+    for p in topo.pools:
+        if p.spec.engine is not None and getattr(p.spec, "step_overhead", None) is not None:
+            # the stored band was measured with the preset's overhead, not this one
+            out[p.name] = (f"unvalidated: step_overhead set on the {p.spec.engine} preset, whose band was measured "
+                           "with its own (a `pdsim calibrate --from-benchmark` file states its held-out error)")
+        else:
+            out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp)
+    return out
 
 def _rate(num: float, den: float):
     return num / den if den else None

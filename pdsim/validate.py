@@ -440,13 +440,14 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
                        "skipped_by_reason": reasons}}
 
 
-def fit_step_overhead(rows: list[dict]) -> dict:
+def fit_step_overhead(rows: list[dict], start: dict | None = None) -> dict:
     """Per engine, the step overhead that best explains the TPOT residuals of simulated rows.
 
     A decode step's overhead adds to every inter-token gap, so (measured - simulated) TPOT is
-    fitted by least squares as d_base + d_per_seq x concurrency and added to the preset's
-    values, each clamped at 0 (an overhead cannot be negative).  Returns ``{engine:
-    {base_us, per_seq_us}}`` for Scenario ``step_overhead`` keys.
+    fitted by least squares as d_base + d_per_seq x concurrency and added to the values the rows
+    were simulated with (``start[engine]``'s base_us / per_seq_us, else the preset's), each clamped
+    at 0 (an overhead cannot be negative).  Returns ``{engine: {base_us, per_seq_us}}`` for Scenario
+    ``step_overhead`` keys.
     """
     from .engines import PRESETS
     out = {}
@@ -460,8 +461,10 @@ def fit_step_overhead(rows: list[dict]) -> dict:
         A = np.c_[np.ones_like(c), c] * w[:, None]
         (d_base, d_seq), *_ = np.linalg.lstsq(A, resid_us * w, rcond=None)
         p = PRESETS[eng]
-        out[eng] = {"base_us": round(max(0.0, p.overhead_base_us + float(d_base)), 1),
-                    "per_seq_us": round(max(0.0, p.overhead_per_seq_us + float(d_seq)), 2)}
+        base0, seq0 = ((start[eng]["base_us"], start[eng]["per_seq_us"]) if start and eng in start
+                       else (p.overhead_base_us, p.overhead_per_seq_us))
+        out[eng] = {"base_us": round(max(0.0, base0 + float(d_base)), 1),
+                    "per_seq_us": round(max(0.0, seq0 + float(d_seq)), 2)}
     return out
 
 
