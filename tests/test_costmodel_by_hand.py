@@ -183,6 +183,7 @@ def test_pipeline_stages_by_hand():
     assert rc.overhead_s() == pytest.approx(100e-6, rel=1e-12)
     # activations of 2 tokens to the next stage: 2*8*2 = 32 B at 1e6 B/s (+ the 0 latency); none for 0 tokens
     assert rc.stage_transfer_s(2) == pytest.approx(32e-6, rel=1e-12) and rc.stage_transfer_s(0) == 0.0
+    assert rc.stage_transfer_s(1) == pytest.approx(16e-6, rel=1e-12)
     # arrays over two decode steps: step 1 adds 128 us of attention per layer (test_k_decode_steps_by_hand)
     times, f, b = rc.stage_times(2, np.array([6.0, 8.0]), np.array([8.0, 10.0]), 2, 2)
     assert times[0] == pytest.approx([3456e-6, 3584e-6], rel=1e-12)
@@ -273,6 +274,10 @@ def test_expert_hit_probs_caps_at_one_by_hand():
     # other two scaled to the remaining 1: (6/11, 4/11) * 11/10 = .6, .4
     assert expert_hit_probs(2, 3, 1.0) == pytest.approx([1.0, 0.6, 0.4], rel=1e-12)
     assert expert_hit_probs(2, 4) == pytest.approx([0.5] * 4, rel=1e-12)
+    # top-3 of 4, skew 2: p = 1, 1/4, 1/9, 1/16 -> 3p / (205/144) = 2.107, .527, .234, .132; the first capped, the
+    # rest scaled to 2: 1.180, .524, .295 -> the second capped too; the last two share the remaining 1 as 1/9 : 1/16
+    # = 16 : 9 -> .64, .36
+    assert expert_hit_probs(3, 4, 2.0) == pytest.approx([1.0, 1.0, 0.64, 0.36], rel=1e-12)
     # skew 1, top-1 of 2: q = 2/3, 1/3; 2 tokens hit (1 - 1/9) + (1 - 4/9) = 13/9 experts
     assert expected_distinct_experts(2, 1, 2, 1.0) == pytest.approx(13 / 9, rel=1e-12)
 
@@ -372,6 +377,11 @@ def test_sliding_layers_by_hand():
     assert rc.decode_time(2, 10) == pytest.approx(8736e-6, rel=1e-12)
     b = rc.breakdown(2, 20.0, 22, 2, 2, swa=(7.0, 8))
     assert round(b["attention"]["time_s"] * 1e6, 6) == 1280 and round(b["attention_sliding"]["time_s"] * 1e6, 6) == 448
+    assert round(b["lm_head"]["time_s"] * 1e6, 6) == 1024          # 2 sampled rows
+    # a prefill of 4 from empty at window 4 (positions 1..4, work 10 - 2 = 8 = the full layer's): both layers'
+    # attention at the prefill rate, FLOPs 4*2*4*8 = 256 -> 256 us each (decode's half rate would be 512)
+    b = rc.breakdown(4, 8.0, 4, 1, 1, swa=(8.0, 4))
+    assert round(b["attention"]["time_s"] * 1e6, 6) == 256 and round(b["attention_sliding"]["time_s"] * 1e6, 6) == 256
     # prefill of 6 from empty: full attn_work 18, KV 6 -> FLOPs 576, bytes 6*16 + 6*32 = 288: 576 us;
     # sliding: positions 1, 2, 3, 4, 4, 4 = 18 - 6/2 = 15 work -> 480 us.  Rest at T = 6, 1 sampled: GEMMs
     # 1536 + 768 + 3072 + 1536 = 6912 and elementwise 304*6 = 1824 per layer, embed 480, LM head 592
@@ -422,5 +432,68 @@ def test_generic_decode_steps_steps_the_aggregates_by_hand():
 
     t, f, b = Echo().decode_steps(3, 5.0, 7, 2)
     assert list(t) == [5, 8] and list(f) == [7, 10] and list(b) == [333, 333]
-    t, _, _ = Echo().decode_steps(3, 5.0, 7, 2, swa=(np.array([1.0, 2.0]), np.array([3, 4])))
-    assert list(t) == [5 + 1000 + 300000, 8 + 2000 + 400000]
+    t, _, b = Echo().decode_steps(3, 5.0, 7, 2, swa=(np.array([1.0, 2.0]), np.array([3, 4])))
+    assert list(t) == [5 + 1000 + 300000, 8 + 2000 + 400000] and list(b) == [333, 333]
+
+
+def test_sliding_positions_are_exact_integers_beyond_float_precision():
+    # the docstring promises an exact integer: the closed forms' products are even, so // 2 is exact where a float
+    # division would round.  n = 2^27 + 1 tokens from empty, window 2^28 (covers them): sum 1 .. 2^27 + 1 =
+    # (2^27 + 1)(2^27 + 2)/2 = (2^27 + 1)(2^26 + 1) = 2^53 + 2^27 + 2^26 + 1, odd and above 2^53: no float holds it
+    n = 2 ** 27 + 1
+    got = sliding_positions(0, n, 2 ** 28)
+    assert isinstance(got, int) and got == 2 ** 53 + 2 ** 27 + 2 ** 26 + 1
+    # window W = 2^27 + 1 inside a chunk of W + 2 tokens from empty: 1 .. W, then 2 tokens at W:
+    # W(W + 1)/2 + 2W = (2^27 + 1)(2^26 + 1) + 2^28 + 2 = 2^53 + 2^28 + 2^27 + 2^26 + 3 (odd)
+    W = 2 ** 27 + 1
+    got = sliding_positions(0, W + 2, W)
+    assert isinstance(got, int) and got == 2 ** 53 + 2 ** 28 + 2 ** 27 + 2 ** 26 + 3
+
+
+# --- a hand-written measured profile: decode attention from its table ----------------------------------
+def _measured_dev() -> DeviceProfile:
+    """_dev() plus one decode-attention table for 2 query heads, 1 KV head, head dim 4 (bf16): per layer
+    1, 2 ms at batch 1 (contexts 2, 4) and 3, 4 ms at batch 2; nothing else measured (the roofline elsewhere)."""
+    d = _dev().spec.model_dump()
+    d["measured"] = {"device": "cuda", "attention_decode": [
+        {"q_heads": 2, "kv_heads": 1, "head_dim": 4, "batch": [1, 2], "context": [2, 4],
+         "time_s": [[1e-3, 2e-3], [3e-3, 4e-3]]}]}
+    return DeviceProfile(ProfileSpec.model_validate(d))
+
+
+def test_decode_attention_from_a_measured_table_by_hand():
+    dev = _measured_dev()
+    rc = RooflineCost(TINY, dev)
+    # decode of 2 at context 3 reads 8 KV tokens: 4 per request, the table's (batch 2, context 4) = 4 ms a layer
+    # in place of the roofline's 384 us: 7776 - 768 + 8000 us
+    assert rc.step(2, 6.0, 8, 2, 2).time_s == pytest.approx(15008e-6, rel=1e-12)
+    assert rc.decode_time(2, 3) == pytest.approx(15008e-6, rel=1e-12)
+    t, _, _ = rc.decode_steps(2, 6.0, 8, 1)
+    assert t == pytest.approx([15008e-6], rel=1e-12)
+    b = rc.breakdown(2, 6.0, 8, 2, 2)
+    assert b["attention"]["time_s"] == pytest.approx(8e-3, rel=1e-12) and b["attention"]["source"] == "exact"
+    # a 2-token prompt works 2 and reads 2 (not more than it reads): decode attention, batch 1 at context 2 = 1 ms;
+    # the rest at T = 2 with one LM-head row: 2*(2304 + 608) + 160 + max(512, 592) = 6576 us
+    assert rc.prefill_time(2) == pytest.approx((6576 + 2000) * 1e-6, rel=1e-12)
+    # sliding layers: both the full and the sliding layer read 4 KV tokens per request of a batch of 2 -> 4 ms each
+    rs = RooflineCost(TINY_SWA, dev)
+    assert rs.step(2, 6.0, 8, 2, 2, swa=(5.0, 8)).time_s == pytest.approx((7008 + 8000) * 1e-6, rel=1e-12)
+    bs = rs.breakdown(2, 6.0, 8, 2, 2, swa=(5.0, 8))
+    assert bs["attention_sliding"]["time_s"] == pytest.approx(4e-3, rel=1e-12)
+    # a 2-token prompt on it: sliding aggregates (1 + 2 - 2/2, min(2, 2 + 3)) = (2, 2), both layers at batch 1,
+    # context 2 = 1 ms each
+    assert rs.prefill_time(2) == pytest.approx((6576 + 2000) * 1e-6, rel=1e-12)
+    t, _, _ = rs.decode_steps(2, 6.0, 8, 1, swa=(np.array([5.0]), np.array([8])))
+    assert t == pytest.approx([15008e-6], rel=1e-12)
+    # DP attention (tp = ep = 2): the busiest rank holds 1 request reading 4: batch 1, context 4 = 2 ms a layer in
+    # place of 192 us (test_dp_attention_on_the_busiest_rank_by_hand: 5034 us)
+    rd = RooflineCost(TINY_MOE, _measured_dev_moe(), tp=2, ep=2, dp_attention=True)
+    assert rd.step(2, 6.0, 8, 2, 2).time_s == pytest.approx((5034 - 384 + 4000) * 1e-6, rel=1e-12)
+    assert rd.breakdown(2, 6.0, 8, 2, 2)["attention"]["time_s"] == pytest.approx(4e-3, rel=1e-12)
+
+
+def _measured_dev_moe() -> DeviceProfile:
+    """_measured_dev() with the all-reduce launch of test_dp_attention_on_the_busiest_rank_by_hand (1 us)."""
+    d = _measured_dev().spec.model_dump()
+    d["efficiency"]["allreduce_base_us"] = 1.0
+    return DeviceProfile(ProfileSpec.model_validate(d))
