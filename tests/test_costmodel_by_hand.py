@@ -497,3 +497,62 @@ def _measured_dev_moe() -> DeviceProfile:
     d = _measured_dev().spec.model_dump()
     d["efficiency"]["allreduce_base_us"] = 1.0
     return DeviceProfile(ProfileSpec.model_validate(d))
+
+
+def test_which_measured_table_each_weight_and_kv_dtype_reads():
+    # one GEMM shape (the tiny qkv: N = 16, K = 8) measured flat at m = 1, 2, 4 under six table names, 1..6 ms, and
+    # decode attention for bf16 and fp8 KV caches (4 and 8 ms at batch 2, context 4)
+    ms = {"bf16": 1e-3, "fp8": 2e-3, "int4_wo": 3e-3, "int8": 4e-3, "mxfp4_wo": 5e-3, "nvfp4": 6e-3}
+    d = _dev().spec.model_dump()
+    d["measured"] = {"device": "cuda",
+                     "gemm": [{"n": 16, "k": 8, "dtype": k, "m": [1, 2, 4], "time_s": [v] * 3} for k, v in ms.items()],
+                     "attention_decode": [
+                         {"q_heads": 2, "kv_heads": 1, "head_dim": 4, "dtype": k, "batch": [1, 2], "context": [2, 4],
+                          "time_s": [[t, t], [t, t]]} for k, t in (("bf16", 4e-3), ("fp8", 8e-3))]}
+    dev = DeviceProfile(ProfileSpec.model_validate(d))
+    d4 = {**d, "peak_tflops": {**d["peak_tflops"], "fp4": 4e-6}}
+    dev4 = DeviceProfile(ProfileSpec.model_validate(d4))
+
+    def qkv_ms(wd, device=dev):
+        b = RooflineCost(TINY, device, weight_dtype=wd).breakdown(2, 6.0, 8, 2, 2)["qkv"]
+        assert b["source"] == "exact"
+        return round(b["time_s"] / 2 * 1e3, 9)          # per layer, ms
+
+    # bf16, fp16 and fp32 weights run bf16 GEMMs; fp8 its own; int4 the imported weight-only table when there is one
+    # (int8 has none: its own name); fp4 weight-only (MXFP4 on Hopper) without fp4 tensor cores, NVFP4 with them
+    assert [qkv_ms(w) for w in ("bf16", "fp16", "fp32", "fp8", "int4", "int8", "fp4")] == [1, 1, 1, 2, 3, 4, 5]
+    assert qkv_ms("fp4", dev4) == 6
+    # the KV cache's dtype names the decode table: fp16 and fp32 caches read bf16's (a 2-layer decode of 2 at
+    # context 3 reads 4 per request: 4 ms a layer), fp8 its own (8 ms)
+    for kv, t in (("bf16", 4e-3), ("fp16", 4e-3), ("fp32", 4e-3), ("fp8", 8e-3)):
+        b = RooflineCost(TINY, dev, kv_dtype=kv).breakdown(2, 6.0, 8, 2, 2)["attention"]
+        assert b["time_s"] == pytest.approx(2 * t, rel=1e-12) and b["source"] == "exact"
+
+
+def test_a_measured_moe_table_replaces_the_routed_experts_by_hand():
+    # TINY_MOE's routed experts (h 8, width 8, top-2 of 4, moe_tp 1, ep 1, gated) measured flat at 1, 2, 4 tokens:
+    # 7 ms (bf16), 9 ms (fp8, named as an imported database names it: fp8_tensor), 11 ms (mxfp4_wo)
+    d = _dev().spec.model_dump()
+    d["measured"] = {"device": "cuda", "moe": [
+        {"hidden": 8, "inter": 8, "topk": 2, "experts": 4, "dtype": k, "tokens": [1, 2, 4], "time_s": [t] * 3}
+        for k, t in (("bf16", 7e-3), ("fp8_tensor", 9e-3), ("mxfp4_wo", 11e-3))]}
+    dev = DeviceProfile(ProfileSpec.model_validate(d))
+    b = RooflineCost(TINY_MOE, dev, moe_tables=True).breakdown(2, 6.0, 8, 2, 2)
+    # one op in place of the two grouped GEMMs, the experts' activation and the routing (test_moe_decode_by_hand):
+    # FLOPs 1024 + 512; bytes 960 + 512 + 2*96 + 2*160
+    assert b["experts"]["time_s"] == pytest.approx(7e-3, rel=1e-12) and b["experts"]["source"] == "exact"
+    assert (b["experts"]["flops"], b["experts"]["bytes"]) == (1536, 1984)
+    assert not {"experts_gate_up", "experts_down", "experts_act", "moe_route"} & set(b)
+    assert "shared_act" in b and "router" in b
+    # the step: test_moe_decode_by_hand's 9088 us less the routed experts' 1024 + 512 + 192 + 320, plus 7 ms
+    assert RooflineCost(TINY_MOE, dev, moe_tables=True).step(2, 6.0, 8, 2, 2).time_s \
+        == pytest.approx((9088 - 2048 + 7000) * 1e-6, rel=1e-12)
+    assert RooflineCost(TINY_MOE, dev, weight_dtype="fp8", moe_tables=True).breakdown(2, 6.0, 8, 2, 2)[
+        "experts"]["time_s"] == pytest.approx(9e-3, rel=1e-12)
+    assert RooflineCost(TINY_MOE, dev, weight_dtype="fp4", moe_tables=True).breakdown(2, 6.0, 8, 2, 2)[
+        "experts"]["time_s"] == pytest.approx(11e-3, rel=1e-12)
+    # opt-in only, uniform routing only: without moe_tables, or with a skew, the grouped GEMMs of the roofline
+    for rc in (RooflineCost(TINY_MOE, dev), RooflineCost(TINY_MOE, dev, moe_tables=True, expert_skew=1.0)):
+        assert "experts" not in rc.breakdown(2, 6.0, 8, 2, 2)
+    # no token enters: no kernel
+    assert RooflineCost(TINY_MOE, dev, moe_tables=True).breakdown(0, 0.0, 0, 0, 0)["experts"]["time_s"] == 0.0
