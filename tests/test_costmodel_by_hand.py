@@ -298,6 +298,10 @@ def test_dp_attention_on_the_busiest_rank_by_hand():
     total = 2 * (304 + 160 + 192 + 208) + (592 + 304 + 96) + (304 + 160 + 88 + 512 + 256 + 48 + 96 + 160) \
         + 80 + 592 + 18
     assert rc.step(2, 6.0, 8, 2, 2).time_s == pytest.approx(total * 1e-6, rel=1e-12)
+    # k = 2 decode steps: step 1 (attn_work 8, KV 10) puts 4 and 5 on the rank: FLOPs 4*2*4*4 = 128 (256 us),
+    # 64 us a layer more
+    t, _, _ = rc.decode_steps(2, 6.0, 8, 2)
+    assert t == pytest.approx([total * 1e-6, (total + 128) * 1e-6], rel=1e-12)
     # batch 3 (3 tokens, attn_work 9, KV 12): the busiest rank holds ceil(3/2) = 2 requests: 2 tokens, attn_work 6,
     # KV 8 -> attention of the tp = 1 decode of 2 at context 3 (384 us a layer), LM head on 2 rows 1024 us
     b = rc.breakdown(3, 9.0, 12, 3, 3)
@@ -325,6 +329,11 @@ def test_mla_decode_and_prefill_by_hand():
     assert c.time_s == pytest.approx((2 * (2912 + 480 + 624) + 160 + 1024) * 1e-6, rel=1e-12)
     assert c.flops == 2 * (2912 + 240) + 1024
     assert c.bytes == 2 * (2040 + 176 + 624) + 160 + 672
+    # k = 2 decode steps: step 1 works 8 and reads 10: FLOPs 2*2*10*8 = 320 (640 us), bytes 10*12 + 80 = 200,
+    # 160 us, 80 FLOPs and 24 B a layer more
+    t, f, bb = rc.decode_steps(2, 6.0, 8, 2)
+    assert t == pytest.approx([9216e-6, 9536e-6], rel=1e-12)
+    assert list(f) == [7328, 7488] and list(bb) == [6512, 6560]
     # prefill of 4 from empty (attn_work 8, KV 4): decompressed attention FLOPs 2*2*(4 + 2 + 6)*8 = 384,
     # bytes (4 + 4)*2*12*2 = 384 -> 384 us a layer
     b = rc.breakdown(4, 8.0, 4, 1, 1)
@@ -556,3 +565,20 @@ def test_a_measured_moe_table_replaces_the_routed_experts_by_hand():
         assert "experts" not in rc.breakdown(2, 6.0, 8, 2, 2)
     # no token enters: no kernel
     assert RooflineCost(TINY_MOE, dev, moe_tables=True).breakdown(0, 0.0, 0, 0, 0)["experts"]["time_s"] == 0.0
+
+
+def test_dp_attention_rank_share_is_per_batch_not_per_token_count_by_hand():
+    # 3 tokens and 2 sampled rows from a batch of 3 (the busiest rank: ceil(3/2) = 2 requests, 2 tokens,
+    # 4/3 rows), priced after the same counts from a batch of 2 (1 request, 1.5 tokens, 1 row) on the same instance:
+    # the non-attention ops depend on the rank's share, not only on (tokens, sampled).  us, at 2 rank tokens:
+    #   both layers: qkv 512, attn_out 256, attention (work 9*2/3 = 6, KV 8) 384, norm + rope + kv write 416
+    #   dense layer: 1024 + 512 + act 192
+    #   MoE layer: shared gate_up 512, shared down 256, router 128; routed on all 3 tokens: pairs 3*2/2 = 3,
+    #     hit 2 (1 - 1/8) = 1.75: gate_up max(768, 1.75*256 + 3*48 = 592), down max(384, 224 + 96 = 320);
+    #     shared act 2*48, experts act 3*48, routing 2*160
+    #   embed 160; LM head on 4/3 rows: max(2*(4/3)*256, 512 + (4/3)*80) = 2048/3; all-to-all 2*(1 + 2*8*2/2)
+    rc = RooflineCost(TINY_MOE, _dev(allreduce_base_us=1.0), tp=2, ep=2, dp_attention=True)
+    rc.step(3, 9.0, 12, 2, 2)
+    total = 2 * (512 + 256 + 384 + 416) + (1024 + 512 + 192) + (512 + 256 + 128 + 768 + 384 + 96 + 144 + 320) \
+        + 160 + 2048 / 3 + 34
+    assert rc.step(3, 9.0, 12, 2, 3).time_s == pytest.approx(total * 1e-6, rel=1e-12)
