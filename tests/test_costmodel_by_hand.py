@@ -492,6 +492,8 @@ def test_decode_attention_from_a_measured_table_by_hand():
     # a 2-token prompt on it: sliding aggregates (1 + 2 - 2/2, min(2, 2 + 3)) = (2, 2), both layers at batch 1,
     # context 2 = 1 ms each
     assert rs.prefill_time(2) == pytest.approx((6576 + 2000) * 1e-6, rel=1e-12)
+    # a decode of 2 at context 3: full (6, 8), sliding 2*(min(4, 4) - 1/2, min(4, 4)) = (7, 8): both at (2, 4)
+    assert rs.decode_time(2, 3) == pytest.approx(15008e-6, rel=1e-12)
     t, _, _ = rs.decode_steps(2, 6.0, 8, 1, swa=(np.array([5.0]), np.array([8])))
     assert t == pytest.approx([15008e-6], rel=1e-12)
     # DP attention (tp = ep = 2): the busiest rank holds 1 request reading 4: batch 1, context 4 = 2 ms a layer in
@@ -582,3 +584,40 @@ def test_dp_attention_rank_share_is_per_batch_not_per_token_count_by_hand():
     total = 2 * (512 + 256 + 384 + 416) + (1024 + 512 + 192) + (512 + 256 + 128 + 768 + 384 + 96 + 144 + 320) \
         + 160 + 2048 / 3 + 34
     assert rc.step(3, 9.0, 12, 2, 3).time_s == pytest.approx(total * 1e-6, rel=1e-12)
+
+
+def test_stage_times_with_sliding_layers_and_tables_by_hand():
+    # 4 layers, 2 of them sliding (window 4), 2 stages of 2: decode of 2 at context 10 (full work 20, KV 22; sliding
+    # 7, 8): full attention 1280 us, 640 FLOPs, 416 B a layer; sliding 448 us, 224 FLOPs, 192 B (test_sliding_layers_by_hand);
+    # a stage's mean attention per layer (2*1280 + 2*448)/4 = 864.  The rest of a layer 2304 + 608 = 2912 us,
+    # 2304 FLOPs, 1152 + 416 + 608 = 2176 B; embed 160 us / 160 B; LM head 1024 us / 1024 FLOPs / 672 B
+    m = ModelShape("tiny-swa4", layers=4, hidden=8, heads=2, kv_heads=1, head_dim=4, mlp_width=16, vocab=32,
+                   sliding_window=4, sliding_layers=2)
+    times, f, b = RooflineCost(m, _dev(), pp=2).stage_times(2, 20.0, 22, 2, 2, swa=(7.0, 8))
+    assert times == pytest.approx([(2 * 2912 + 160 + 2 * 864) * 1e-6, (2 * 2912 + 1024 + 2 * 864) * 1e-6], rel=1e-12)
+    assert f == 4 * 2304 + 1024 + 2 * 640 + 2 * 224
+    assert b == 4 * 2176 + 160 + 672 + 2 * 416 + 2 * 192
+    # a prefill of 4 from empty on TINY_SWA's 2 stages (swa = (8, 4), the full layer's): attention at the prefill
+    # rate, 256 us a layer; the rest of a layer at T = 4: 4608 + 1216 us; embed 320 on the first, LM head 592 on the last
+    times, _, _ = RooflineCost(TINY_SWA, _dev(), pp=2).stage_times(4, 8.0, 4, 1, 1, swa=(8.0, 4))
+    assert times == pytest.approx([(5824 + 320 + 256) * 1e-6, (5824 + 592 + 256) * 1e-6], rel=1e-12)
+    # a measured decode table (4 ms a layer at batch 2, context 4) in a stage: 3 layers cut (1, 2)
+    m3 = ModelShape("tiny3", layers=3, hidden=8, heads=2, kv_heads=1, head_dim=4, mlp_width=16, vocab=32)
+    times, _, _ = RooflineCost(m3, _measured_dev(), pp=2, pp_layers=(1, 2)).stage_times(2, 6.0, 8, 2, 2)
+    assert times == pytest.approx([(2912 + 4000 + 160) * 1e-6, (2 * (2912 + 4000) + 1024) * 1e-6], rel=1e-12)
+    times, _, _ = RooflineCost(TINY_SWA, _measured_dev(), pp=2).stage_times(2, 6.0, 8, 2, 2, swa=(5.0, 8))
+    assert times == pytest.approx([(2912 + 4000 + 160) * 1e-6, (2912 + 4000 + 1024) * 1e-6], rel=1e-12)
+
+
+def test_weight_bytes_per_gpu_by_hand():
+    # TINY in bf16: 2 layers of 576 parameters and an untied 32 x 8 embedding and LM head: (1152 + 512) * 2 B
+    assert RooflineCost(TINY, _dev()).weight_bytes_per_gpu() == 3328
+    # 4 layers cut (1, 3): the last stage holds 3 layers and the LM head: 3*576*2 + 256*2 (the even cut: 2*1152 + 512)
+    m4 = ModelShape("tiny4", layers=4, hidden=8, heads=2, kv_heads=1, head_dim=4, mlp_width=16, vocab=32)
+    assert RooflineCost(m4, _dev(), pp=2, pp_layers=(1, 3)).weight_bytes_per_gpu() == 3 * 1152 + 512
+    assert RooflineCost(m4, _dev(), pp=2).weight_bytes_per_gpu() == 2 * 1152 + 512
+    # TINY_MOE: attention 2*192, dense MLP 384, shared expert 192, routed 4*192 = 768, router 8*4 = 32 parameters.
+    # DP attention over 2: all but the routed experts whole ((384 + 384 + 192)*2 + 512*2 + 32*2), routed / 2: 768*2/2
+    assert RooflineCost(TINY_MOE, _dev(), tp=2, ep=2, dp_attention=True).weight_bytes_per_gpu() == 1920 + 1024 + 64 + 768
+    # plain tp = ep = 2: the dense part and the embeddings / 2, routed / 2, router replicated
+    assert RooflineCost(TINY_MOE, _dev(), tp=2, ep=2).weight_bytes_per_gpu() == (1920 + 1024) / 2 + 768 + 64
