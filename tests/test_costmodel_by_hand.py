@@ -546,8 +546,12 @@ def test_a_measured_moe_table_replaces_the_routed_experts_by_hand():
     d = _dev().spec.model_dump()
     d["measured"] = {"device": "cuda", "moe": [
         {"hidden": 8, "inter": 8, "topk": 2, "experts": 4, "dtype": k, "tokens": [1, 2, 4], "time_s": [t] * 3}
-        for k, t in (("bf16", 7e-3), ("fp8_tensor", 9e-3), ("mxfp4_wo", 11e-3))]}
+        for k, t in (("bf16", 7e-3), ("fp8_tensor", 9e-3), ("mxfp4_wo", 11e-3), ("nvfp4", 12e-3))]}
+    # and split over 2 GPUs by experts (moe_ep 2): 13 ms
+    d["measured"]["moe"].append({"hidden": 8, "inter": 8, "topk": 2, "experts": 4, "moe_ep": 2, "tokens": [1, 2, 4],
+                                 "time_s": [13e-3] * 3})
     dev = DeviceProfile(ProfileSpec.model_validate(d))
+    dev4 = DeviceProfile(ProfileSpec.model_validate({**d, "peak_tflops": {**d["peak_tflops"], "fp4": 4e-6}}))
     b = RooflineCost(TINY_MOE, dev, moe_tables=True).breakdown(2, 6.0, 8, 2, 2)
     # one op in place of the two grouped GEMMs, the experts' activation and the routing (test_moe_decode_by_hand):
     # FLOPs 1024 + 512; bytes 960 + 512 + 2*96 + 2*160
@@ -562,6 +566,14 @@ def test_a_measured_moe_table_replaces_the_routed_experts_by_hand():
         "experts"]["time_s"] == pytest.approx(9e-3, rel=1e-12)
     assert RooflineCost(TINY_MOE, dev, weight_dtype="fp4", moe_tables=True).breakdown(2, 6.0, 8, 2, 2)[
         "experts"]["time_s"] == pytest.approx(11e-3, rel=1e-12)
+    for wd, device, t in (("fp16", dev, 7e-3), ("fp32", dev, 7e-3), ("fp4", dev4, 12e-3)):
+        assert RooflineCost(TINY_MOE, device, weight_dtype=wd, moe_tables=True).breakdown(2, 6.0, 8, 2, 2)[
+            "experts"]["time_s"] == pytest.approx(t, rel=1e-12)
+    assert RooflineCost(TINY_MOE, dev, tp=2, ep=2, moe_tables=True).breakdown(2, 6.0, 8, 2, 2)[
+        "experts"]["time_s"] == pytest.approx(13e-3, rel=1e-12)
+    # not under DP attention (the tables time one TP-attention instance's tokens)
+    assert "experts" not in RooflineCost(TINY_MOE, dev, tp=2, ep=2, dp_attention=True,
+                                         moe_tables=True).breakdown(2, 6.0, 8, 2, 2)
     # opt-in only, uniform routing only: without moe_tables, or with a skew, the grouped GEMMs of the roofline
     for rc in (RooflineCost(TINY_MOE, dev), RooflineCost(TINY_MOE, dev, moe_tables=True, expert_skew=1.0)):
         assert "experts" not in rc.breakdown(2, 6.0, 8, 2, 2)
@@ -621,3 +633,36 @@ def test_weight_bytes_per_gpu_by_hand():
     assert RooflineCost(TINY_MOE, _dev(), tp=2, ep=2, dp_attention=True).weight_bytes_per_gpu() == 1920 + 1024 + 64 + 768
     # plain tp = ep = 2: the dense part and the embeddings / 2, routed / 2, router replicated
     assert RooflineCost(TINY_MOE, _dev(), tp=2, ep=2).weight_bytes_per_gpu() == (1920 + 1024) / 2 + 768 + 64
+
+
+def test_plain_mlp_moe_by_hand():
+    # TINY_MOE with plain (not gated) MLPs: shared_up N = 8, K = 8 and shared_down N = 8, K = 8: 2*2*64 = 256 FLOPs each;
+    # routed experts_up N = 8, K = 8 and experts_down: pairs 4, hit 3: FLOPs 2*4*64 = 512, bytes 3*64*2 + 4*16*2 = 512;
+    # activations read f, write f: dense 2*16*2 = 64, shared 2*8*2 = 32, routed 2 (top-2) * 2*8*2 = 64 B per token
+    m = ModelShape("tiny-moe-plain", layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, mlp_width=16, vocab=32,
+                   gated_mlp=False, experts=4, experts_per_token=2, shared_experts=1, expert_width=8, dense_layers=1)
+    b = RooflineCost(m, _dev()).breakdown(2, 6.0, 8, 2, 2)
+    assert {k: b[k]["flops"] for k in ("up", "shared_up", "shared_down", "experts_up", "experts_down")} == {
+        "up": 512, "shared_up": 256, "shared_down": 256, "experts_up": 512, "experts_down": 512}
+    assert (b["experts_up"]["bytes"], b["experts_down"]["bytes"]) == (512, 512)
+    assert {k: b[k]["bytes"] for k in ("act", "shared_act", "experts_act")} == {
+        "act": 2 * 64, "shared_act": 2 * 32, "experts_act": 2 * 64}
+    assert not {"gate_up", "shared_gate_up", "experts_gate_up"} & set(b)
+
+
+def test_impossible_parallel_layouts_are_refused():
+    with pytest.raises(AssertionError):
+        RooflineCost(TINY_MOE, _dev(), tp=2, ep=4)              # ep must divide tp
+    with pytest.raises(AssertionError):
+        RooflineCost(TINY_MOE, _dev(), tp=3, ep=3)              # 4 experts do not split over 3
+    with pytest.raises(AssertionError):
+        RooflineCost(TINY, _dev(), tp=2, ep=2, dp_attention=True)     # DP attention is for MoE models
+    with pytest.raises(AssertionError):
+        RooflineCost(TINY_MOE, _dev(), tp=2, ep=1, dp_attention=True)  # with ep = tp
+    with pytest.raises(AssertionError):
+        RooflineCost(TINY_MOE, _dev(), tp=2, ep=2, pp=2, dp_attention=True)   # and without pipeline stages
+    swa_moe = ModelShape("tiny-swa-moe", layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, mlp_width=16, vocab=32,
+                         experts=4, experts_per_token=2, expert_width=8, sliding_window=4, sliding_layers=1)
+    with pytest.raises(AssertionError):
+        RooflineCost(swa_moe, _dev(), tp=2, ep=2, dp_attention=True)   # nor with sliding layers
+    RooflineCost(swa_moe, _dev(), tp=2, ep=2)                   # (the layout itself is fine)
