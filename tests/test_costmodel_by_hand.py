@@ -99,6 +99,11 @@ def test_overheads_and_floors_by_hand():
     # embedding's 2: 12000 us in place of the elementwise 2*608 + 160 = 1376
     assert RooflineCost(TINY, _dev(elementwise_floor_us=1000.0)).step(2, 6.0, 8, 2, 2).time_s \
         == pytest.approx((7776 - 1376 + 12000) * 1e-6, rel=1e-12)
+    # TINY_MOE (test_moe_decode_by_hand, 9088 us): elementwise kernels 2*(2 norms + rope + kv write) + act + shared
+    # act + experts act + 3 routing kernels (top-k, permute, unpermute) + 2 embed = 16 at 1000 us in place of
+    # 2*416 + 192 + 2*(48 + 96 + 160) + 160 = 1792 us
+    assert RooflineCost(TINY_MOE, _dev(elementwise_floor_us=1000.0)).step(2, 6.0, 8, 2, 2).time_s \
+        == pytest.approx((9088 - 1792 + 16000) * 1e-6, rel=1e-12)
     # a 50 us decode-attention floor is added to each of the 2 attention kernels (their fixed cost)
     assert RooflineCost(TINY, _dev(attention_decode_floor_us=50.0)).step(2, 6.0, 8, 2, 2).time_s \
         == pytest.approx((7776 + 100) * 1e-6, rel=1e-12)
@@ -516,7 +521,10 @@ def test_which_measured_table_each_weight_and_kv_dtype_reads():
     ms = {"bf16": 1e-3, "fp8": 2e-3, "int4_wo": 3e-3, "int8": 4e-3, "mxfp4_wo": 5e-3, "nvfp4": 6e-3}
     d = _dev().spec.model_dump()
     d["measured"] = {"device": "cuda",
-                     "gemm": [{"n": 16, "k": 8, "dtype": k, "m": [1, 2, 4], "time_s": [v] * 3} for k, v in ms.items()],
+                     "gemm": [{"n": 16, "k": 8, "dtype": k, "m": [1, 2, 4], "time_s": [v] * 3} for k, v in ms.items()]
+                     # the LM head (N = 32, K = 8) and TINY_MOE's router (N = 4, K = 8) in bf16 only: 0.5, 0.25 ms
+                     + [{"n": n, "k": 8, "dtype": "bf16", "m": [1, 2, 4], "time_s": [t] * 3}
+                        for n, t in ((32, 0.5e-3), (4, 0.25e-3))],
                      "attention_decode": [
                          {"q_heads": 2, "kv_heads": 1, "head_dim": 4, "dtype": k, "batch": [1, 2], "context": [2, 4],
                           "time_s": [[t, t], [t, t]]} for k, t in (("bf16", 4e-3), ("fp8", 8e-3))]}
@@ -533,6 +541,12 @@ def test_which_measured_table_each_weight_and_kv_dtype_reads():
     # (int8 has none: its own name); fp4 weight-only (MXFP4 on Hopper) without fp4 tensor cores, NVFP4 with them
     assert [qkv_ms(w) for w in ("bf16", "fp16", "fp32", "fp8", "int4", "int8", "fp4")] == [1, 1, 1, 2, 3, 4, 5]
     assert qkv_ms("fp4", dev4) == 6
+    # the LM head and the MoE router stay bf16 (their bf16 tables) whatever the weights
+    for wd in ("bf16", "fp8", "int4", "fp4"):
+        assert RooflineCost(TINY, dev, weight_dtype=wd).breakdown(2, 6.0, 8, 2, 2)["lm_head"]["time_s"] \
+            == pytest.approx(0.5e-3, rel=1e-12)
+        assert RooflineCost(TINY_MOE, dev, weight_dtype=wd).breakdown(2, 6.0, 8, 2, 2)["router"]["time_s"] \
+            == pytest.approx(0.25e-3, rel=1e-12)
     # the KV cache's dtype names the decode table: fp16 and fp32 caches read bf16's (a 2-layer decode of 2 at
     # context 3 reads 4 per request: 4 ms a layer), fp8 its own (8 ms)
     for kv, t in (("bf16", 4e-3), ("fp16", 4e-3), ("fp32", 4e-3), ("fp8", 8e-3)):
