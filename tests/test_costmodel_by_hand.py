@@ -71,6 +71,10 @@ def test_dense_prefill_step_and_the_lone_prompt_helpers_by_hand():
     # LM head max(512, 592) = 592 (memory-bound at one row)
     assert c.time_s == pytest.approx((2 * 6080 + 320 + 592) * 1e-6, rel=1e-12)
     assert rc.prefill_time(4) == pytest.approx(13072e-6, rel=1e-12)
+    # a chunk that completes no prompt samples nothing: no LM head (592 us, 512 FLOPs, 592 B less)
+    c0 = rc.step(4, 8.0, 4, 0, 1)
+    assert (c0.time_s, c0.flops, c0.bytes) == (pytest.approx(12480e-6, rel=1e-12), 9728, 7104)
+    assert "lm_head" not in rc.breakdown(4, 8.0, 4, 0, 1)
     # decode_time(batch 2, context 3) is the decode step of the test above
     assert rc.decode_time(2, 3) == pytest.approx(7776e-6, rel=1e-12)
 
@@ -247,7 +251,13 @@ def test_moe_expert_parallel_by_hand():
                   "experts_down": 256, "norm": 512, "rope": 128, "kv_write": 128, "act": 96, "shared_act": 48,
                   "experts_act": 96, "moe_route": 192, "embed": 160, "lm_head": 512, "allreduce": 132,
                   "alltoall": 34, "step_overhead": 0}
-    assert rc.step(2, 6.0, 8, 2, 2).time_s == pytest.approx(sum(us.values()) * 1e-6, rel=1e-12)
+    c = rc.step(2, 6.0, 8, 2, 2)
+    assert c.time_s == pytest.approx(sum(us.values()) * 1e-6, rel=1e-12)
+    # FLOPs: both layers (384 + 128 + 96)*2, dense 512 + 256, MoE 256 + 128 + 128 + 512 + 256, LM head 512 (the
+    # collectives none); bytes: both layers (272 + 112 + 176 + 256 + 64 + 64)*2, dense 352 + 192 + 96, MoE 192 + 112
+    # + 112 + 480 + 256 + 48 + 96 + 192, embed 160, LM head 352 (the collectives move activations, counted as none)
+    assert c.flops == 1216 + 768 + 1280 + 512
+    assert c.bytes == 1888 + 640 + 1488 + 160 + 352
     # ep = 2 under tp = 2 ... and ep < tp: tp = 2, ep = 1 keeps every MLP all-reduce (2*2 + 1 = 5) and no all-to-all;
     # the experts split in width over 2 GPUs (moe_tp 2: width 4): pairs 4, hit 3; gate_up N = 8, K = 8:
     # max(2*4*64 = 512, 3*64*2 + 4*16*2 = 512); down N = 8, K = 4: max(256, 3*32*2 + 4*12*2 = 288)
@@ -268,6 +278,11 @@ def test_moe_popularity_skew_on_the_hottest_rank_by_hand():
     assert b["experts_gate_up"]["flops"] == pytest.approx(655.36, rel=1e-12)
     assert b["experts_gate_up"]["bytes"] == pytest.approx(393.216 + 122.88, rel=1e-12)
     assert expert_hit_probs(2, 4, 1.0) == pytest.approx([.96, .48, .32, .24], rel=1e-12)
+    # one token: it hits its 2 experts (uniform: 4 (1 - 1/2) = 2; skewed on rank 0: .96 + .32 = 1.28 = its pairs),
+    # one row each: gate_up bytes 2*128*2 + 2*24*2 = 608 (uniform, tp = ep = 1), 1.28*(256 + 48) = 389.12 (skewed)
+    assert RooflineCost(TINY_MOE, _dev()).breakdown(1, 3.0, 4, 1, 1)["experts_gate_up"]["bytes"] == 608
+    assert RooflineCost(TINY_MOE, _dev(), tp=2, ep=2, expert_skew=1.0).breakdown(1, 3.0, 4, 1, 1)[
+        "experts_gate_up"]["bytes"] == pytest.approx(389.12, rel=1e-12)
     # no token, no expert hit: the grouped GEMMs cost nothing (skewed and uniform)
     for skew in (0.0, 1.0):
         b0 = RooflineCost(TINY_MOE, _dev(), tp=2, ep=2, expert_skew=skew).breakdown(0, 0.0, 0, 0, 0)
@@ -680,3 +695,24 @@ def test_impossible_parallel_layouts_are_refused():
     with pytest.raises(AssertionError):
         RooflineCost(swa_moe, _dev(), tp=2, ep=2, dp_attention=True)   # nor with sliding layers
     RooflineCost(swa_moe, _dev(), tp=2, ep=2)                   # (the layout itself is fine)
+
+
+def test_prefill_attention_beyond_a_measured_table_scales_by_the_roofline_by_hand():
+    # prefill attention measured for 4 and 8-token prompts (1, 2 ms a layer).  Outside, the nearest point scaled by
+    # the roofline's ratio for one prompt of s tokens: FLOPs 4*2*4*s^2/2 = 16 s^2 at 1e6/s, bytes
+    # s*(2*1*4*2 + (2 + 2)*4*2) = 48 s at 1e6 B/s
+    d = _dev().spec.model_dump()
+    d["measured"] = {"device": "cuda", "attention_prefill": [
+        {"q_heads": 2, "kv_heads": 1, "head_dim": 4, "seq_len": [4, 8], "time_s": [1e-3, 2e-3]}]}
+    dev = DeviceProfile(ProfileSpec.model_validate(d))
+    rc = RooflineCost(TINY, dev)
+    # a 16-token prompt from the 8-token point: max(4096, 768) / max(1024, 384) = 4 -> 8 ms a layer
+    b = rc.breakdown(16, 128.0, 16, 1, 1)["attention"]
+    assert b["time_s"] == pytest.approx(2 * 8e-3, rel=1e-12) and b["source"] == "extrapolated"
+    # 2 tokens of mean causal length 2.5 (work 2.5 > KV read 2: prefill) from the 4-token point, memory-bound:
+    # max(100, 120) / max(256, 192) = 120/256, times the prompts' share 2 / 2.5 -> 1 ms * 0.375 a layer
+    b = rc.breakdown(2, 2.5, 2, 1, 1)["attention"]
+    assert b["time_s"] == pytest.approx(2 * 0.375e-3, rel=1e-12) and b["source"] == "extrapolated"
+    # an fp8 cache has no table of its own here: the roofline, max(16*256, 16*(8 + 32)) us a layer
+    b = RooflineCost(TINY, dev, kv_dtype="fp8").breakdown(16, 128.0, 16, 1, 1)["attention"]
+    assert b["time_s"] == pytest.approx(2 * 4096e-6, rel=1e-12) and b["source"] == "roofline"
