@@ -170,6 +170,10 @@ def test_quantised_weights_and_kv_by_hand():
                                                    "peak_tflops": {**d.spec.peak_tflops, "fp4": 4e-6}}))
     c = RooflineCost(TINY, d4, weight_dtype="fp4").step(2, 6.0, 8, 2, 2)
     assert c.time_s == pytest.approx((2 * (740 + 384 + 608) + 160 + 1024) * 1e-6, rel=1e-12)
+    # fp4 tensor cores do nothing for bf16 or fp8 weights: 7776 and 5440 us as on a device without them
+    assert RooflineCost(TINY, d4).step(2, 6.0, 8, 2, 2).time_s == pytest.approx(7776e-6, rel=1e-12)
+    assert RooflineCost(TINY, d4, weight_dtype="fp8", kv_dtype="fp8").step(2, 6.0, 8, 2, 2).time_s \
+        == pytest.approx(5440e-6, rel=1e-12)
 
 
 def test_k_decode_steps_by_hand():
@@ -603,6 +607,8 @@ def test_a_measured_moe_table_replaces_the_routed_experts_by_hand():
     # not under DP attention (the tables time one TP-attention instance's tokens)
     assert "experts" not in RooflineCost(TINY_MOE, dev, tp=2, ep=2, dp_attention=True,
                                          moe_tables=True).breakdown(2, 6.0, 8, 2, 2)
+    # int4 weights have no table here (fp8's name is no fallback): the grouped GEMMs
+    assert "experts" not in RooflineCost(TINY_MOE, dev, weight_dtype="int4", moe_tables=True).breakdown(2, 6.0, 8, 2, 2)
     # opt-in only, uniform routing only: without moe_tables, or with a skew, the grouped GEMMs of the roofline
     for rc in (RooflineCost(TINY_MOE, dev), RooflineCost(TINY_MOE, dev, moe_tables=True, expert_skew=1.0)):
         assert "experts" not in rc.breakdown(2, 6.0, 8, 2, 2)
@@ -684,6 +690,11 @@ def test_impossible_parallel_layouts_are_refused():
         RooflineCost(TINY_MOE, _dev(), tp=2, ep=4)              # ep must divide tp
     with pytest.raises(AssertionError):
         RooflineCost(TINY_MOE, _dev(), tp=3, ep=3)              # 4 experts do not split over 3
+    moe3 = ModelShape("tiny-moe3", layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, mlp_width=16, vocab=32,
+                      experts=3, experts_per_token=2, expert_width=8)
+    with pytest.raises(AssertionError):
+        RooflineCost(moe3, _dev(), tp=2, ep=2)                  # nor 3 over 2
+    RooflineCost(moe3, _dev(), tp=2, ep=1)                      # (split in width they do)
     with pytest.raises(AssertionError):
         RooflineCost(TINY, _dev(), tp=2, ep=2, dp_attention=True)     # DP attention is for MoE models
     with pytest.raises(AssertionError):
