@@ -727,3 +727,31 @@ def test_prefill_attention_beyond_a_measured_table_scales_by_the_roofline_by_han
     # an fp8 cache has no table of its own here: the roofline, max(16*256, 16*(8 + 32)) us a layer
     b = RooflineCost(TINY, dev, kv_dtype="fp8").breakdown(16, 128.0, 16, 1, 1)["attention"]
     assert b["time_s"] == pytest.approx(2 * 4096e-6, rel=1e-12) and b["source"] == "roofline"
+
+
+def test_dp_attention_prefill_of_one_request_by_hand():
+    # a lone 4-token prompt (batch 1) under DP attention (tp = ep = 2): its one rank holds all of it (4 tokens, work 8,
+    # KV 4, 1 row), with whole weights; us:
+    #   both layers: qkv max(1024, 256 + 4*24*2 = 448), attn_out max(512, 128 + 4*16*2 = 256), prefill attention at the
+    #     full rate max(4*2*4*8 = 256, 4*16 + 4*32 = 192), norm + rope + kv write 208*4 = 832
+    #   dense layer: gate_up max(2048, 512 + 4*40*2), down max(1024, 256 + 4*24*2), act 96*4 = 384
+    #   MoE layer: shared gate_up 1024, shared down 512, router max(256, 64 + 4*12*2 = 160); routed pairs 4*2/2 = 4, hit
+    #     2 (1 - 1/16) = 1.875: gate_up max(2*4*128 = 1024, 1.875*256 + 4*48 = 672), down max(512, 240 + 128 = 368);
+    #     shared act 48*4, experts act 48*4, routing 160*4
+    #   embed 80*4 = 320, LM head (1 row) max(512, 592) = 592; all-to-all of 4*8*2/2 = 32 B: 2 of 1 + 32 us
+    rc = RooflineCost(TINY_MOE, _dev(allreduce_base_us=1.0), tp=2, ep=2, dp_attention=True)
+    total = 2 * (1024 + 512 + 256 + 832) + (2048 + 1024 + 384) + (1024 + 512 + 256 + 1024 + 512 + 192 + 192 + 640) \
+        + 320 + 592 + 66
+    assert rc.step(4, 8.0, 4, 1, 1).time_s == pytest.approx(total * 1e-6, rel=1e-12)
+    assert rc.breakdown(4, 8.0, 4, 1, 1)["attention"]["time_s"] == pytest.approx(2 * 256e-6, rel=1e-12)
+
+
+def test_sliding_step_with_several_layers_of_each_kind_by_hand():
+    # 4 layers, 2 sliding (test_stage_times_with_sliding_layers_and_tables_by_hand): a decode of 2 at context 10 is
+    # 4*2912 + 160 + 1024 us of the rest plus 2*1280 + 2*448 of attention; FLOPs 4*2304 + 1024 + 2*640 + 2*224;
+    # bytes 4*2176 + 160 + 672 + 2*416 + 2*192
+    m = ModelShape("tiny-swa4", layers=4, hidden=8, heads=2, kv_heads=1, head_dim=4, mlp_width=16, vocab=32,
+                   sliding_window=4, sliding_layers=2)
+    c = RooflineCost(m, _dev()).step(2, 20.0, 22, 2, 2, swa=(7.0, 8))
+    assert c.time_s == pytest.approx((4 * 2912 + 160 + 1024 + 2 * 1280 + 2 * 448) * 1e-6, rel=1e-12)
+    assert (c.flops, c.bytes) == (4 * 2304 + 1024 + 2 * 640 + 2 * 224, 4 * 2176 + 160 + 672 + 2 * 416 + 2 * 192)
