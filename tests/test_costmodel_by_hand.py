@@ -158,6 +158,9 @@ def test_quantised_weights_and_kv_by_hand():
     c = RooflineCost(TINY, _dev(), weight_dtype="int4").step(2, 6.0, 8, 2, 2)
     assert c.time_s == pytest.approx((2 * (9216 + 384 + 608) + 160 + 1024) * 1e-6, rel=1e-12)
     assert c.bytes == 5568 - 2 * 576 * 1.5          # 0.5 B in place of 2 B per layer weight
+    # int8 (weight-only too): 2 ops per weight, 8 us: qkv 1024, attn_out 512, gate_up 2048, down 1024 -> 4608 per layer
+    c = RooflineCost(TINY, _dev(), weight_dtype="int8").step(2, 6.0, 8, 2, 2)
+    assert c.time_s == pytest.approx((2 * (4608 + 384 + 608) + 160 + 1024) * 1e-6, rel=1e-12)
     # fp4 without fp4 tensor cores: weight-only like int4 (4 ops per weight), 0.5625 B per weight
     c = RooflineCost(TINY, _dev(), weight_dtype="fp4").step(2, 6.0, 8, 2, 2)
     assert c.time_s == pytest.approx((2 * (9216 + 384 + 608) + 160 + 1024) * 1e-6, rel=1e-12)
@@ -361,6 +364,7 @@ def test_mla_decode_and_prefill_by_hand():
     # prefill of 4 from empty (attn_work 8, KV 4): decompressed attention FLOPs 2*2*(4 + 2 + 6)*8 = 384,
     # bytes (4 + 4)*2*12*2 = 384 -> 384 us a layer
     b = rc.breakdown(4, 8.0, 4, 1, 1)
+    assert {"qkv_a", "q_b", "kv_b", "attn_out"} <= set(b) and not {"qkv", "q", "kv_a"} & set(b)
     assert (b["attention"]["flops"], b["attention"]["bytes"]) == (768, 768)
     assert round(b["attention"]["time_s"] * 1e6, 6) == 768
     # fp8 latent cache: 1 B per element: decode attention bytes 8*6*1 + 80 = 128; latent write 6*(2 + 1) = 18 per token
@@ -755,3 +759,14 @@ def test_sliding_step_with_several_layers_of_each_kind_by_hand():
     c = RooflineCost(m, _dev()).step(2, 20.0, 22, 2, 2, swa=(7.0, 8))
     assert c.time_s == pytest.approx((4 * 2912 + 160 + 1024 + 2 * 1280 + 2 * 448) * 1e-6, rel=1e-12)
     assert (c.flops, c.bytes) == (4 * 2304 + 1024 + 2 * 640 + 2 * 224, 4 * 2176 + 160 + 672 + 2 * 416 + 2 * 192)
+
+
+def test_expert_parallel_smaller_than_tensor_parallel_keeps_every_allreduce_by_hand():
+    # 4 query heads of dim 2 over tp = 4, experts over ep = 2 (each split over tp/ep = 2 GPUs): ep < tp, so no MoE
+    # layer's combine replaces its all-reduce: 2*2 + 1 = 5 all-reduces of T h 2 = 32 B, each the faster of one-shot
+    # 1 + 3*32 = 97 us and two-shot 2 + 2*(3/4)*32 = 50 us; the all-to-alls: 2 of 1 + 2*8*2*(1/2) = 17 us
+    m = ModelShape("tiny-moe-h4", layers=2, hidden=8, heads=4, kv_heads=1, head_dim=2, mlp_width=16, vocab=32,
+                   experts=4, experts_per_token=2, shared_experts=1, expert_width=8, dense_layers=1)
+    b = RooflineCost(m, _dev(allreduce_base_us=1.0), tp=4, ep=2).breakdown(2, 6.0, 8, 2, 2)
+    assert b["allreduce"]["time_s"] == pytest.approx(5 * 50e-6, rel=1e-12)
+    assert b["alltoall"]["time_s"] == pytest.approx(2 * 17e-6, rel=1e-12)
