@@ -681,8 +681,8 @@ def test_plain_mlp_moe_by_hand():
     m = ModelShape("tiny-moe-plain", layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, mlp_width=16, vocab=32,
                    gated_mlp=False, experts=4, experts_per_token=2, shared_experts=1, expert_width=8, dense_layers=1)
     b = RooflineCost(m, _dev()).breakdown(2, 6.0, 8, 2, 2)
-    assert {k: b[k]["flops"] for k in ("up", "shared_up", "shared_down", "experts_up", "experts_down")} == {
-        "up": 512, "shared_up": 256, "shared_down": 256, "experts_up": 512, "experts_down": 512}
+    assert {k: b[k]["flops"] for k in ("up", "down", "shared_up", "shared_down", "experts_up", "experts_down")} == {
+        "up": 512, "down": 512, "shared_up": 256, "shared_down": 256, "experts_up": 512, "experts_down": 512}
     assert (b["experts_up"]["bytes"], b["experts_down"]["bytes"]) == (512, 512)
     assert {k: b[k]["bytes"] for k in ("act", "shared_act", "experts_act")} == {
         "act": 2 * 64, "shared_act": 2 * 32, "experts_act": 2 * 64}
