@@ -125,6 +125,8 @@ def test_tensor_parallel_two_decode_by_hand():
     #   all-reduces: 2 per layer + 1 for the embedding = 5 of T h 2 = 32 bytes; one-shot 1 us + 32 us
     #   (two-shot 2 + 2*(1/2)*32 = 34 us)
     c = RooflineCost(TINY, _dev(allreduce_base_us=1.0), tp=2).step(2, 6.0, 8, 2, 2)
+    # the LM head shape as calibration lists it: vocab-parallel, 32/2 rows of 8
+    assert RooflineCost(TINY, _dev(), tp=2).lm_head == ("lm_head", 16, 8)
     assert c.time_s == pytest.approx((2 * (1280 + 192 + 480) + 160 + 512 + 5 * 33) * 1e-6, rel=1e-12)
     assert c.flops == 2 * (1280 + 96) + 512
     assert c.bytes == 2 * (928 + 176 + 480) + 160 + 352
