@@ -278,6 +278,9 @@ def test_moe_expert_parallel_by_hand():
     assert b["moe_route"]["bytes"] == 2 * 160
 
 
+# a 0-token step prices its dense GEMMs at m = 0 as NaN (kernels.gemm_roofline divides 0 by 0; tests/MUTANTS.md): these
+# tests read only the routed experts' rows of such a step
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_moe_popularity_skew_on_the_hottest_rank_by_hand():
     # Zipf skew 1 over 4 experts, top-2: popularity 1, 1/2, 1/3, 1/4 (sum 25/12) -> q = 2*12/25 p = .96, .48, .32, .24
     # (none above 1).  ep = 2, round robin by popularity: rank 0 holds the 1st and 3rd (.96, .32).
@@ -579,6 +582,9 @@ def test_which_measured_table_each_weight_and_kv_dtype_reads():
         assert b["time_s"] == pytest.approx(2 * t, rel=1e-12) and b["source"] == "exact"
 
 
+# a 0-token step prices its dense GEMMs at m = 0 as NaN (kernels.gemm_roofline divides 0 by 0; tests/MUTANTS.md): these
+# tests read only the routed experts' rows of such a step
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_a_measured_moe_table_replaces_the_routed_experts_by_hand():
     # TINY_MOE's routed experts (h 8, width 8, top-2 of 4, moe_tp 1, ep 1, gated) measured flat at 1, 2, 4 tokens:
     # 7 ms (bf16), 9 ms (fp8, named as an imported database names it: fp8_tensor), 11 ms (mxfp4_wo)
