@@ -386,6 +386,8 @@ class RooflineCost(CostModel):
         line for each that falls back to the roofline (``table_notes``; ``pdsim estimate`` prints them)."""
         m, self.table_notes = self.model, []
         self.mla_table_keys = self.a2a_keys = None
+        # MLA attention's (flops, bytes) functions of one layer, prefill and decode (built once: steps are hot)
+        self._mla_fbs = {p: self._mla_fb(p, self.q_heads) for p in (True, False)} if m.is_mla else None
         if self.mla_tables and m.is_mla:
             from .profile_tables import mla_keys
             dims = (m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim)
@@ -507,7 +509,7 @@ class RooflineCost(CostModel):
             layers = m.layers
         d = m.head_dim
         if m.is_mla:
-            flops, bytes_ = self._mla_fb(prefill, qh)(tokens, attn_work, kv_read_tokens)
+            flops, bytes_ = self._mla_fbs[prefill](tokens, attn_work, kv_read_tokens)
             return Op(name, "attention", layers, flops, bytes_,
                       (tokens, attn_work, kv_read_tokens, batch, prefill))
         flops = 4.0 * qh * d * attn_work
@@ -578,7 +580,7 @@ class RooflineCost(CostModel):
                     key = keys[prefill]
                     return kernels.attention_time(dev, tokens, attn_work, kv_read, batch, key[:3], prefill,
                                                   self.kv_bytes, "bf16", key[3], (op.flops, op.bytes),
-                                                  self._mla_fb(prefill, self.q_heads))
+                                                  self._mla_fbs[prefill])
                 t = kernels.attention_roofline(dev, op.flops, op.bytes, prefill, "bf16")
                 return t, (np.full(np.shape(t), kernels.ROOFLINE) if isinstance(t, np.ndarray) else kernels.ROOFLINE)
             return kernels.attention_time(dev, tokens, attn_work, kv_read, batch,
