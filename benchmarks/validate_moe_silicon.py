@@ -10,7 +10,7 @@ all clients starting together), with ``ep`` = the row's moe_ep_size.  Nothing is
 Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTFT and TPOT per group.
 
     .venv/bin/python benchmarks/validate_moe_silicon.py [--sample N (default 150, about 100 s)] [--seed S]
-        [--dp-attention-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables] [--mla-tables]
+        [--dp-attention-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables] [--no-mla-tables]
         [--a2a-tables]] [--csv OUT.csv]
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
     return out, skipped
 
 
-def simulate_row(r: dict, profiles: dict | None = None, moe_tables: bool = False, mla_tables: bool = False,
+def simulate_row(r: dict, profiles: dict | None = None, moe_tables: bool = False, mla_tables: bool = True,
                  a2a_tables: bool = False) -> tuple[float, float]:
     sc = V.row_scenario(r, True, 10, profiles=profiles)
     cm = sc.topologies["t"].cost_model
@@ -100,7 +100,8 @@ def main() -> int:
     ap.add_argument("--profiles", help="price each GPU with the profile whose file name starts with it (e.g. "
                                        "'calibration/profiles/*-aic.yaml': imported kernel and MoE tables)")
     ap.add_argument("--moe-tables", action="store_true", help="with --profiles: also use their measured MoE tables")
-    ap.add_argument("--mla-tables", action="store_true", help="with --profiles: also use their measured MLA tables")
+    ap.add_argument("--mla-tables", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --profiles: use their measured MLA tables (the default; --no-mla-tables: roofline)")
     ap.add_argument("--a2a-tables", action="store_true",
                     help="with --profiles: also use their measured DeepEP all-to-all tables")
     ap.add_argument("--csv", help="write the per-row results here")

@@ -484,8 +484,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="KV-cache data type (default bf16)")
     e.add_argument("--moe-tables", action="store_true",
                    help="price routed experts from the profile's measured MoE tables (imported profiles; off by default)")
-    e.add_argument("--mla-tables", action="store_true",
-                   help="price MLA attention from the profile's measured MLA tables (imported profiles; off by default)")
+    e.add_argument("--mla-tables", action=argparse.BooleanOptionalAction, default=True,
+                   help="price MLA attention from the profile's measured MLA tables where it has them (imported "
+                        "profiles; on by default, --no-mla-tables: the roofline)")
     e.add_argument("--a2a-tables", action="store_true",
                    help="price the MoE all-to-all from the profile's measured DeepEP tables (imported profiles; "
                         "off by default)")

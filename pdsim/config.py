@@ -78,8 +78,9 @@ class CostModelSpec(_Strict):
     # make DeepSeek fp8 serving too slow)
     moe_tables: bool = False
     # roofline: MLA attention and the MoE all-to-all from the profile's measured MLA / DeepEP tables where they
-    # have the pool's shape (README, "Mixture of experts and MLA")
-    mla_tables: bool = False
+    # have the pool's shape (README, "Mixture of experts and MLA": MLA on by default, the all-to-all opt-in
+    # because end to end it makes DeepSeek EP serving too slow)
+    mla_tables: bool = True
     a2a_tables: bool = False
 
     @model_validator(mode="after")

@@ -267,8 +267,9 @@ class RooflineCost(CostModel):
     # sample the tables make DeepSeek fp8 serving 30-80% too slow end to end; README "Measured MoE tables")
     moe_tables: bool = False
     # price MLA attention and the MoE all-to-all from a measured profile's MLA / DeepEP tables where it has the
-    # pool's shape (imported profiles; README "Mixture of experts and MLA" says what they do end to end)
-    mla_tables: bool = False
+    # pool's shape (imported profiles; README "Mixture of experts and MLA"): MLA on by default (on the MoE silicon
+    # sample it lowers DeepSeek TPOT error a little), the all-to-all opt-in (it raises it)
+    mla_tables: bool = True
     a2a_tables: bool = False
     # explicit layers per pipeline stage (None: pdsim.models.pp_split, vLLM's default rule)
     pp_layers: tuple | None = None
@@ -382,8 +383,9 @@ class RooflineCost(CostModel):
         self._table_keys(tabs)
 
     def _table_keys(self, tabs) -> None:
-        """Which measured MLA and all-to-all tables serve this pool (``mla_tables`` / ``a2a_tables``), and a
-        line for each that falls back to the roofline (``table_notes``; ``pdsim estimate`` prints them)."""
+        """Which measured MLA and all-to-all tables serve this pool (``mla_tables`` / ``a2a_tables``), and, on a
+        measured profile, a line for each that falls back to the roofline (``table_notes``; ``pdsim estimate``
+        prints them; on a datasheet preset every op is the roofline and its ``source`` says so)."""
         m, self.table_notes = self.model, []
         self.mla_table_keys = self.a2a_keys = None
         # MLA attention's (flops, bytes) functions of one layer, prefill and decode (built once: steps are hot)
@@ -419,6 +421,8 @@ class RooflineCost(CostModel):
             else:
                 self.table_notes.append(f"alltoall: roofline (no measured DeepEP table for ep {self.ep}, hidden "
                                         f"{m.hidden}, top-{m.experts_per_token} of {m.experts}, {wd} weights)")
+        if tabs is None:
+            self.table_notes = []
 
     # --- the one description of a step -------------------------------------
     def _layer_counts(self, stage: int | None):

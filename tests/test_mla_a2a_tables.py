@@ -154,17 +154,18 @@ def test_mla_prefill_from_the_table_and_kv_dtype_picks_the_table(prof):
 
 def test_mla_shapes_without_a_table_and_the_default_are_the_roofline(prof):
     _, dev = prof
-    roof = RooflineCost(DS, dev, 4, "fp8", "fp8")                          # 32 heads per GPU: not in the tables
-    cm = RooflineCost(DS, dev, 4, "fp8", "fp8", mla_tables=True)
+    roof = RooflineCost(DS, dev, 4, "fp8", "fp8", mla_tables=False)        # 32 heads per GPU: not in the tables
+    cm = RooflineCost(DS, dev, 4, "fp8", "fp8")                            # mla_tables: on by default
     for prefill in (False, True):
         assert _attn(cm, 8, 1000, prefill) == _attn(roof, 8, 1000, prefill)
         assert _attn(cm, 8, 1000, prefill)[1] == 3                          # roofline
     assert cm.table_notes and "32 heads per GPU" in cm.table_notes[0]
-    off = RooflineCost(DS, dev, 8, "fp8", "fp8")                           # a table exists but the flag is off
+    off = RooflineCost(DS, dev, 8, "fp8", "fp8", mla_tables=False)         # a table exists but the flag is off
     assert _attn(off, 2, 255)[1] == 3 and not off.table_notes
+    assert _attn(RooflineCost(DS, dev, 8, "fp8", "fp8"), 2, 255)[1] == 1    # the default: the table
     # outside the grid (batch above 16): the MLA roofline anchored at the table's edge, not GQA's
     cm8 = RooflineCost(DS, dev, 8, "fp8", "fp8", mla_tables=True)
-    roof8 = RooflineCost(DS, dev, 8, "fp8", "fp8")
+    roof8 = RooflineCost(DS, dev, 8, "fp8", "fp8", mla_tables=False)
     t, code = _attn(cm8, 64, 511)
     edge = gen_ms(16, 16, 512, "fp8") * 1e-3
     assert code == 2 and t == pytest.approx(edge * _attn(roof8, 64, 511)[0] / _attn(roof8, 16, 511)[0], rel=REL)
@@ -210,7 +211,7 @@ def test_alltoall_without_a_matching_table_is_the_roofline(prof):
     assert "alltoall: roofline" in RooflineCost(q, dev, 8, "fp8", "fp8", ep=8, a2a_tables=True).table_notes[0]
     # a datasheet preset has no tables at all
     cm = RooflineCost(DS, get_device("h200"), 8, "fp8", "fp8", ep=8, a2a_tables=True, mla_tables=True)
-    assert _a2a(cm, 64)[1] == 3 and len(cm.table_notes) == 2
+    assert _a2a(cm, 64)[1] == 3 and _attn(cm, 2, 255)[1] == 3
 
 
 # --- pdsim estimate ----------------------------------------------------------------------------------
@@ -228,15 +229,19 @@ def test_estimate_names_the_tables_source_and_says_when_they_do_not_serve(prof):
                     "--a2a-tables")       # 16 tokens: a measured all-to-all point; context 256 between two
     assert res["ops"]["attention"]["source"] == "interpolated" and res["ops"]["alltoall"]["source"] == "exact"
     assert res["table_notes"] == []
-    res = _estimate("--device", str(path), "--ep", "8", "--decode-batch", "2", "--context", "255")
-    assert res["ops"]["attention"]["source"] == "roofline" and res["ops"]["alltoall"]["source"] == "roofline"
-    res = _estimate("--device", "h200", "--ep", "8", "--decode-batch", "2", "--context", "255", "--mla-tables",
-                    "--a2a-tables")
+    res = _estimate("--device", str(path), "--ep", "8", "--decode-batch", "2", "--context", "255")   # the defaults
+    assert res["ops"]["attention"]["source"] == "interpolated" and res["ops"]["alltoall"]["source"] == "roofline"
+    res = _estimate("--device", str(path), "--ep", "8", "--decode-batch", "2", "--context", "255", "--no-mla-tables")
     assert res["ops"]["attention"]["source"] == "roofline"
+    # tp 4: 32 heads per GPU and ep 4, neither in the tables: the roofline, and a note says why
+    res = _estimate("--device", str(path), "--tp", "4", "--ep", "4", "--decode-batch", "2", "--a2a-tables")
+    assert res["ops"]["attention"]["source"] == "roofline" and res["ops"]["alltoall"]["source"] == "roofline"
     assert any(n.startswith("MLA prefill and decode attention: roofline") for n in res["table_notes"])
     assert any(n.startswith("alltoall: roofline") for n in res["table_notes"])
     buf = io.StringIO()                     # the table output says it too
     with redirect_stdout(buf):
-        main(["estimate", "--model", "deepseek-v3", "--tp", "8", "--ep", "8", "--device", "h200", "--decode-batch", "2",
-              "--mla-tables"])
-    assert "note: MLA prefill and decode attention: roofline (no measured table for 16 heads per GPU" in buf.getvalue()
+        main(["estimate", "--model", "deepseek-v3", "--tp", "4", "--device", str(path), "--decode-batch", "2"])
+    assert "note: MLA prefill and decode attention: roofline (no measured table for 32 heads per GPU" in buf.getvalue()
+    # a datasheet preset: every op is the roofline and says so in its source; no notes
+    res = _estimate("--device", "h200", "--ep", "8", "--decode-batch", "2", "--a2a-tables")
+    assert res["ops"]["attention"]["source"] == "roofline" and res["table_notes"] == []
