@@ -245,3 +245,21 @@ def test_estimate_names_the_tables_source_and_says_when_they_do_not_serve(prof):
     # a datasheet preset: every op is the roofline and says so in its source; no notes
     res = _estimate("--device", "h200", "--ep", "8", "--decode-batch", "2", "--a2a-tables")
     assert res["ops"]["attention"]["source"] == "roofline" and res["table_notes"] == []
+
+
+def test_a_scenarios_pool_gets_the_tables_defaults_and_its_own_choice(prof):
+    from pdsim import config
+    from pdsim.topology import make_cost
+    path, _ = prof
+
+    def pool_cost(cm_keys):
+        sc = config.parse({"seed": 0, "model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                           "workload": {"arrival": "poisson", "rate": 1.0, "num_requests": 2, "prompt_tokens": 10,
+                                        "output_tokens": 2},
+                           "topologies": {"t": {"kind": "colocated", "replicas": 1, "tp": 8, "ep": 8, "device": str(path),
+                                                "cost_model": {"kind": "roofline", **cm_keys}}}}, "t.yaml")
+        return make_cost(sc.topologies["t"], DS, "fp8", "fp8", None, "topologies.t")
+    cm = pool_cost({})                                       # defaults: MLA table on, all-to-all table off
+    assert _attn(cm, 2, 255)[1] == 1 and _a2a(cm, 16)[1] == 3
+    cm = pool_cost({"mla_tables": False, "a2a_tables": True})
+    assert _attn(cm, 2, 255)[1] == 3 and _a2a(cm, 16)[1] == 0
