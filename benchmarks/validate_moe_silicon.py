@@ -10,7 +10,8 @@ all clients starting together), with ``ep`` = the row's moe_ep_size.  Nothing is
 Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTFT and TPOT per group.
 
     .venv/bin/python benchmarks/validate_moe_silicon.py [--sample N (default 150, about 100 s)] [--seed S]
-        [--dp-attention-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables]]
+        [--dp-attention-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables] [--no-mla-tables]
+        [--a2a-tables]] [--csv OUT.csv]
 """
 from __future__ import annotations
 
@@ -78,9 +79,11 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
     return out, skipped
 
 
-def simulate_row(r: dict, profiles: dict | None = None, moe_tables: bool = False) -> tuple[float, float]:
+def simulate_row(r: dict, profiles: dict | None = None, moe_tables: bool = False, mla_tables: bool = True,
+                 a2a_tables: bool = False) -> tuple[float, float]:
     sc = V.row_scenario(r, True, 10, profiles=profiles)
-    sc.topologies["t"].cost_model.moe_tables = moe_tables
+    cm = sc.topologies["t"].cost_model
+    cm.moe_tables, cm.mla_tables, cm.a2a_tables = moe_tables, mla_tables, a2a_tables
     sc.topologies["t"].ep = r["ep"]
     sc.topologies["t"].dp_attention = r["dp_attention"]
     res = simulate(sc)
@@ -97,6 +100,11 @@ def main() -> int:
     ap.add_argument("--profiles", help="price each GPU with the profile whose file name starts with it (e.g. "
                                        "'calibration/profiles/*-aic.yaml': imported kernel and MoE tables)")
     ap.add_argument("--moe-tables", action="store_true", help="with --profiles: also use their measured MoE tables")
+    ap.add_argument("--mla-tables", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --profiles: use their measured MLA tables (the default; --no-mla-tables: roofline)")
+    ap.add_argument("--a2a-tables", action="store_true",
+                    help="with --profiles: also use their measured DeepEP all-to-all tables")
+    ap.add_argument("--csv", help="write the per-row results here")
     args = ap.parse_args()
     profiles = V.parse_profiles(None, args.profiles) if args.profiles else None
     root, version = aic_systems_dir()
@@ -110,7 +118,7 @@ def main() -> int:
     res = []
     for r in rows:
         try:
-            ttft, tpot = simulate_row(r, profiles, args.moe_tables)
+            ttft, tpot = simulate_row(r, profiles, args.moe_tables, args.mla_tables, args.a2a_tables)
         except ConfigError as exc:
             print(f"  skip {r['id']}: {exc}")
             continue
@@ -118,6 +126,8 @@ def main() -> int:
                     "ttft_ape": abs(ttft / r["ttft_ms"] - 1) * 100, "tpot_ape": abs(tpot / r["tpot_ms"] - 1) * 100,
                     "tpot_ratio": tpot / r["tpot_ms"], "ttft_ratio": ttft / r["ttft_ms"]})
     df = pd.DataFrame(res)
+    if args.csv:
+        df.to_csv(args.csv, index=False)
     g = df.groupby(["model", "device", "engine", "tp", "ep", "dp_attention", "weight_dtype"]).agg(
         rows=("id", "size"), ttft_mape=("ttft_ape", "mean"), ttft_median_ape=("ttft_ape", "median"),
         tpot_mape=("tpot_ape", "mean"), tpot_median_ape=("tpot_ape", "median"),

@@ -185,7 +185,9 @@ def cmd_estimate(args) -> int:
     swa = {}      # the sliding layers' aggregates, when the model has some
     cm = RooflineCost(model, dev, args.tp, args.weight_dtype, args.kv_dtype, args.ep, args.expert_skew, args.pp,
                       args.dp_attention, moe_tables=args.moe_tables,
+                      mla_tables=args.mla_tables, a2a_tables=args.a2a_tables,
                       pp_layers=tuple(args.pp_layers) if args.pp_layers is not None else None)
+    table_notes = list(cm.table_notes)
     if args.pp > 1:
         from .pipeline import PipelineCost
         cm = PipelineCost(cm, args.pp, args.micro_batches)
@@ -238,6 +240,7 @@ def cmd_estimate(args) -> int:
            "ops": ops,   # each op's "source": exact | interpolated (measured tables), extrapolated, roofline
            "sources": {src: [k for k, v in ops.items() if v.get("source") == src]
                        for src in ("exact", "interpolated", "extrapolated", "roofline")},
+           "table_notes": table_notes,   # measured tables asked for (--mla-tables, --a2a-tables) that do not serve
            "kv_capacity": _kv_capacity(pool, model, args, what.get("prompt_tokens") or what.get("context", 0) + 1)}
     if args.json or args.format == "json":
         print(json.dumps(res, indent=2))
@@ -256,6 +259,8 @@ def cmd_estimate(args) -> int:
         for k, v in ops.items():
             print(f"  {k:14s} {v['time_s'] * 1e3:9.3f} ms  {v['flops'] / 1e9:10.2f} GFLOP  {v['bytes'] / 1e6:10.2f} MB"
                   f"  {v.get('source', '')}")
+        for note in table_notes:
+            print(f"  note: {note}")
         kv = res["kv_capacity"]
         if "error" in kv:
             print(f"KV cache: none ({kv['error']})")
@@ -487,6 +492,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="KV-cache data type (default bf16)")
     e.add_argument("--moe-tables", action="store_true",
                    help="price routed experts from the profile's measured MoE tables (imported profiles; off by default)")
+    e.add_argument("--mla-tables", action=argparse.BooleanOptionalAction, default=True,
+                   help="price MLA attention from the profile's measured MLA tables where it has them (imported "
+                        "profiles; on by default, --no-mla-tables: the roofline)")
+    e.add_argument("--a2a-tables", action="store_true",
+                   help="price the MoE all-to-all from the profile's measured DeepEP tables (imported profiles; "
+                        "off by default)")
     e.add_argument("--engine", help="serving engine preset (vllm-v1, vllm-v0, sglang, trtllm): its step "
                    "overhead and KV sizing")
     e.add_argument("--json", action="store_true", help="same as --format json")

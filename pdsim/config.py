@@ -77,6 +77,11 @@ class CostModelSpec(_Strict):
     # where they have the layer's shape; off by default (README, "Measured MoE tables": end to end they
     # make DeepSeek fp8 serving too slow)
     moe_tables: bool = False
+    # roofline: MLA attention and the MoE all-to-all from the profile's measured MLA / DeepEP tables where they
+    # have the pool's shape (README, "Mixture of experts and MLA": MLA on by default, the all-to-all opt-in
+    # because end to end it makes DeepSeek EP serving too slow)
+    mla_tables: bool = True
+    a2a_tables: bool = False
 
     @model_validator(mode="after")
     def _need(self):

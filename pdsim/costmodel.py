@@ -266,6 +266,11 @@ class RooflineCost(CostModel):
     # price routed experts from a measured profile's MoE tables where it has the shape (opt-in: on the silicon
     # sample the tables make DeepSeek fp8 serving 30-80% too slow end to end; README "Measured MoE tables")
     moe_tables: bool = False
+    # price MLA attention and the MoE all-to-all from a measured profile's MLA / DeepEP tables where it has the
+    # pool's shape (imported profiles; README "Mixture of experts and MLA"): MLA on by default (on the MoE silicon
+    # sample it lowers DeepSeek TPOT error a little), the all-to-all opt-in (it raises it)
+    mla_tables: bool = True
+    a2a_tables: bool = False
     # explicit layers per pipeline stage (None: pdsim.models.pp_split, vLLM's default rule)
     pp_layers: tuple | None = None
     _static_cache: dict = field(default_factory=dict, repr=False)
@@ -375,6 +380,49 @@ class RooflineCost(CostModel):
                     if key in moe_tabs:
                         self.moe_table_key = key
                         break
+        self._table_keys(tabs)
+
+    def _table_keys(self, tabs) -> None:
+        """Which measured MLA and all-to-all tables serve this pool (``mla_tables`` / ``a2a_tables``), and, on a
+        measured profile, a line for each that falls back to the roofline (``table_notes``; ``pdsim estimate``
+        prints them; on a datasheet preset every op is the roofline and its ``source`` says so)."""
+        m, self.table_notes = self.model, []
+        self.mla_table_keys = self.a2a_keys = None
+        # MLA attention's (flops, bytes) functions of one layer, prefill and decode (built once: steps are hot)
+        self._mla_fbs = {p: self._mla_fb(p, self.q_heads) for p in (True, False)} if m.is_mla else None
+        if self.mla_tables and m.is_mla:
+            from .profile_tables import mla_keys
+            dims = (m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim)
+            pre, dec = mla_keys(self.q_heads, *dims, self.kv_table_dtype)
+            have = tabs is not None and (pre in tabs.prefill_batches, dec in tabs.decode)
+            if have and any(have):
+                self.mla_table_keys = {True: pre, False: dec}
+            if not have or not all(have):
+                what = "MLA prefill and decode" if not have or not any(have) else \
+                    "MLA prefill" if not have[0] else "MLA decode"
+                self.table_notes.append(f"{what} attention: roofline (no measured table for {self.q_heads} heads per "
+                                        f"GPU, dims {'/'.join(map(str, dims))}, KV {self.kv_table_dtype})")
+        if self.a2a_tables and m.is_moe and self.ep > 1:
+            a2a = getattr(tabs, "alltoall", None) or {} if tabs is not None else {}
+            # wire dtypes as aiconfigurator's serving rule: DeepEP high-throughput sends bf16 for bf16 and fp8
+            # models (nvfp4 for nvfp4), low-latency sends fp8 for fp8 models (nvfp4 / fp4 combine off Hopper)
+            wd = self.weight_dtype
+            ht_dt = ("nvfp4", "nvfp4") if self.compute_dtype == "fp4" else ("bf16", "bf16")
+            ll_dt = ("fp8", "fp8") if wd == "fp8" else ("nvfp4", "fp4") if self.compute_dtype == "fp4" \
+                else ("bf16", "bf16")
+            shape = (self.ep, m.hidden, m.experts_per_token, m.experts)
+            keys = {}
+            for be, (dd, cd) in (("ll", ll_dt), ("ht", ht_dt)):
+                pair = ((be, "dispatch", dd, *shape), (be, "combine", cd, *shape))
+                if pair[0] in a2a and pair[1] in a2a:
+                    keys[be] = (pair, a2a[pair[0]].x[-1])        # and the most tokens measured
+            if keys:
+                self.a2a_keys = keys
+            else:
+                self.table_notes.append(f"alltoall: roofline (no measured DeepEP table for ep {self.ep}, hidden "
+                                        f"{m.hidden}, top-{m.experts_per_token} of {m.experts}, {wd} weights)")
+        if tabs is None:
+            self.table_notes = []
 
     # --- the one description of a step -------------------------------------
     def _layer_counts(self, stage: int | None):
@@ -465,19 +513,28 @@ class RooflineCost(CostModel):
             layers = m.layers
         d = m.head_dim
         if m.is_mla:
-            r, dr, dn, dv = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
-            if prefill:      # decompressed: per-head keys (dn + dr) and values (dv) in bf16
-                flops = 2.0 * qh * (dn + dr + dv) * attn_work
-                bytes_ = (kv_read_tokens + tokens) * qh * (dn + dr + dv) * 2.0
-            else:            # absorbed: scores over latent + rope, values are the latent
-                flops = 2.0 * qh * (2 * r + dr) * attn_work
-                bytes_ = kv_read_tokens * (r + dr) * self.kv_bytes + tokens * qh * (2 * r + dr) * 2.0
+            flops, bytes_ = self._mla_fbs[prefill](tokens, attn_work, kv_read_tokens)
             return Op(name, "attention", layers, flops, bytes_,
                       (tokens, attn_work, kv_read_tokens, batch, prefill))
         flops = 4.0 * qh * d * attn_work
         bytes_ = kv_read_tokens * 2 * kvh * d * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0
         return Op(name, "attention", layers, flops, bytes_,
                   (tokens, attn_work, kv_read_tokens, batch, prefill))
+
+    def _mla_fb(self, prefill: bool, qh: int):
+        """(flops, bytes) of one layer's MLA attention as a function of (tokens, attn_work, kv_read)."""
+        m = self.model
+        r, dr, dn, dv = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
+        if prefill:      # decompressed: per-head keys (dn + dr) and values (dv) in bf16
+            def fb(tokens, attn_work, kv_read_tokens):
+                return 2.0 * qh * (dn + dr + dv) * attn_work, (kv_read_tokens + tokens) * qh * (dn + dr + dv) * 2.0
+        else:            # absorbed: scores over latent + rope, values are the latent
+            kvb = self.kv_bytes
+
+            def fb(tokens, attn_work, kv_read_tokens):
+                return (2.0 * qh * (2 * r + dr) * attn_work,
+                        kv_read_tokens * (r + dr) * kvb + tokens * qh * (2 * r + dr) * 2.0)
+        return fb
 
     def _attention_ops(self, tokens, attn_work, kv_read_tokens, batch, prefill: bool, swa) -> list[Op]:
         """Attention of a model with sliding layers: the full layers on the step's aggregates, the sliding
@@ -521,7 +578,13 @@ class RooflineCost(CostModel):
             return hit if hit is not None else (0.0, kernels.EXACT)     # no token enters: no kernel
         if op.kind == "attention":
             tokens, attn_work, kv_read, batch, prefill = op.args
-            if self.model.is_mla:      # no measured MLA tables: the roofline
+            if self.model.is_mla:
+                keys = self.mla_table_keys
+                if keys is not None:   # the profile's MLA table (roofline where it has none for this phase)
+                    key = keys[prefill]
+                    return kernels.attention_time(dev, tokens, attn_work, kv_read, batch, key[:3], prefill,
+                                                  self.kv_bytes, "bf16", key[3], (op.flops, op.bytes),
+                                                  self._mla_fbs[prefill])
                 t = kernels.attention_roofline(dev, op.flops, op.bytes, prefill, "bf16")
                 return t, (np.full(np.shape(t), kernels.ROOFLINE) if isinstance(t, np.ndarray) else kernels.ROOFLINE)
             return kernels.attention_time(dev, tokens, attn_work, kv_read, batch,
@@ -532,6 +595,15 @@ class RooflineCost(CostModel):
         if op.kind == "allreduce":
             return kernels.allreduce_time(dev, *op.args)
         if op.kind == "alltoall":
+            keys = self.a2a_keys
+            if keys is not None:
+                # the DeepEP tables by tokens on a GPU (recovered from the op's bytes, T h 2 (ep - 1) / ep):
+                # low-latency kernels up to the most tokens they were measured at, high-throughput beyond
+                bytes_, ep = op.args
+                tokens = bytes_ * ep / ((ep - 1) * self.model.hidden * 2.0)
+                ll, ht = keys.get("ll"), keys.get("ht")
+                pick = ll if ll is not None and (tokens <= ll[1] or ht is None) else ht
+                return kernels.alltoall_time(dev, tokens, pick[0], bytes_, ep)
             return kernels.alltoall_roofline(dev, *op.args), kernels.ROOFLINE
         if op.kind == "overhead":
             return dev.step_overhead_s, kernels.ROOFLINE

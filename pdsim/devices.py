@@ -185,6 +185,79 @@ class MoeTableSpec(_Strict):
         return self
 
 
+class _MlaDims(_Strict):
+    """The MLA head dims a kernel table was measured with (aiconfigurator's MLA tables: DeepSeek-V3's)."""
+    heads: int = Field(gt=0)                 # query heads on one GPU (after tensor parallelism)
+    kv_lora_rank: int = Field(512, gt=0)
+    qk_rope_head_dim: int = Field(64, ge=0)
+    qk_nope_head_dim: int = Field(128, gt=0)
+    v_head_dim: int = Field(128, gt=0)
+    dtype: str = "bf16"                      # KV-cache dtype
+
+
+class MlaPrefillTableSpec(_MlaDims):
+    """MLA context attention (decompressed form, no prefix in cache) of ``batch`` prompts of ``seq_len``
+    tokens each, one layer (imported databases)."""
+    batch: int = Field(1, ge=1)
+    seq_len: list[int] = Field(min_length=1)
+    time_s: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shape(self):
+        _check_increasing("seq_len", self.seq_len)
+        if len(self.time_s) != len(self.seq_len):
+            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.seq_len)} seq_len values")
+        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
+            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        return self
+
+
+class MlaDecodeTableSpec(_MlaDims):
+    """MLA generation attention (absorbed form: every head reads the shared latent), one query token per
+    sequence over ``batch`` x ``context`` KV tokens, one layer; time_s[b][c], ragged like
+    :class:`AttentionDecodeTableSpec`."""
+    batch: list[int] = Field(min_length=1)
+    context: list[int] = Field(min_length=1)
+    time_s: list[list[float | None]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shape(self):
+        _check_increasing("batch", self.batch)
+        _check_increasing("context", self.context)
+        if len(self.time_s) != len(self.batch) or any(len(r) != len(self.context) for r in self.time_s):
+            raise ValueError(f"time_s must be a {len(self.batch)} x {len(self.context)} grid (batch x context)")
+        if any(not (t > 0 and t < float("inf")) for r in self.time_s for t in r if t is not None):
+            raise ValueError("time_s must be positive and finite (or null where not measured)")
+        if all(t is None for r in self.time_s for t in r):
+            raise ValueError("time_s has no measured cell")
+        return self
+
+
+class AlltoallTableSpec(_Strict):
+    """One phase (dispatch or combine) of an MoE all-to-all over ``ep`` GPUs of one node, by the tokens on
+    each GPU (imported databases: DeepEP high-throughput ``ht`` or low-latency ``ll`` kernels)."""
+    backend: Literal["ht", "ll"]
+    phase: Literal["dispatch", "combine"]
+    dtype: str = "bf16"                      # what goes over the wire
+    ep: int = Field(gt=1)
+    hidden: int = Field(gt=0)
+    topk: int = Field(gt=0)
+    experts: int = Field(gt=0)
+    tokens: list[int] = Field(min_length=1)
+    time_s: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shape(self):
+        _check_increasing("tokens", self.tokens)
+        if self.tokens[0] < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens[0]}")
+        if len(self.time_s) != len(self.tokens):
+            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.tokens)} tokens values")
+        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
+            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        return self
+
+
 class HoldoutSpec(_Strict):
     """Shapes measured in the same run but kept out of the tables and the fit (the leave-out split)."""
     gemm: list[GemmTableSpec] = []
@@ -206,6 +279,9 @@ class MeasuredSpec(_Strict):
     attention_decode: list[AttentionDecodeTableSpec] = []
     transfers: list[TransferTableSpec] = []
     moe: list[MoeTableSpec] = []
+    mla_prefill: list[MlaPrefillTableSpec] = []
+    mla_decode: list[MlaDecodeTableSpec] = []
+    alltoall: list[AlltoallTableSpec] = []
     holdout: HoldoutSpec | None = None
 
 

@@ -277,12 +277,18 @@ def _attn_fb(qh, kvh, d, kv_bytes, tokens, attn_work, kv_read):
 
 
 def attention_time(dev, tokens, attn_work, kv_read, batch, heads: tuple[int, int, int], prefill: bool,
-                   kv_bytes: float = 2.0, dtype: str = "bf16", table_dtype: str = "bf16", flops_bytes=None):
+                   kv_bytes: float = 2.0, dtype: str = "bf16", table_dtype: str = "bf16", flops_bytes=None,
+                   fb=None):
     """(time_s, code) of one layer's attention for the step aggregates.  ``attn_work`` and
     ``kv_read`` may be arrays over decode steps (``tokens`` and ``batch`` fixed); then time and code
-    are arrays.  Outside a table the roofline anchored at the table's edge."""
+    are arrays.  Outside a table the roofline anchored at the table's edge.  ``fb``: the kernel's
+    (flops, bytes) of (tokens, attn_work, kv_read) for that roofline (default: GQA of ``heads``; MLA
+    passes its own)."""
     qh, kvh, d = heads
-    flops, bytes_ = flops_bytes or _attn_fb(qh, kvh, d, kv_bytes, tokens, attn_work, kv_read)
+    if fb is None:
+        flops, bytes_ = flops_bytes or _attn_fb(qh, kvh, d, kv_bytes, tokens, attn_work, kv_read)
+    else:
+        flops, bytes_ = flops_bytes or fb(tokens, attn_work, kv_read)
     roof = attention_roofline(dev, flops, bytes_, prefill, dtype)
     tabs = dev.tables
     arr = _is_arr(attn_work, kv_read)
@@ -306,12 +312,13 @@ def attention_time(dev, tokens, attn_work, kv_read, batch, heads: tuple[int, int
             return roof, ROOFLINE
 
         def one_prompt(s):
-            return attention_roofline(dev, *_attn_fb(qh, kvh, d, kv_bytes, s, s * s / 2.0, s), True, dtype)
+            f_b = _attn_fb(qh, kvh, d, kv_bytes, s, s * s / 2.0, s) if fb is None else fb(s, s * s / 2.0, s)
+            return attention_roofline(dev, *f_b, True, dtype)
         return float(one[0] * one_prompt(seq) / one_prompt(sc) * (tokens / seq)), EXTRAPOLATED
     grid = tabs.decode.get(key)
     if grid is None or batch <= 0:
         return roof, (np.full(np.shape(roof), ROOFLINE) if arr else ROOFLINE)
-    return _decode_from_grid(dev, tabs, grid, batch, kv_read / batch, heads, kv_bytes, dtype, table_dtype)
+    return _decode_from_grid(dev, tabs, grid, batch, kv_read / batch, heads, kv_bytes, dtype, table_dtype, fb)
 
 
 _GRID_POINTS: dict = {}
@@ -353,19 +360,23 @@ def _cell(tabs, grid, bc, a, z, heads, table_dtype):
     return math.log(pa[0]), math.log(pz[0]), max(pa[1], pz[1], INTERPOLATED if z != a else pa[1]), pa[0]
 
 
-def _decode_from_grid(dev, tabs, grid, b, c, heads, kv_bytes, dtype, table_dtype):
+def _decode_from_grid(dev, tabs, grid, b, c, heads, kv_bytes, dtype, table_dtype, fb=None):
     """Decode attention at batch ``b`` and contexts ``c`` (a float or an ascending array): log-log between the
     table's values at the grid contexts around c; outside the grid (batch or context) the roofline
-    anchored at the clamped point; where the table has no value, the roofline."""
+    anchored at the clamped point; where the table has no value, the roofline (``fb``: its flops and bytes
+    of (tokens, attn_work, kv_read); default GQA of ``heads``)."""
     qh, kvh, d = heads
+    if fb is None:
+        def fb(t, w, r):
+            return _attn_fb(qh, kvh, d, kv_bytes, t, w, r)
     cs, cs_np, lcs_np, lcs = _grid_arrays(grid)
     bs = grid.batch
     bc = min(max(float(b), bs[0]), bs[-1])
     n = len(cs)
 
     def anchored(t, c_, cc_):
-        f1, b1 = _attn_fb(qh, kvh, d, kv_bytes, b, b * c_, b * c_)
-        f0, b0 = _attn_fb(qh, kvh, d, kv_bytes, bc, bc * cc_, bc * cc_)
+        f1, b1 = fb(b, b * c_, b * c_)
+        f0, b0 = fb(bc, bc * cc_, bc * cc_)
         return t * attention_roofline(dev, f1, b1, False, dtype) / attention_roofline(dev, f0, b0, False, dtype)
 
     if not isinstance(c, np.ndarray):        # one step: the same arithmetic on floats
@@ -378,7 +389,7 @@ def _decode_from_grid(dev, tabs, grid, b, c, heads, kv_bytes, dtype, table_dtype
             a = z - 1
         cell = _cell(tabs, grid, bc, a, z, heads, table_dtype)
         if cell is None:
-            return attention_roofline(dev, *_attn_fb(qh, kvh, d, kv_bytes, b, b * c, b * c), False, dtype), ROOFLINE
+            return attention_roofline(dev, *fb(b, b * c, b * c), False, dtype), ROOFLINE
         la, lz, code, va = cell
         t = va if z == a else math.exp(la + (lz - la) * ((math.log(cc) - lcs[a]) / (lcs[z] - lcs[a])))
         if cc != c or bc != b:
@@ -401,7 +412,7 @@ def _decode_from_grid(dev, tabs, grid, b, c, heads, kv_bytes, dtype, table_dtype
         sel = slice(None) if len(cells) == 1 else key == kk
         cell = _cell(tabs, grid, bc, a, z, heads, table_dtype)
         if cell is None:
-            t[sel] = attention_roofline(dev, *_attn_fb(qh, kvh, d, kv_bytes, b, b * c[sel], b * c[sel]), False, dtype)
+            t[sel] = attention_roofline(dev, *fb(b, b * c[sel], b * c[sel]), False, dtype)
             code[sel] = ROOFLINE
             continue
         la, lz, code[sel], va = cell
@@ -411,3 +422,17 @@ def _decode_from_grid(dev, tabs, grid, b, c, heads, kv_bytes, dtype, table_dtype
         t = np.where(out, anchored(t, c, cc), t)
         code = np.where(out, EXTRAPOLATED, code)
     return t, code
+
+
+def alltoall_time(dev, tokens: float, keys: tuple, bytes_: float, ep: int) -> tuple[float, int]:
+    """(time_s, code) of ONE all-to-all kernel of an MoE layer, whose dispatch and combine are priced as
+    two kernels of the mean time: ``keys`` = (dispatch key, combine key) of the profile's ``alltoall``
+    tables (:meth:`pdsim.profile_tables.MeasuredTables.alltoall_lookup`) for ``tokens`` tokens on each GPU;
+    the roofline of ``bytes_`` over ``ep`` GPUs where a phase has no table."""
+    tabs = dev.tables
+    f = getattr(tabs, "alltoall_lookup", None) if tabs is not None else None
+    if f is not None and keys is not None and tokens > 0:
+        rd, rc = f(tokens, keys[0]), f(tokens, keys[1])
+        if rd is not None and rc is not None:
+            return 0.5 * (rd.time_s + rc.time_s), max(_how(rd.how), _how(rc.how))
+    return alltoall_roofline(dev, bytes_, ep), ROOFLINE

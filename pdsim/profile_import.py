@@ -15,8 +15,12 @@ AIConfigurator layout (per system, op family, backend, version)::
     systems/data/<system>/comm/nccl/<ver>/nccl_perf.parquet                     op_name, num_gpus, message_size
     systems/data/<system>/comm/<backend>/<ver>/custom_allreduce_perf.parquet    num_gpus, message_size
     systems/data/<system>/moe/<backend>/<ver>/moe_perf.parquet        num_tokens, hidden/inter, topk, experts, moe tp/ep
+    systems/data/<system>/mla/<backend>/<ver>/context_mla_perf.parquet     num_heads (per GPU), batch_size, isl
+    systems/data/<system>/mla/<backend>/<ver>/generation_mla_perf.parquet  num_heads (per GPU), batch_size, step
+    systems/data/<system>/comm/<backend>/<ver>/moe_a2a_perf.parquet   DeepEP dispatch/combine (latency in us)
 
-Latencies are milliseconds per call (one layer for attention); ``message_size`` counts elements
+Latencies are milliseconds per call (one layer for attention; ``moe_a2a_perf``: microseconds, its
+columns say ``transmit_us``); ``message_size`` counts elements
 of the collective's dtype (bf16/half: 2 bytes; checked against NVLink: 8 x H200 all-reduce of
 the largest message gives ~460 GB/s bus bandwidth read as elements, ~230 GB/s read as bytes).
 A ``.csv`` (or ``.txt``, as older package versions shipped) next to or instead of a ``.parquet``
@@ -116,7 +120,7 @@ def aic_inventory(systems_dir: Path) -> dict[str, dict[str, dict[str, list[str]]
         if not (data / name).is_dir() and not _looks_like_system(sys_yaml):
             continue
         fams = {}
-        for fam in ("gemm", "attention", "comm", "moe"):
+        for fam in ("gemm", "attention", "comm", "moe", "mla"):
             by_backend = {}
             for bdir in sorted((data / name / fam).glob("*")) if (data / name / fam).is_dir() else []:
                 vs = [v.name for v in bdir.iterdir() if v.is_dir() and any(v.glob("*_perf.*"))]
@@ -285,6 +289,85 @@ def convert_generation_attention(df) -> tuple[list[dict], dict]:
     return tables, {"rows_dropped": dropped, "context": "isl + step (KV tokens read per sequence)"}
 
 
+# MLA kernel tables: aiconfigurator-core times its MLA kernels with DeepSeek-V3's head dims (its sdk's
+# deepseek model asks them for 128 / tp heads per GPU); ``num_heads`` is the heads on one GPU
+MLA_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
+
+
+def _mla_filter(df, dropped: dict):
+    """bf16 MLA compute (the only kind measured), beam 1; ``kv_cache_dtype`` is the key's dtype."""
+    for col, ok in (("mla_dtype", ("bfloat16",)), ("beam_width", (1,))):
+        if col in df.columns:
+            bad = ~df[col].isin(ok)
+            if bad.any():
+                dropped[f"{col} not in {ok}"] = int(bad.sum())
+            df = df[~bad]
+    return df
+
+
+def convert_context_mla(df) -> tuple[list[dict], dict]:
+    """MLA prefill attention per (heads per GPU, KV-cache dtype, batch) over the prompt length."""
+    dropped: dict = {}
+    df = _mla_filter(df, dropped)
+    if "step" in df.columns:
+        n0 = len(df)
+        df = df[df["step"] == 0]
+        if len(df) < n0:
+            dropped["step!=0 (prefix in cache)"] = n0 - len(df)
+    tables = []
+    for (h, dt, b), seqs, ts in _grouped(df, ["num_heads", "kv_cache_dtype", "batch_size"], "isl"):
+        tables.append({"heads": int(h), **MLA_DIMS, "dtype": DTYPE_NAMES.get(str(dt), str(dt)), "batch": int(b),
+                       "seq_len": [int(x) for x in seqs], "time_s": [_ms_to_s(t) for t in ts]})
+    return tables, {"rows_dropped": dropped, "heads": sorted({t["heads"] for t in tables})}
+
+
+def convert_generation_mla(df) -> tuple[list[dict], dict]:
+    """MLA decode attention grids (batch x context = isl + step KV tokens) per (heads per GPU, KV dtype)."""
+    dropped: dict = {}
+    df = _mla_filter(df, dropped)
+    df = df.assign(_ctx=(df["isl"] if "isl" in df.columns else 1) + df["step"])
+    by_key: dict = {}
+    for key, ctxs, ts in _grouped(df, ["num_heads", "kv_cache_dtype", "batch_size"], "_ctx"):
+        by_key.setdefault(key[:-1], {}).update({(int(key[-1]), int(c)): t for c, t in zip(ctxs, ts)})
+    tables = []
+    for (h, dt), cells in by_key.items():
+        bs, cs = sorted({b for b, _ in cells}), sorted({c for _, c in cells})
+        tables.append({"heads": int(h), **MLA_DIMS, "dtype": DTYPE_NAMES.get(str(dt), str(dt)), "batch": bs,
+                       "context": cs,
+                       "time_s": [[_ms_to_s(cells[b, c]) if (b, c) in cells else None for c in cs] for b in bs]})
+    return tables, {"rows_dropped": dropped, "heads": sorted({t["heads"] for t in tables}),
+                    "context": "isl + step (KV tokens read per sequence)"}
+
+
+A2A_BACKENDS = {"trtllm_deepep_ht": "ht", "trtllm_deepep_ll": "ll", "deepep_ht": "ht", "deepep_ll": "ll"}
+
+
+def convert_moe_a2a(df) -> tuple[list[dict], dict]:
+    """DeepEP dispatch / combine per (backend, phase, wire dtype, ep, hidden, top-k, experts) over the tokens
+    on one GPU; one node only (the cost model's instance is one NVLink domain).  Latency in us -> s."""
+    dropped: dict = {}
+    d = df
+    if "node_num" in d.columns:
+        bad = d["node_num"] != 1
+        if bad.any():
+            dropped["node_num!=1"] = int(bad.sum())
+        d = d[~bad]
+    known = d["comm_backend"].astype(str).isin(list(A2A_BACKENDS))
+    if (~known).any():
+        dropped["comm_backend not DeepEP ht/ll"] = int((~known).sum())
+    d = d[known]
+    tables, dtypes = [], {}
+    keys = ["comm_backend", "phase", "comm_dtype", "ep_size", "hidden_size", "topk", "num_experts"]
+    for (be, ph, dt, ep, h, k, e), xs, ts in _grouped(d, keys, "num_tokens"):
+        dtype = DTYPE_NAMES.get(str(dt), str(dt))
+        tables.append({"backend": A2A_BACKENDS[str(be)], "phase": str(ph), "dtype": dtype, "ep": int(ep),
+                       "hidden": int(h), "topk": int(k), "experts": int(e), "tokens": [int(x) for x in xs],
+                       "time_s": [_sig(float(t) * 1e-6) for t in ts]})
+        dtypes[dtype] = dtypes.get(dtype, 0) + len(xs)
+    return tables, {"rows_dropped": dropped, "points_by_dtype": dtypes,
+                    "units": "latency in microseconds (transmit_us); tokens = num_tokens on each GPU"}
+
+
 def convert_allreduce(df, impl: str, elem_bytes_by_dtype: dict[str, float]) -> tuple[list[dict], dict]:
     if "op_name" in df.columns:
         df = df[df["op_name"] == "all_reduce"]
@@ -426,6 +509,28 @@ def import_aiconfigurator(system: str, backend: str, version: str | None = None,
     if not measured.get("moe"):
         measured.pop("moe", None)
         fallback.append("moe")
+    l_dir, l_v = folder("mla", backend) if "mla" in fams else (None, None)
+    for op, stem, conv in (("mla_prefill", "context_mla_perf", convert_context_mla),
+                           ("mla_decode", "generation_mla_perf", convert_generation_mla)):
+        f = _table_file(l_dir, stem) if l_dir else None
+        if f is not None:
+            measured[op], details[op] = conv(_read_table(f))
+            used[op] = f"mla/{backend}/{l_v}/{f.name}"
+        if not measured.get(op):
+            measured.pop(op, None)
+            fallback.append(op)
+    # all-to-all: the newest version of the backend's comm folder, not newer than the backend's, that has it
+    x_v, x_file = None, None
+    for v in reversed(fams["comm"].get(backend, [])):
+        if _version_key(v) <= _version_key(version) and _table_file(data / "comm" / backend / v, "moe_a2a_perf"):
+            x_v, x_file = v, _table_file(data / "comm" / backend / v, "moe_a2a_perf")
+            break
+    if x_file is not None:
+        measured["alltoall"], details["alltoall"] = convert_moe_a2a(_read_table(x_file))
+        used["alltoall"] = f"comm/{backend}/{x_v}/{x_file.name}"
+    if not measured.get("alltoall"):
+        measured.pop("alltoall", None)
+        fallback.append("alltoall")
     fallback += ["kv_transfer (device_copy, h2d, d2h: not in the package)"]
     measured["tp"] = sorted({t["tp"] for t in measured["transfers"]} | {1})
 
@@ -438,6 +543,11 @@ def import_aiconfigurator(system: str, backend: str, version: str | None = None,
         notes.append(f"tables of another version used: gemm {g_v}, attention {a_v}")
     if c_v and c_v != version:
         notes.append(f"custom all-reduce table from {backend} {c_v} (none for {version})")
+    if x_v and x_v != version:
+        notes.append(f"all-to-all (moe_a2a) table from {backend} {x_v} (none for {version})")
+    if measured.get("mla_prefill") or measured.get("mla_decode"):
+        notes.append("MLA tables: DeepSeek-V3's head dims (kv_lora_rank 512, rope 64, nope 128, v 128), as "
+                     "aiconfigurator-core's sdk uses them; heads = query heads on one GPU; bf16 MLA compute")
     gemm_n = sorted({t["n"] for t in measured["gemm"]})
     gemm_k = sorted({t["k"] for t in measured["gemm"]})
     spec["measured"] = measured
@@ -451,6 +561,8 @@ def import_aiconfigurator(system: str, backend: str, version: str | None = None,
                     "and m beyond each curve use the roofline" if gemm_n else "none",
             "attention": "full attention (window 0), beam 1; prefill from an empty cache; decode context = KV tokens read",
             "allreduce": "bytes = message_size elements x 2 (bf16/half rows only); tp values as measured",
+            "mla": "context: prompts from an empty cache by batch; generation: batch x context (isl + step)",
+            "alltoall": "DeepEP ht (high-throughput) and ll (low-latency) dispatch and combine, one node",
         },
         "details": details,
         "rounding": f"times rounded to {SIG_DIGITS} significant digits",
@@ -466,8 +578,9 @@ def import_aiconfigurator(system: str, backend: str, version: str | None = None,
 
 def _not_imported(data: Path) -> list[str]:
     fams = sorted(p.name for p in data.iterdir() if p.is_dir()) if data.is_dir() else []
-    skip = [f for f in fams if f not in ("gemm", "attention", "comm", "moe")]
-    return skip + ["attention: encoder/sliding-window/MLA tables", "comm: all_gather, reduce_scatter, alltoall, moe a2a",
+    skip = [f for f in fams if f not in ("gemm", "attention", "comm", "moe", "mla")]
+    return skip + ["attention: encoder/sliding-window tables", "mla: module tables (projections included), "
+                   "sglang wideep tables", "comm: all_gather, reduce_scatter, trtllm_alltoall",
                    "moe: skewed (power-law) routing distributions"]
 
 

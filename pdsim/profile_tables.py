@@ -24,6 +24,13 @@ returns ``None`` (a shape outside the measured range or never measured).
   ``measured.gemm_nk_grid: true``) are interpolated bilinearly in (log n, log k) of log t between grid shapes.
 - MoE (``moe``: imported, per shape, split and dtype): the routed experts of one layer by the tokens
   entering it, log-log inside; below the smallest count its time, above the largest scaled by tokens.
+- MLA attention (``mla_prefill``, ``mla_decode``: imported, per heads on one GPU, head dims and KV
+  dtype) is stored with the attention tables under the keys of :func:`mla_keys` (the prefill as
+  multi-head attention of nope + rope dims, the decode as one shared latent "KV head" of rank + rope
+  dims, a dtype tag naming MLA and its dims so no GQA shape can hit it) and looked up exactly as they are.
+- All-to-all (``alltoall``: imported, per DeepEP backend, phase, wire dtype, ep, hidden, top-k, experts):
+  one phase by the tokens on a GPU, log-log inside; below the smallest count its time, above the largest
+  scaled by tokens.
 - All-reduce (``transfers`` of kind ``allreduce``, per ``tp`` and ``impl``):
   log-log in bytes; below the smallest message the smallest message's time
   (latency floor), above the largest scaled by bytes (bandwidth-bound).
@@ -193,6 +200,13 @@ class AllreduceCurve:
         return _curve_lookup(self.curve, bytes_)
 
 
+def mla_keys(heads: int, kv_lora_rank: int, rope: int, nope: int, v: int, dtype: str):
+    """(prefill key, decode key) of an MLA table in :class:`MeasuredTables`' attention dicts:
+    (q_heads, kv_heads, head_dim, tag).  The tag names MLA and all its dims (a GQA table never has it)."""
+    tag = f"mla{kv_lora_rank}+{rope}/{nope}/{v}:{dtype}"
+    return (heads, heads, nope + rope, tag), (heads, 1, kv_lora_rank + rope, tag)
+
+
 @dataclass
 class MeasuredTables:
     gemm: dict[tuple[int, int, str], LogCurve]
@@ -204,6 +218,8 @@ class MeasuredTables:
     allreduce: dict[tuple[int, str], AllreduceCurve] = field(default_factory=dict)   # (tp, impl)
     # (hidden, inter, topk, experts, moe_tp, moe_ep, gated, dtype) -> time of the routed experts by tokens
     moe: dict[tuple, LogCurve] = field(default_factory=dict)
+    # (backend "ht"|"ll", phase, dtype, ep, hidden, topk, experts) -> one all-to-all phase by tokens per GPU
+    alltoall: dict[tuple, LogCurve] = field(default_factory=dict)
 
     @classmethod
     def from_profile(cls, spec) -> "MeasuredTables":
@@ -225,6 +241,10 @@ class MeasuredTables:
             b = getattr(t, "batch", 1)
             ppts.setdefault((t.q_heads, t.kv_heads, t.head_dim, t.dtype), {}).setdefault(b, []).extend(
                 zip(t.seq_len, t.time_s))
+        for t in getattr(meas, "mla_prefill", None) or ():
+            pkey = mla_keys(t.heads, t.kv_lora_rank, t.qk_rope_head_dim, t.qk_nope_head_dim, t.v_head_dim,
+                            t.dtype)[0]
+            ppts.setdefault(pkey, {}).setdefault(t.batch, []).extend(zip(t.seq_len, t.time_s))
         batches = {key: {b: LogCurve(*map(tuple, _merge(p))) for b, p in sorted(by_b.items())}
                    for key, by_b in ppts.items()}
         prefill = {key: by_b[1] for key, by_b in batches.items() if 1 in by_b}
@@ -233,6 +253,11 @@ class MeasuredTables:
             decode[(t.q_heads, t.kv_heads, t.head_dim, t.dtype)] = LogGrid(
                 tuple(map(float, t.batch)), tuple(map(float, t.context)),
                 tuple(tuple(None if v is None else float(v) for v in row) for row in t.time_s))
+        for t in getattr(meas, "mla_decode", None) or ():
+            dkey = mla_keys(t.heads, t.kv_lora_rank, t.qk_rope_head_dim, t.qk_nope_head_dim, t.v_head_dim,
+                            t.dtype)[1]
+            decode[dkey] = LogGrid(tuple(map(float, t.batch)), tuple(map(float, t.context)),
+                                   tuple(tuple(None if v is None else float(v) for v in row) for row in t.time_s))
         apts: dict[tuple, list] = {}
         for t in meas.transfers:
             if t.kind == "allreduce":
@@ -244,7 +269,26 @@ class MeasuredTables:
                 mpts.setdefault((t.hidden, t.inter, t.topk, t.experts, t.moe_tp, t.moe_ep, t.gated, t.dtype),
                                 []).extend(zip(t.tokens, t.time_s))
         moe = {key: LogCurve(*map(tuple, _merge(p))) for key, p in mpts.items()}
-        return cls(gemm, prefill, decode, batches, grids, allreduce, moe)
+        xpts: dict[tuple, list] = {}
+        for t in getattr(meas, "alltoall", None) or ():
+            xpts.setdefault((t.backend, t.phase, t.dtype, t.ep, t.hidden, t.topk, t.experts), []).extend(
+                zip(t.tokens, t.time_s))
+        a2a = {key: LogCurve(*map(tuple, _merge(p))) for key, p in xpts.items()}
+        return cls(gemm, prefill, decode, batches, grids, allreduce, moe, a2a)
+
+    def alltoall_lookup(self, tokens: float, key: tuple) -> Lookup | None:
+        """One all-to-all phase for ``tokens`` tokens on each GPU: log-log inside the measured range, the
+        smallest count's time below it (a latency floor), scaled by tokens above it (bandwidth-bound);
+        None when the shape was not measured or no token moves."""
+        curve = self.alltoall.get(key)
+        if curve is None or tokens <= 0:
+            return None
+        xs = curve.x
+        if tokens < xs[0]:
+            return Lookup(curve.y[0], "extrapolated")
+        if tokens > xs[-1]:
+            return Lookup(curve.y[-1] * tokens / xs[-1], "extrapolated")
+        return _curve_lookup(curve, tokens)
 
     def moe_lookup(self, tokens: float, key: tuple) -> Lookup | None:
         """The routed experts of one MoE layer for ``tokens`` tokens: log-log inside the measured

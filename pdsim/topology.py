@@ -118,6 +118,7 @@ def make_cost(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
                               key=f"{key}.expert_skew", value=pool.expert_skew)
         cost = RooflineCost(model, device, pool.tp, weight_dtype, kv_dtype, pool.ep, pool.expert_skew, pool.pp,
                             pool.dp_attention, moe_tables=cm.moe_tables,
+                            mla_tables=cm.mla_tables, a2a_tables=cm.a2a_tables,
                             pp_layers=tuple(pool.pp_layers) if pool.pp_layers is not None else None)
     if pool.pp == 1:
         return cost

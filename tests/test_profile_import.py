@@ -147,7 +147,9 @@ def test_import_writes_a_valid_attributed_profile(imported):
     nccl = [t for t in ms.transfers if t.impl == "nccl"]
     assert sorted(t.tp for t in nccl) == [2, 4]
     assert nccl[0].bytes == [2.0 * e for e in AR_ELEMS]
-    assert meta["fallback_to_roofline"] == ["kv_transfer (device_copy, h2d, d2h: not in the package)"]
+    # (this fake package has no MLA or all-to-all tables: tests/test_mla_a2a_tables.py adds them)
+    assert meta["fallback_to_roofline"] == ["mla_prefill", "mla_decode", "alltoall",
+                                            "kv_transfer (device_copy, h2d, d2h: not in the package)"]
     assert out.stat().st_size < pi.MAX_PROFILE_BYTES
 
 
