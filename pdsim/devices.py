@@ -60,6 +60,29 @@ class EfficiencySpec(_Strict):
 # --- the measured section written by ``pdsim calibrate`` --------------------
 # Lists of raw tables; pdsim.profile_tables interpolates them.  Every time is
 # the median of the repeats in ``samples_s`` (kept so a profile can be re-fitted).
+def _check_grid(t) -> None:
+    """A batch x context table: increasing axes, a full grid of positive finite times (null: not measured)."""
+    _check_increasing("batch", t.batch)
+    _check_increasing("context", t.context)
+    if len(t.time_s) != len(t.batch) or any(len(r) != len(t.context) for r in t.time_s):
+        raise ValueError(f"time_s must be a {len(t.batch)} x {len(t.context)} grid (batch x context)")
+    if any(not (x > 0 and x < float("inf")) for r in t.time_s for x in r if x is not None):
+        raise ValueError("time_s must be positive and finite (or null where not measured)")
+    if all(x is None for r in t.time_s for x in r):
+        raise ValueError("time_s has no measured cell")
+
+
+def _check_curve(name: str, xs: list, times: list, min_x: int | None = 1) -> None:
+    """A curve over ``xs`` (increasing, each >= min_x unless None) with one positive finite time per point."""
+    _check_increasing(name, xs)
+    if min_x is not None and xs[0] < min_x:
+        raise ValueError(f"{name} must be >= {min_x}, got {xs[0]}")
+    if len(times) != len(xs):
+        raise ValueError(f"time_s has {len(times)} values for {len(xs)} {name} values")
+    if any(not (x > 0 and x < float("inf")) for x in times):
+        raise ValueError(f"time_s must be positive and finite, got {times}")
+
+
 def _check_increasing(name: str, xs: list) -> None:
     if any(b <= a for a, b in zip(xs, xs[1:])):
         raise ValueError(f"{name} must be strictly increasing, got {xs}")
@@ -78,13 +101,7 @@ class GemmTableSpec(_Strict):
 
     @model_validator(mode="after")
     def _shape(self):
-        _check_increasing("m", self.m)
-        if self.m[0] < 1:
-            raise ValueError(f"m must be >= 1, got {self.m[0]}")
-        if len(self.time_s) != len(self.m):
-            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.m)} m values")
-        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
-            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        _check_curve("m", self.m, self.time_s)
         return self
 
 
@@ -102,11 +119,7 @@ class AttentionPrefillTableSpec(_Strict):
 
     @model_validator(mode="after")
     def _shape(self):
-        _check_increasing("seq_len", self.seq_len)
-        if len(self.time_s) != len(self.seq_len):
-            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.seq_len)} seq_len values")
-        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
-            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        _check_curve("seq_len", self.seq_len, self.time_s, min_x=None)
         return self
 
 
@@ -127,14 +140,7 @@ class AttentionDecodeTableSpec(_Strict):
 
     @model_validator(mode="after")
     def _shape(self):
-        _check_increasing("batch", self.batch)
-        _check_increasing("context", self.context)
-        if len(self.time_s) != len(self.batch) or any(len(r) != len(self.context) for r in self.time_s):
-            raise ValueError(f"time_s must be a {len(self.batch)} x {len(self.context)} grid (batch x context)")
-        if any(not (t > 0 and t < float("inf")) for r in self.time_s for t in r if t is not None):
-            raise ValueError("time_s must be positive and finite (or null where not measured)")
-        if all(t is None for r in self.time_s for t in r):
-            raise ValueError("time_s has no measured cell")
+        _check_grid(self)
         return self
 
 
@@ -175,13 +181,7 @@ class MoeTableSpec(_Strict):
 
     @model_validator(mode="after")
     def _shape(self):
-        _check_increasing("tokens", self.tokens)
-        if self.tokens[0] < 1:
-            raise ValueError(f"tokens must be >= 1, got {self.tokens[0]}")
-        if len(self.time_s) != len(self.tokens):
-            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.tokens)} tokens values")
-        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
-            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        _check_curve("tokens", self.tokens, self.time_s)
         return self
 
 
@@ -204,11 +204,7 @@ class MlaPrefillTableSpec(_MlaDims):
 
     @model_validator(mode="after")
     def _shape(self):
-        _check_increasing("seq_len", self.seq_len)
-        if len(self.time_s) != len(self.seq_len):
-            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.seq_len)} seq_len values")
-        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
-            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        _check_curve("seq_len", self.seq_len, self.time_s, min_x=None)
         return self
 
 
@@ -222,14 +218,7 @@ class MlaDecodeTableSpec(_MlaDims):
 
     @model_validator(mode="after")
     def _shape(self):
-        _check_increasing("batch", self.batch)
-        _check_increasing("context", self.context)
-        if len(self.time_s) != len(self.batch) or any(len(r) != len(self.context) for r in self.time_s):
-            raise ValueError(f"time_s must be a {len(self.batch)} x {len(self.context)} grid (batch x context)")
-        if any(not (t > 0 and t < float("inf")) for r in self.time_s for t in r if t is not None):
-            raise ValueError("time_s must be positive and finite (or null where not measured)")
-        if all(t is None for r in self.time_s for t in r):
-            raise ValueError("time_s has no measured cell")
+        _check_grid(self)
         return self
 
 
@@ -248,13 +237,7 @@ class AlltoallTableSpec(_Strict):
 
     @model_validator(mode="after")
     def _shape(self):
-        _check_increasing("tokens", self.tokens)
-        if self.tokens[0] < 1:
-            raise ValueError(f"tokens must be >= 1, got {self.tokens[0]}")
-        if len(self.time_s) != len(self.tokens):
-            raise ValueError(f"time_s has {len(self.time_s)} values for {len(self.tokens)} tokens values")
-        if any(not (t > 0 and t < float("inf")) for t in self.time_s):
-            raise ValueError(f"time_s must be positive and finite, got {self.time_s}")
+        _check_curve("tokens", self.tokens, self.time_s)
         return self
 
 

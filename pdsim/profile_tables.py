@@ -175,6 +175,19 @@ class GemmGrid:
         return Lookup(math.exp(lt), "interpolated")
 
 
+def _token_curve_lookup(curve, tokens: float) -> Lookup | None:
+    """A curve over token counts: log-log inside, the smallest count's time below (a floor), scaled by
+    tokens above (throughput-bound); None without a curve or tokens."""
+    if curve is None or tokens <= 0:
+        return None
+    xs = curve.x
+    if tokens < xs[0]:
+        return Lookup(curve.y[0], "extrapolated")
+    if tokens > xs[-1]:
+        return Lookup(curve.y[-1] * tokens / xs[-1], "extrapolated")
+    return _curve_lookup(curve, tokens)
+
+
 def _curve_lookup(curve: LogCurve, x: float) -> Lookup | None:
     t = curve(x)
     if t is None:
@@ -280,29 +293,13 @@ class MeasuredTables:
         """One all-to-all phase for ``tokens`` tokens on each GPU: log-log inside the measured range, the
         smallest count's time below it (a latency floor), scaled by tokens above it (bandwidth-bound);
         None when the shape was not measured or no token moves."""
-        curve = self.alltoall.get(key)
-        if curve is None or tokens <= 0:
-            return None
-        xs = curve.x
-        if tokens < xs[0]:
-            return Lookup(curve.y[0], "extrapolated")
-        if tokens > xs[-1]:
-            return Lookup(curve.y[-1] * tokens / xs[-1], "extrapolated")
-        return _curve_lookup(curve, tokens)
+        return _token_curve_lookup(self.alltoall.get(key), tokens)
 
     def moe_lookup(self, tokens: float, key: tuple) -> Lookup | None:
         """The routed experts of one MoE layer for ``tokens`` tokens: log-log inside the measured
         range; below it the smallest count's time (a launch-bound floor), above it scaled by tokens
         (compute-bound); None when the shape was not measured or no token enters."""
-        curve = self.moe.get(key)
-        if curve is None or tokens <= 0:
-            return None
-        xs = curve.x
-        if tokens < xs[0]:
-            return Lookup(curve.y[0], "extrapolated")
-        if tokens > xs[-1]:
-            return Lookup(curve.y[-1] * tokens / xs[-1], "extrapolated")
-        return _curve_lookup(curve, tokens)
+        return _token_curve_lookup(self.moe.get(key), tokens)
 
     # --- lookups used by DeviceProfile --------------------------------------
     def gemm_time(self, m: float, n: int, k: int, dtype: str = "bf16") -> float | None:
