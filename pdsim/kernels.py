@@ -73,9 +73,12 @@ def _pos_max(t, floor):
 # --- the datasheet roofline -----------------------------------------------------------------
 def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
                   dtype: str = "bf16", weight_only: str | None = None):
-    """One (m x k) @ (k x n) GEMM on the roofline (m may be an array)."""
+    """One (m x k) @ (k x n) GEMM on the roofline (m may be an array).  No rows (m <= 0): no kernel, 0 s
+    (as a grouped GEMM with no pairs; the formula's m / m would be 0 / 0 there)."""
     e = dev.spec.efficiency
-    if not isinstance(m, np.ndarray) and m > 0:
+    if not isinstance(m, np.ndarray) and m <= 0:
+        return 0.0
+    if not isinstance(m, np.ndarray):
         # one GEMM: the same arithmetic on Python floats (a prefill step misses the cost model's
         # cache, and numpy's per-call overhead on 0-d arrays was most of its time)
         m = float(m)
@@ -92,12 +95,13 @@ def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float 
     flops = 2.0 * m * n * k
     bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
     m_half = e.gemm_m_half if weight_only is None else min(e.gemm_m_half, WEIGHT_ONLY_M_HALF)
-    t = np.maximum(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max),
-                   bytes_ / (dev.mem_bw_Bps * e.memory))
+    with np.errstate(invalid="ignore", divide="ignore"):     # m = 0 rows: masked to 0 below
+        t = np.maximum(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max),
+                       bytes_ / (dev.mem_bw_Bps * e.memory))
     if weight_only is not None:
         passes = np.ceil(m / DEQUANT_M_TILE)
         t = np.maximum(t, n * k * DEQUANT_OPS[weight_only] * passes / dev.peak_flops("fp32"))
-    return t + e.kernel_overhead_us * 1e-6
+    return np.where(m > 0, t + e.kernel_overhead_us * 1e-6, 0.0)
 
 
 def grouped_gemm_roofline(dev, pairs: float, groups: float, n: int, k: int, weight_bytes: float,
@@ -120,8 +124,8 @@ def grouped_gemm_roofline(dev, pairs: float, groups: float, n: int, k: int, weig
 
 def alltoall_roofline(dev, bytes_: float, ep: int) -> float:
     """An all-to-all over ``ep`` GPUs in which each GPU sends ``bytes_`` (and receives as much): the
-    all-reduce's per-launch and per-peer latencies and link efficiency (an estimate: no measured
-    all-to-all table is read yet)."""
+    all-reduce's per-launch and per-peer latencies and link efficiency (an estimate; a profile's measured
+    DeepEP tables replace it where ``a2a_tables`` is on)."""
     if ep <= 1:
         return 0.0
     e = dev.spec.efficiency
