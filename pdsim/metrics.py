@@ -310,7 +310,8 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             d = d[~d.warmup.astype(bool)]
         topo = res.topology
         fin = d[d.status == FINISHED]
-        span = res.sim_end_s or 1.0
+        elapsed = res.sim_end_s           # 0 when every request was settled (rejected) at t = 0
+        span = elapsed or 1.0             # a divisor only: with nothing elapsed the rates are 0 (nothing done)
         counts = {"total": len(d_all), "finished": int((d_all.status == FINISHED).sum()),
                   "rejected": int((d_all.status == REJECTED).sum()),
                   "abandoned": int((d_all.status == ABANDONED).sum()),
@@ -321,7 +322,7 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
         scaler = getattr(topo, "autoscaler", None)
         gpus = scaler.peak_gpus() if scaler is not None else sum(p.gpus for p in topo.pools)
         # paid time, provisioning and loading included (a static pool: every instance, the whole run)
-        alive = {p.name: p.alive_s(span) for p in topo.pools}
+        alive = {p.name: p.alive_s(elapsed) for p in topo.pools}     # nothing elapsed: nothing paid
         gpu_hours = sum(p.spec.gpus_per_instance * alive[p.name] for p in topo.pools) / 3600
         cost_usd = sum(p.spec.gpus_per_instance * alive[p.name] * p.price_per_gpu_hour_usd for p in topo.pools) / 3600
         scaled = getattr(topo, "autoscaler", None) is not None
@@ -367,8 +368,8 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "requests": counts,
             "throughput": {"requests_per_s": len(fin) / span, "output_tokens_per_s": out_tokens / span,
                            # an autoscaled topology: per GPU alive on average (its peak would flatter nothing)
-                           "output_tokens_per_s_per_gpu": out_tokens / span / (gpu_hours * 3600 / span if scaled
-                                                                               else gpus)},
+                           "output_tokens_per_s_per_gpu": (out_tokens / span / (gpu_hours * 3600 / span if scaled
+                                                                                else gpus)) if out_tokens else 0.0},
             "slo_attainment": slo_attainment(d, sc.slo),
             "slo_met": verdict["met"],
             "slo": verdict,
@@ -378,7 +379,7 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
                                                    if out_tokens else None),
             "gpu_hours": gpu_hours,
             "cost_usd": cost_usd,
-            "mean_gpus": gpu_hours * 3600 / span,
+            "mean_gpus": gpu_hours * 3600 / elapsed if elapsed else (None if scaled else gpus),
             "utilization": {name: {k: v for k, v in p.items() if k in ("busy_fraction", "mfu", "mbu")}
                             for name, p in pools.items()},
             "kv_cache": kv_cache_totals(topo),

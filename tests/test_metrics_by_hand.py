@@ -425,3 +425,21 @@ def test_fault_recovery_scan_edges_by_hand():
     topo = NS(fault_log=[{"at_s": 10.0, "until_s": 20.0}, {"at_s": 30.0, "until_s": 40.0}], instances=[])
     f = metrics.fault_summary(topo, _fault_frame([(15, 1), (35, 1)]), slo, 50.0)
     assert [r["time_to_recover_s"] for r in f["recovery"]] == [None, None]
+
+
+def test_a_run_that_ends_at_t0_paid_nothing(tmp_path):
+    """Every request rejected on arrival at t = 0 (prompt + output beyond Llama-3.1-8B's 131,072-token context):
+    no time elapsed, so 0 GPU-hours and $0 (not the 1 s a span fallback once charged: 2 GPUs x 1 s = 5.6e-4 h),
+    rates 0, and a static topology's mean GPUs its GPUs."""
+    from pdsim.simulation import simulate
+    trace = tmp_path / "t0.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,200000,10\n2023-11-16 18:15:46.6805900,200000,10\n")
+    sc = config.parse({"model": "llama-3.1-8b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "topologies": {"a": {"kind": "colocated", "replicas": 2, "device": "h100-sxm"}}}, "t.yaml")
+    res = simulate(sc)
+    s = metrics.summarize(res, metrics.requests_frame(res, sc.client), sc)["a"]
+    assert s["sim_end_s"] == 0 and s["requests"]["rejected"] == 2
+    assert s["gpu_hours"] == 0.0 and s["cost_usd"] == 0.0 and s["pools"]["replica"]["gpu_hours"] == 0.0
+    assert s["mean_gpus"] == 2 and s["throughput"]["requests_per_s"] == 0.0
+    assert s["cost_per_million_output_tokens_usd"] is None
