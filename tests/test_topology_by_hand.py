@@ -1,0 +1,75 @@
+"""Hand-worked tests for pdsim/topology.py written against mutmut survivors (tests/MUTANTS.md).
+
+Every expected value is worked out by hand in the comments (tiny constant cost models, a couple of
+requests); none compares pdsim with itself.
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import scenario
+from pdsim.simulation import resolve_model, run_topology
+from pdsim.workload import Request
+
+KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2       # llama-3.1-8b, bf16: 2 (K,V) x 32 layers x 8 kv heads x 128 x 2 B
+CONST = lambda s: {"kind": "constant", "step_s": s}   # noqa: E731
+
+
+def _stream(topo, rows, **workload):
+    """The topology on a hand-made stream of (arrival_s, prompt, output)."""
+    sc = scenario({"t": topo}, **workload)
+    reqs = [Request(i, a, p, o) for i, (a, p, o) in enumerate(rows)]
+    (name, spec), = sc.topologies.items()
+    return run_topology(sc, name, spec, reqs, resolve_model(sc), 0.1)
+
+
+def _dis(prefill=None, decode=None, **extra):
+    return {"kind": "disaggregated",
+            "prefill": {"instances": 1, "kv_blocks": 1000, "cost_model": CONST(0.05), **(prefill or {})},
+            "decode": {"instances": 1, "kv_blocks": 1000, "cost_model": CONST(0.01), **(decode or {})}, **extra}
+
+
+def test_kv_link_speed_scales_with_the_prefill_gpus_and_counts_its_bytes():
+    # prefill tp=2 x pp=2: 4 GPUs each send their shard at 1 GB/s, so 4 GB/s for the instance's KV.
+    # prompt 400 tokens: 400 x 131072 B = 52,428,800 B; 100 us + 52,428,800 / 4e9 = 0.0001 + 0.0131072 s
+    topo = _dis(prefill={"tp": 2, "pp": 2}, kv_link={"bandwidth_GBps": 1, "latency_us": 100})
+    res = _stream(topo, [(0.0, 400, 2)])
+    (r,) = res.requests
+    x = 1e-4 + 400 * KV_BYTES_PER_TOKEN / 4e9
+    assert r.kv_transfer_s == pytest.approx(x, abs=1e-12) and r.kv_wait_s == 0.0
+    (link,) = res.topology.links
+    assert link.bytes == 400 * KV_BYTES_PER_TOKEN and link.transfers == 1 and link.busy_s == pytest.approx(x)
+
+
+def test_capacity_rejections_at_the_boundary_by_hand():
+    # colocated: 10 blocks of 16 tokens, watermark 0.1 -> int(0.1 x 10) = 1 kept spare: 9 blocks = 144 tokens.
+    # A request holds prompt + output - 1 tokens of KV at most (the last token is never cached).
+    topo = {"kind": "colocated", "kv_blocks": 10, "watermark": 0.1, "cost_model": CONST(0.1)}
+    res = _stream(topo, [(0.0, 100, 45), (1.0, 100, 46)])
+    a, b = res.requests
+    # 100 + 45 - 1 = 144 tokens = 9 blocks: admitted; 100 + 46 - 1 = 145 = 10 blocks > 9: rejected on arrival
+    assert a.status == "finished" and b.status == "rejected" and b.finish_s == 1.0
+    assert b.reject_reason == "kv_capacity: prompt+output needs 10 KV blocks, an instance has 9"
+    # disaggregated: the prefill side holds the prompt only, the decode side the whole sequence
+    topo = _dis(prefill={"kv_blocks": 10, "watermark": 0.1}, decode={"kv_blocks": 20, "watermark": 0.1})
+    res = _stream(topo, [(0.0, 144, 1), (1.0, 145, 1), (2.0, 100, 189), (3.0, 100, 190)])
+    r0, r1, r2, r3 = res.requests
+    # prompt 144 = 9 blocks fits the prefill side (9 usable); 145 = 10 does not
+    assert r0.status == "finished" and r1.status == "rejected"
+    assert r1.reject_reason == "kv_capacity: prompt needs 10 KV blocks, a prefill instance has 9"
+    # decode: 20 - int(0.1 x 20) = 18 usable = 288 tokens; 100 + 189 - 1 = 288 fits, 100 + 190 - 1 = 289 does not
+    assert r2.status == "finished" and r3.status == "rejected"
+    assert r3.reject_reason == "kv_capacity: prompt+output needs 19 KV blocks, a decode instance has 18"
+
+
+def test_admission_queue_bound_by_hand():
+    # one replica (instance "replica-0"), batch 1, max_queue 1, steps of 0.1 s; requests at 0, 0.01, 0.02, 0.03 (prompt 10, output 2):
+    #   r0 starts at once (waiting empty); r1 queues (waiting 0 < 1); r2 finds 1 waiting >= 1: rejected;
+    #   r3 likewise at 0.03 (r0 runs until 0.2, so r1 still waits)
+    topo = {"kind": "colocated", "kv_blocks": 100, "max_running": 1, "max_queue": 1, "cost_model": CONST(0.1)}
+    res = _stream(topo, [(0.0, 10, 2), (0.01, 10, 2), (0.02, 10, 2), (0.03, 10, 2)])
+    st = [r.status for r in res.requests]
+    assert st == ["finished", "finished", "rejected", "rejected"]
+    assert res.requests[2].reject_reason == "admission: replica-0 has 1 requests queued (max_queue 1)"
+    # r0: prefill 0-0.1, decode 0.1-0.2; r1 then 0.2-0.4
+    assert res.requests[0].finish_s == pytest.approx(0.2) and res.requests[1].finish_s == pytest.approx(0.4)
