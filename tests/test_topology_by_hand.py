@@ -73,3 +73,29 @@ def test_admission_queue_bound_by_hand():
     assert res.requests[2].reject_reason == "admission: replica-0 has 1 requests queued (max_queue 1)"
     # r0: prefill 0-0.1, decode 0.1-0.2; r1 then 0.2-0.4
     assert res.requests[0].finish_s == pytest.approx(0.2) and res.requests[1].finish_s == pytest.approx(0.4)
+
+
+def test_uneven_pipeline_link_speed_is_set_by_the_busiest_stage():
+    # prefill pp=2 split 20 + 12 of llama's 32 layers, tp 1, 1 GB/s per GPU: stage 0 sends 20/32 of the bytes
+    # over its one link and finishes last, so the instance's KV moves at 1e9 x 32 / 20 = 1.6e9 B/s.
+    # prompt 320 tokens: 320 x 131072 B = 41,943,040 B; 10 us + 41,943,040 / 1.6e9 = 0.00001 + 0.0262144 s
+    topo = _dis(prefill={"pp": 2, "pp_layers": [20, 12]}, kv_link={"bandwidth_GBps": 1, "latency_us": 10})
+    res = _stream(topo, [(0.0, 320, 2)])
+    (r,) = res.requests
+    assert r.kv_transfer_s == pytest.approx(1e-5 + 320 * KV_BYTES_PER_TOKEN / 1.6e9, abs=1e-12)
+
+
+@pytest.mark.parametrize("assignment, r2_on", [("least_loaded", "decode-0"), ("least_decode_work", "decode-1"),
+                                               ("round_robin", "decode-0")])
+def test_decode_assignment_policies_by_hand(assignment, r2_on):
+    # 1 prefill (0.05 s steps), 2 decode instances (0.01 s steps), a link so fast the hand-off is ~0 s:
+    #   r0 at 0.0: prompt 16, output 200 -> decode from 0.05; both idle, ties go to the first: decode-0
+    #   r1 at 0.1: prompt 320, output 50 -> decode-1 under every policy (d0 holds blocks and 190 tokens to go;
+    #              round robin's second pick)
+    #   r2 at 0.2: prompt 16, output 5 -> assigned at 0.25:
+    #     d0 holds r0 at 16 + 20 tokens = 3 blocks, ~180 tokens to decode;
+    #     d1 holds r1 at 320 + 10 tokens = 21 blocks, ~40 tokens to decode.
+    #     least_loaded (fewest blocks) -> d0; least_decode_work (fewest tokens to come) -> d1; round robin -> d0
+    topo = _dis(decode={"instances": 2}, assignment=assignment, kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    res = _stream(topo, [(0.0, 16, 200), (0.1, 320, 50), (0.2, 16, 5)])
+    assert [r.decode_instance for r in res.requests] == ["decode-0", "decode-1", r2_on]
