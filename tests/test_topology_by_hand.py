@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import scenario
+from pdsim import config
 from pdsim.simulation import resolve_model, run_topology
 from pdsim.workload import Request
 
@@ -15,9 +16,11 @@ KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2       # llama-3.1-8b, bf16: 2 (K,V) x 
 CONST = lambda s: {"kind": "constant", "step_s": s}   # noqa: E731
 
 
-def _stream(topo, rows, **workload):
-    """The topology on a hand-made stream of (arrival_s, prompt, output)."""
+def _stream(topo, rows, faults=None, **workload):
+    """The topology on a hand-made stream of (arrival_s, prompt, output); ``faults``: a faults section."""
     sc = scenario({"t": topo}, **workload)
+    if faults is not None:
+        sc = sc.model_copy(update={"faults": config.FaultsSpec(**faults)})
     reqs = [Request(i, a, p, o) for i, (a, p, o) in enumerate(rows)]
     (name, spec), = sc.topologies.items()
     return run_topology(sc, name, spec, reqs, resolve_model(sc), 0.1)
@@ -99,3 +102,43 @@ def test_decode_assignment_policies_by_hand(assignment, r2_on):
     topo = _dis(decode={"instances": 2}, assignment=assignment, kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
     res = _stream(topo, [(0.0, 16, 200), (0.1, 320, 50), (0.2, 16, 5)])
     assert [r.decode_instance for r in res.requests] == ["decode-0", "decode-1", r2_on]
+
+
+def test_prefill_lost_twice_during_its_kv_transfer_by_hand():
+    # 1 prefill instance, linear cost 0.05 s + 1e-4 s per token; 1 GB/s link, no latency; 1 request of 800 + 3.
+    #   0 - 0.13       prefill 800 tokens (0.05 + 0.08); token 1
+    #   0.13 - 0.2348576  KV of 800 tokens on the wire: 104,857,600 B / 1e9; decode holds 50 blocks reserved
+    #   0.2  prefill-0 fails (down 0.5 s): when the transfer ends its source copy is gone -> the decode
+    #        reservation is given back; recomputed 800, fault hit 1; no prefill up: the request waits (backlog)
+    #   0.7 - 0.8301   recovered: prefill prompt + 1 generated = 801 tokens (0.05 + 0.0801); token 2
+    #   0.8301 - 0.935088672  801 tokens on the wire (104,988,672 B)
+    #   0.9  prefill-0 fails again (down 0.5 s) -> lost again: recomputed 800 + 801 = 1601, fault hits 2
+    #   1.4 - 1.5302   prefill 802 tokens (0.05 + 0.0802); token 3 = the last: it finishes on the prefill side
+    topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.05, "per_token_s": 1e-4}},
+                kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 800, 3)], faults={"instances": [
+        {"at_s": 0.2, "instance": "prefill-0", "down_s": 0.5}, {"at_s": 0.9, "instance": "prefill-0", "down_s": 0.5}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(1.5302, abs=1e-12)
+    assert r.token_s == pytest.approx([0.13, 0.8301, 1.5302], abs=1e-12)
+    assert r.recomputed_tokens == 1601 and r.fault_hits == 2
+    (link,) = res.topology.links
+    assert link.transfers == 2 and link.bytes == (800 + 801) * KV_BYTES_PER_TOKEN
+    assert link.busy_s == pytest.approx((800 + 801) * KV_BYTES_PER_TOKEN / 1e9)
+    # both reservations were given back: nothing reserved, nothing held on the decode side
+    (d,) = res.topology.decode.instances
+    assert (d.reserved_count, d.reserved_blocks, d.kv.used_blocks) == (0, 0, 0)
+
+
+def test_decode_loss_too_long_for_prefill_waits_for_a_decode_instance_by_hand():
+    # prefill: 10 blocks of 16, watermark 0 -> 160 tokens; decode 0.01 s steps; a link fast enough to be ~0 s.
+    # prompt 150, output 30: prefill 0 - 0.05 (token 1), decode steps end at 0.06, ..., 0.19 (14 steps by 0.2:
+    # tokens 2..15). decode-0 fails at 0.2 for 0.5 s: the request knows 150 + 15 = 165 tokens > 160, so it is
+    # recomputed on decode; no decode instance is up: it waits. At 0.7 decode-0 takes it: one step prefills the
+    # 165 tokens and samples token 16 (0.71), 14 more steps give tokens 17..30: finish 0.71 + 0.14 = 0.85.
+    # Recomputed: the KV it had cached, 150 + 14 (token 15, just sampled, had no KV yet) = 164.
+    topo = _dis(prefill={"kv_blocks": 10, "watermark": 0.0}, kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    res = _stream(topo, [(0.0, 150, 30)], faults={"instances": [{"at_s": 0.2, "instance": "decode-0", "down_s": 0.5}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(0.85, abs=1e-6)
+    assert r.recomputed_tokens == 164 and r.fault_hits == 1 and r.instance == "decode-0"
