@@ -142,3 +142,35 @@ def test_decode_loss_too_long_for_prefill_waits_for_a_decode_instance_by_hand():
     (r,) = res.requests
     assert r.status == "finished" and r.finish_s == pytest.approx(0.85, abs=1e-6)
     assert r.recomputed_tokens == 164 and r.fault_hits == 1 and r.instance == "decode-0"
+
+
+def _colo(**extra):
+    return {"kind": "colocated", "replicas": 2, "kv_blocks": 100, "cost_model": CONST(0.1), **extra}
+
+
+@pytest.mark.parametrize("router", ["kv_aware", "prefix_aware", "least_outstanding"])
+def test_cache_aware_routers_break_ties_to_the_first_instance(router):
+    # two idle replicas, no cached prefixes, load slack 0: every cost / key ties, so the first instance wins.
+    # prefix_aware's ceiling is min load + 0 = 0: an instance at exactly the ceiling is still eligible.
+    topo = _colo(router=router, prefix_routing={"load_slack_tokens": 0})
+    res = _stream(topo, [(0.0, 10, 2)])
+    assert res.requests[0].instance == "replica-0" and res.requests[0].status == "finished"
+
+
+def test_prefix_cache_sizes_at_their_bounds_by_hand():
+    # llama-3.1-8b, tp 1, block 16: one block is 16 x 131072 B = 2,097,152 B = 2/1024 GiB.
+    one_block_gib = 16 * KV_BYTES_PER_TOKEN / 2**30
+    pc = {"capacity_blocks": 100, "host": {"capacity_GiB": one_block_gib, "bandwidth_GBps": 10}}
+    # a cache as large as the pool (100 of 100 blocks) and a host tier of exactly one block are both allowed
+    res = _stream(_colo(replicas=1, prefix_cache=pc), [(0.0, 10, 2)])
+    assert res.requests[0].status == "finished"
+    # a host tier of half a block holds no whole block: a config error naming the key
+    pc["host"]["capacity_GiB"] = one_block_gib / 2
+    with pytest.raises(config.ConfigError) as e:
+        _stream(_colo(replicas=1, prefix_cache=pc), [(0.0, 10, 2)])
+    assert e.value.key == "topologies.t.prefix_cache.host.capacity_GiB" and e.value.value == one_block_gib / 2
+    assert "smaller than one KV block (2,097,152 bytes)" in str(e.value)
+    # a cache larger than the pool is refused
+    with pytest.raises(config.ConfigError) as e:
+        _stream(_colo(replicas=1, prefix_cache={"capacity_blocks": 101}), [(0.0, 10, 2)])
+    assert e.value.key == "topologies.t.prefix_cache.capacity_blocks"
