@@ -173,7 +173,7 @@ MUTANTS: list[Mutant] = [
            "the decode side reserves blocks for arriving KV out of the watermark"),
     # --- costmodel -------------------------------------------------------------------------------
     Mutant("tp-one-allreduce-per-layer", "pdsim/costmodel.py",
-           "n_ar = 2 * L + (1 if first else 0) -", "n_ar = L + (1 if first else 0) -",
+           "n_ar = 2 * L + (1 if first else 0)\n", "n_ar = L + (1 if first else 0)\n",
            (SEM + "test_tensor_parallel_step_pays_two_allreduces_per_layer",),
            "TP pays one all-reduce per layer instead of two (attention out, MLP down)"),
     # --- plan ------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ all clients starting together), with ``ep`` = the row's moe_ep_size.  Nothing is
 Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTFT and TPOT per group.
 
     .venv/bin/python benchmarks/validate_moe_silicon.py [--sample N (default 150, about 100 s)] [--seed S]
-        [--dp-attention-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables] [--no-mla-tables]
+        [--dp-attention-only] [--ep-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables] [--no-mla-tables]
         [--a2a-tables]] [--csv OUT.csv]
 """
 from __future__ import annotations
@@ -97,6 +97,7 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=150, help="seeded random sample of this many rows (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dp-attention-only", action="store_true", help="only the rows served with DP attention")
+    ap.add_argument("--ep-only", action="store_true", help="only the rows with expert parallelism (moe_ep > 1)")
     ap.add_argument("--profiles", help="price each GPU with the profile whose file name starts with it (e.g. "
                                        "'calibration/profiles/*-aic.yaml': imported kernel and MoE tables)")
     ap.add_argument("--moe-tables", action="store_true", help="with --profiles: also use their measured MoE tables")
@@ -111,6 +112,8 @@ def main() -> int:
     rows, skipped = _rows(Path(root) / "silicon_sample.csv")
     if args.dp_attention_only:
         rows = [r for r in rows if r["dp_attention"]]
+    if args.ep_only:
+        rows = [r for r in rows if r["ep"] > 1]
     print(f"aiconfigurator-core {version} silicon sample: {len(rows)} MoE rows pdsim can express; skipped {skipped}")
     if args.sample and len(rows) > args.sample:
         idx = np.random.default_rng(args.seed).choice(len(rows), args.sample, replace=False)

@@ -24,9 +24,11 @@ under uniform routing ``T`` tokens of top-k out of ``E`` experts hit
 ``E (1 - (1 - k/E)^T)`` distinct experts in expectation (:func:`expected_distinct_experts`),
 whose weights are read once; FLOPs are those of the ``T k`` token-expert pairs.  With
 expert parallelism ``ep`` each GPU holds ``E / ep`` experts (each split over ``tp / ep``
-GPUs) and gets ``T k / ep`` pairs; the MoE layer exchanges tokens by an all-to-all
-dispatch and combine of ``T h 2 (ep - 1) / ep`` bytes per GPU each way, which replaces
-its all-reduce when ep = tp (the shared experts' partial sums ride in the combine).
+GPUs) and gets ``T k / ep`` pairs.  Under TP attention every GPU already holds every token:
+no dispatch, and the MoE layer's all-reduce sums the experts' partial outputs as a dense
+MLP's would.  Under DP attention (below) the ranks hold different tokens and the MoE layer
+exchanges them by an all-to-all dispatch and combine of ``T h 2 (ep - 1) / ep`` bytes per
+GPU each way.
 With ``expert_skew`` > 0 (Zipf popularity) the experts hit and the pairs are those of
 the hottest rank (experts placed round robin in popularity order); at 0, the mean rank
 (the random imbalance of uniform routing over a finite batch is not modelled).
@@ -402,7 +404,7 @@ class RooflineCost(CostModel):
                     "MLA prefill" if not have[0] else "MLA decode"
                 self.table_notes.append(f"{what} attention: roofline (no measured table for {self.q_heads} heads per "
                                         f"GPU, dims {'/'.join(map(str, dims))}, KV {self.kv_table_dtype})")
-        if self.a2a_tables and m.is_moe and self.ep > 1:
+        if self.a2a_tables and m.is_moe and self.ep > 1 and self.dp_attention:   # the only all-to-all
             a2a = getattr(tabs, "alltoall", None) or {} if tabs is not None else {}
             # wire dtypes as aiconfigurator's serving rule: DeepEP high-throughput sends bf16 for bf16 and fp8
             # models (nvfp4 for nvfp4), low-latency sends fp8 for fp8 models (nvfp4 / fp4 combine off Hopper)
@@ -483,12 +485,15 @@ class RooflineCost(CostModel):
                           (Sa, n, k, 2.0, "bf16", None, "bf16")))
         ep, ta = self.ep, self.tp // self.attn_dp
         if ta > 1:
-            # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding;
-            # with ep = tp an MoE layer's all-to-all combine takes the place of its MLP all-reduce
-            # (under pipeline parallelism: within the stage's TP group only; none under DP attention)
-            n_ar = 2 * L + (1 if first else 0) - (Lm if ep > 1 and ep == self.tp else 0)
+            # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding
+            # (under pipeline parallelism: within the stage's TP group only; none under DP attention).  Under
+            # TP attention every GPU holds every token, so expert parallelism needs no dispatch: each GPU runs
+            # its own experts on the tokens routed to them and the MoE layer's all-reduce sums the partial
+            # outputs, as its dense MLP's would (vLLM, SGLang and TensorRT-LLM use all-to-all only with DP
+            # attention, where the ranks hold different tokens)
+            n_ar = 2 * L + (1 if first else 0)
             ops.append(Op("allreduce", "allreduce", n_ar, 0.0, 0.0, (Ta * h * 2.0, ta)))
-        if ep > 1 and self.moe_layers:
+        if ep > 1 and self.moe_layers and self.attn_dp > 1:
             # dispatch and combine per MoE layer: bf16 tokens, (ep - 1)/ep of them leave each GPU each way
             # (under DP attention: the busiest rank's own tokens)
             ops.append(Op("alltoall", "alltoall", 2 * Lm, 0.0, 0.0, (Ta * h * 2.0 * (ep - 1) / ep, ep)))

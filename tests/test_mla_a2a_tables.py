@@ -179,12 +179,12 @@ def _a2a(cm, tokens):
 
 def test_alltoall_is_the_mean_of_dispatch_and_combine_low_latency_then_high_throughput(prof):
     _, dev = prof
-    fp8 = RooflineCost(DS, dev, 8, "fp8", "fp8", ep=8, a2a_tables=True)
+    fp8 = RooflineCost(DS, dev, 8, "fp8", "fp8", ep=8, a2a_tables=True, dp_attention=True)
     # 64 tokens on a GPU: DeepEP low-latency (measured up to 256 tokens), fp8 on the wire for fp8 weights
     t, code = _a2a(fp8, 64)
     assert code == 0 and t == pytest.approx(0.5e-6 * (a2a_us("ll", "dispatch", "fp8", 64)
                                                       + a2a_us("ll", "combine", "fp8", 64)), rel=REL)
-    bf = RooflineCost(DS, dev, 8, "bf16", "bf16", ep=8, a2a_tables=True)
+    bf = RooflineCost(DS, dev, 8, "bf16", "bf16", ep=8, a2a_tables=True, dp_attention=True)
     assert _a2a(bf, 64)[0] == pytest.approx(0.5e-6 * (a2a_us("ll", "dispatch", "bf16", 64)
                                                       + a2a_us("ll", "combine", "bf16", 64)), rel=REL)
     # between 16 and 64: log-log in each phase, then the mean
@@ -205,13 +205,23 @@ def test_alltoall_is_the_mean_of_dispatch_and_combine_low_latency_then_high_thro
 def test_alltoall_without_a_matching_table_is_the_roofline(prof):
     _, dev = prof
     q = get_model("qwen3-235b-a22b")                  # hidden 4096, 128 experts: not measured
-    for cm, roof in ((RooflineCost(q, dev, 8, "fp8", "fp8", ep=8, a2a_tables=True), RooflineCost(q, dev, 8, "fp8", "fp8", ep=8)),
-                     (RooflineCost(DS, dev, 8, "fp8", "fp8", ep=8), RooflineCost(DS, dev, 8, "fp8", "fp8", ep=8))):
+    dp = {"ep": 8, "dp_attention": True}
+    for cm, roof in ((RooflineCost(q, dev, 8, "fp8", "fp8", a2a_tables=True, **dp), RooflineCost(q, dev, 8, "fp8", "fp8", **dp)),
+                     (RooflineCost(DS, dev, 8, "fp8", "fp8", **dp), RooflineCost(DS, dev, 8, "fp8", "fp8", **dp))):
         assert _a2a(cm, 64) == _a2a(roof, 64) and _a2a(cm, 64)[1] == 3
-    assert "alltoall: roofline" in RooflineCost(q, dev, 8, "fp8", "fp8", ep=8, a2a_tables=True).table_notes[0]
+    assert "alltoall: roofline" in RooflineCost(q, dev, 8, "fp8", "fp8", a2a_tables=True, **dp).table_notes[0]
     # a datasheet preset has no tables at all
-    cm = RooflineCost(DS, get_device("h200"), 8, "fp8", "fp8", ep=8, a2a_tables=True, mla_tables=True)
+    cm = RooflineCost(DS, get_device("h200"), 8, "fp8", "fp8", a2a_tables=True, mla_tables=True, **dp)
     assert _a2a(cm, 64)[1] == 3 and _attn(cm, 2, 255)[1] == 3
+
+
+def test_tp_attention_has_no_alltoall_to_price_even_with_the_tables_on(prof):
+    # under TP attention every GPU holds every token: expert parallelism dispatches nothing, so the DeepEP
+    # tables price nothing and no note blames a missing one
+    _, dev = prof
+    cm = RooflineCost(DS, dev, 8, "fp8", "fp8", ep=8, a2a_tables=True)
+    assert not any(o.kind == "alltoall" for o in cm._static_ops(64, 64))
+    assert cm.a2a_keys is None and not any(n.startswith("alltoall") for n in cm.table_notes)
 
 
 # --- pdsim estimate ----------------------------------------------------------------------------------
@@ -225,18 +235,26 @@ def _estimate(*args) -> dict:
 
 def test_estimate_names_the_tables_source_and_says_when_they_do_not_serve(prof):
     path, _ = prof
-    res = _estimate("--device", str(path), "--ep", "8", "--decode-batch", "16", "--context", "255", "--mla-tables",
-                    "--a2a-tables")       # 16 tokens: a measured all-to-all point; context 256 between two
+    # DP attention over 8 ranks, decode batch 128: 16 requests (16 tokens) on the busiest rank, a measured
+    # all-to-all point; 128 heads per GPU at batch 16 and context 256, between two measured contexts
+    res = _estimate("--device", str(path), "--ep", "8", "--dp-attention", "--decode-batch", "128", "--context", "255",
+                    "--mla-tables", "--a2a-tables")
     assert res["ops"]["attention"]["source"] == "interpolated" and res["ops"]["alltoall"]["source"] == "exact"
     assert res["table_notes"] == []
-    res = _estimate("--device", str(path), "--ep", "8", "--decode-batch", "2", "--context", "255")   # the defaults
+    res = _estimate("--device", str(path), "--ep", "8", "--dp-attention", "--decode-batch", "16", "--context", "255")
     assert res["ops"]["attention"]["source"] == "interpolated" and res["ops"]["alltoall"]["source"] == "roofline"
+    res = _estimate("--device", str(path), "--ep", "8", "--decode-batch", "2", "--context", "255")   # TP attention
+    assert res["ops"]["attention"]["source"] == "interpolated" and "alltoall" not in res["ops"]
     res = _estimate("--device", str(path), "--ep", "8", "--decode-batch", "2", "--context", "255", "--no-mla-tables")
     assert res["ops"]["attention"]["source"] == "roofline"
-    # tp 4: 32 heads per GPU and ep 4, neither in the tables: the roofline, and a note says why
+    # tp 4: 32 heads per GPU, not in the tables: the roofline, and a note says why (no all-to-all under TP attention)
     res = _estimate("--device", str(path), "--tp", "4", "--ep", "4", "--decode-batch", "2", "--a2a-tables")
-    assert res["ops"]["attention"]["source"] == "roofline" and res["ops"]["alltoall"]["source"] == "roofline"
+    assert res["ops"]["attention"]["source"] == "roofline" and "alltoall" not in res["ops"]
     assert any(n.startswith("MLA prefill and decode attention: roofline") for n in res["table_notes"])
+    # ep 4 under DP attention: no DeepEP table for ep 4, and a note says so
+    res = _estimate("--device", str(path), "--tp", "4", "--ep", "4", "--dp-attention", "--decode-batch", "2",
+                    "--a2a-tables")
+    assert res["ops"]["alltoall"]["source"] == "roofline"
     assert any(n.startswith("alltoall: roofline") for n in res["table_notes"])
     buf = io.StringIO()                     # the table output says it too
     with redirect_stdout(buf):
@@ -257,7 +275,7 @@ def test_a_scenarios_pool_gets_the_tables_defaults_and_its_own_choice(prof):
                            "workload": {"arrival": "poisson", "rate": 1.0, "num_requests": 2, "prompt_tokens": 10,
                                         "output_tokens": 2},
                            "topologies": {"t": {"kind": "colocated", "replicas": 1, "tp": 8, "ep": 8, "device": str(path),
-                                                "cost_model": {"kind": "roofline", **cm_keys}}}}, "t.yaml")
+                                                "dp_attention": True, "cost_model": {"kind": "roofline", **cm_keys}}}}, "t.yaml")
         return make_cost(sc.topologies["t"], DS, "fp8", "fp8", None, "topologies.t")
     cm = pool_cost({})                                       # defaults: MLA table on, all-to-all table off
     assert _attn(cm, 2, 255)[1] == 1 and _a2a(cm, 16)[1] == 3
