@@ -98,7 +98,8 @@ def _fmt(x, scale=1.0, digits=3):
     return f"{v:.{digits}g}"
 
 
-def print_summary(summary: dict, out=sys.stdout) -> None:
+def print_summary(summary: dict, out=None) -> None:
+    out = out or sys.stdout          # looked up per call: a default bound at import would keep a closed stream
     cols = ["topology", "gpus", "done/total", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "E2E p90 s",
             "SLO att.", "tok/s/GPU", "$/Mtok"]
     rows = []

@@ -415,7 +415,7 @@ def holdout_errors(profile, holdout) -> dict:
     return out
 
 
-def print_errors(errors: dict, title: str, out=sys.stdout) -> None:
+def print_errors(errors: dict, title: str, out=None) -> None:
     print(f"\n{title}", file=out)
     print(f"  {'op':24s} {'n':>4s} {'median APE':>11s} {'p90 APE':>9s}", file=out)
     for op, s in errors.items():

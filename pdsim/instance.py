@@ -367,39 +367,58 @@ class Instance:
     def _apply(self, plan, t0: float) -> None:
         now = self.env.now
         leaving = False
-        prefix = self.kv.prefix_on
+        kv = self.kv
+        prefix = kv.prefix_on
+        role = self.role
+        sink = self.sink
+        # the load counters are summed locally and brought up to date before every callback (a callback may
+        # route a new request, which reads them) and at the end
+        out_d = dec_d = 0
         for req, n in plan.items:
             if req.status != UNFINISHED:   # abandoned by its client while the step ran
                 continue
             if req.prefill_start_s != req.prefill_start_s:  # NaN: first compute of this request
                 req.prefill_start_s = t0
-            req.computed += n
-            self.outstanding_tokens -= n
+            c = req.computed + n
+            req.computed = c
+            out_d += n
             if prefix:
-                self.kv.commit(req)        # prompt blocks this step completed become shareable
-            if req.computed != req.known:
+                kv.commit(req)             # prompt blocks this step completed become shareable
+            if c != req.prompt_tokens + req.generated:     # req.known: a prompt chunk, no token yet
                 continue
-            req.generated += 1
-            self.decode_work -= 1
+            g = req.generated + 1
+            req.generated = g
+            dec_d += 1
             if req.token_s is not None:
                 req.token_s.append(now)
-            if self.role == "decode" and req.decode_first_s != req.decode_first_s:
+            if role == "decode" and req.decode_first_s != req.decode_first_s:
                 req.decode_first_s = now
-            if req.generated == 1:
+            if g == 1:
                 req.first_token_s = req.prefill_end_s = now
-                self.sink.first_token(req)
-            if req.generated >= req.output_tokens:
+                self.outstanding_tokens -= out_d
+                self.decode_work -= dec_d
+                out_d = dec_d = 0
+                sink.first_token(req)
+            if g >= req.output_tokens:
                 req.status = FINISHED
                 req.finish_s = now
-                self.kv.release(req)
+                kv.release(req)
                 leaving = True
-                self.sink.finished(req, self)
-            elif self.role == "prefill":
+                self.outstanding_tokens -= out_d
+                self.decode_work -= dec_d
+                out_d = dec_d = 0
+                sink.finished(req, self)
+            elif role == "prefill":
                 # prefill done: the request leaves the batch but keeps its KV until the transfer ends
                 req.status = HANDOFF
-                self.decode_work -= req.output_tokens - req.generated
+                self.outstanding_tokens -= out_d
+                self.decode_work -= dec_d + (req.output_tokens - g)
+                out_d = dec_d = 0
                 leaving = True
-                self.sink.prefill_done(req, self)
+                sink.prefill_done(req, self)
+        if out_d or dec_d:
+            self.outstanding_tokens -= out_d
+            self.decode_work -= dec_d
         if leaving:
             self.running = [r for r in self.running if r.status == UNFINISHED]
 

@@ -1215,7 +1215,7 @@ def write_plan_outputs(plan: Plan, result: dict, out: Path, progress: bool = Fal
     build_plan_report(result, out)
 
 
-def print_table(result: dict, out=sys.stdout, limit: int = 25) -> None:
+def print_table(result: dict, out=None, limit: int = 25) -> None:
     def f(x, d=3):
         return "-" if x is None else (f"{x:.{d}g}" if isinstance(x, float) else str(x))
     def ci(r):

@@ -149,43 +149,76 @@ def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: Ste
     return budget
 
 
+def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, budget: int | None) -> int:
+    """One step's tokens for every running request (a decode's one, a chunked prompt's next chunk) in batch
+    order, within ``budget`` tokens (None: no budget), preempting when a request cannot grow; returns the
+    budget left.  ``StepPlan.add`` inlined over local sums (same additions in the same order, so the same
+    floats): this loop runs for every request of every step.  A prefix pool or a sliding plan takes the
+    general path (``_decode_running_general``)."""
+    if kv.prefix_on or type(plan) is not StepPlan:
+        return _decode_running_general(running, waiting, kv, plan, budget)
+    bs = kv.block_size
+    items = plan.items
+    tokens, attn, kv_read, sampled = plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled
+    left = budget if budget is not None else 1 << 62
+    for req in list(running):
+        if left <= 0:
+            break
+        if req.blocks == 0:   # preempted earlier in this loop (a running request always holds blocks)
+            continue
+        c = req.computed
+        known = req.prompt_tokens + req.generated
+        n = known - c
+        if n > left:
+            n = left
+        # a decode that stays within the blocks it holds needs no KV call (15 of 16 steps at 16-token blocks);
+        # a growth that fails changes nothing, and only then are victims looked for among the unscheduled
+        if -(-(c + n) // bs) > req.blocks and not kv.grow(req, c + n):
+            if not _grow_running(req, n, kv, running, waiting, plan, {id(r) for r, _ in items}):
+                continue
+        items.append((req, n))
+        tokens += n
+        attn += n * (c + 0.5 * n)
+        kv_read += c + n
+        if c + n == known:
+            sampled += 1
+        left -= n
+    plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled = tokens, attn, kv_read, sampled
+    return left if budget is not None else 0
+
+
+def _decode_running_general(running: list, waiting: deque, kv: KVCache, plan: StepPlan, budget: int | None) -> int:
+    scheduled: set = set()
+    # as above, but a prefix pool's grow also trims its cache, so it always goes through
+    bs = 0 if kv.prefix_on else kv.block_size
+    left = budget if budget is not None else 1 << 62
+    for req in list(running):
+        if left <= 0:
+            break
+        if req.blocks == 0:
+            continue
+        c = req.computed
+        n = min(req.prompt_tokens + req.generated - c, left)
+        if (bs and -(-(c + n) // bs) <= req.blocks) or _grow_running(req, n, kv, running, waiting, plan, scheduled):
+            plan.add(req, n)
+            scheduled.add(id(req))
+            left -= n
+    return left if budget is not None else 0
+
+
 def fcfs(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
     plan = StepPlan() if limits.window is None else SlidingStepPlan(window=limits.window)
     if waiting:
         _admit(waiting, running, kv, limits, plan, limits.max_batched_tokens, chunk=False)
         if plan.items:
             return plan
-    scheduled: set = set()
-    # a decode that stays within the blocks it holds needs no growth (15 of 16 steps at 16-token blocks):
-    # skip the KV call for it (a prefix pool's grow also trims its cache, so it always goes through)
-    bs = 0 if kv.prefix_on else kv.block_size
-    for req in list(running):
-        if req.blocks == 0:   # preempted earlier in this loop (a running request always holds blocks)
-            continue
-        c = req.computed
-        n = req.prompt_tokens + req.generated - c
-        if (bs and -(-(c + n) // bs) <= req.blocks) or _grow_running(req, n, kv, running, waiting, plan, scheduled):
-            plan.add(req, n)
-            scheduled.add(id(req))
+    _decode_running(running, waiting, kv, plan, None)
     return plan
 
 
 def chunked(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
     plan = StepPlan() if limits.window is None else SlidingStepPlan(window=limits.window)
-    budget = limits.max_batched_tokens
-    scheduled: set = set()
-    bs = 0 if kv.prefix_on else kv.block_size     # as in fcfs: no KV call for a request that needs no block
-    for req in list(running):
-        if budget <= 0:
-            break
-        if req.blocks == 0:
-            continue
-        c = req.computed
-        n = min(req.prompt_tokens + req.generated - c, budget)
-        if (bs and -(-(c + n) // bs) <= req.blocks) or _grow_running(req, n, kv, running, waiting, plan, scheduled):
-            plan.add(req, n)
-            scheduled.add(id(req))
-            budget -= n
+    budget = _decode_running(running, waiting, kv, plan, limits.max_batched_tokens)
     if not plan.preempted:
         _admit(waiting, running, kv, limits, plan, budget, chunk=True)
     return plan
