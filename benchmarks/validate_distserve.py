@@ -11,11 +11,12 @@ seeds per rate (600 requests each, the first 20% left out as warm-up), and repor
 highest rate whose attainment, and every lower rate's, is >= 90% on every seed, interpolated
 linearly between the last passing and the first failing rate.
 
-    .venv/bin/python benchmarks/validate_distserve.py [--seeds 2]
+    .venv/bin/python benchmarks/validate_distserve.py [--seeds 2] [--overhead-us US ...] [--kernel-slowdown F ...]
 """
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def main() -> None:
     ap.add_argument("--step", type=float, default=0.25, help="rate grid step (req/s)")
     ap.add_argument("--overhead-us", type=float, nargs="*", default=[],
                     help="sensitivity: also run colocated vllm-v0 with these per-step base overheads (us)")
+    ap.add_argument("--kernel-slowdown", type=float, nargs="*", default=[],
+                    help="sensitivity: also run both topologies (vllm-v0) on the A100 preset with every kernel F times "
+                         "slower (peaks and bandwidth / F, kernel floors x F)")
     args = ap.parse_args()
     base = yaml.safe_load(SCENARIO.read_text())
     base["workload"]["num_requests"] = 600
@@ -76,6 +80,14 @@ def main() -> None:
     for us in args.overhead_us:
         cases.append(("colocated", f"vllm-v0, base {us:g} us", 1,
                       {"t": {**pools["colocated-1"], "engine": "vllm-v0", "step_overhead": {"base_us": us}}}))
+    tmp = tempfile.TemporaryDirectory()
+    for f in args.kernel_slowdown:
+        dev = _slowed_a100(f, Path(tmp.name))
+        v0 = {"device": dev, "engine": "vllm-v0"}
+        cases.append(("colocated", f"vllm-v0, kernels x{f:g}", 1, {"t": {**pools["colocated-1"], **v0}}))
+        cases.append(("2p1d", f"vllm-v0, kernels x{f:g}", 3,
+                      {"t": {**pools["disagg-2p1d"], "prefill": {**pools["disagg-2p1d"]["prefill"], **v0},
+                             "decode": {**pools["disagg-2p1d"]["decode"], **v0}}}))
     got = {}
     for topo, label, gpus, t in cases:
         t0 = time.perf_counter()
@@ -87,9 +99,26 @@ def main() -> None:
         print(f"  {topo:9s} {label:24s} goodput {g:5.2f} req/s = {g / gpus:5.2f} per GPU; paper {paper:.1f} "
               f"-> x{g / gpus / paper:.2f}  ({len(curve)} rates, {time.perf_counter() - t0:.0f} s; "
               f"attainment near the knee: {', '.join(f'{r:g}:{a:.2f}' for r, a in curve[-3:])})")
-    for label in ("idealised (no engine)", "engine: vllm-v0"):
+    for label in ("idealised (no engine)", "engine: vllm-v0", *(f"vllm-v0, kernels x{f:g}" for f in args.kernel_slowdown)):
         c, d = got[("colocated", label)], got[("2p1d", label)]
-        print(f"  2P1D / colocated per GPU, {label}: {d / c:.2f} (paper 2.1)")
+        print(f"  2P1D / colocated per GPU, {label}: {d / c:.2f} (paper 2.1)" if c > 0 else
+              f"  2P1D / colocated per GPU, {label}: colocated goodput 0")
+
+
+def _slowed_a100(f: float, folder: Path) -> str:
+    """The A100 preset with every kernel ``f`` times slower: a sensitivity device, written to ``folder``."""
+    import yaml
+    from pdsim.devices import DATA_DIR
+    d = yaml.safe_load((DATA_DIR / "a100-80gb-sxm.yaml").read_text())
+    d["name"] = f"a100-80gb-sxm-kernels-x{f:g}"
+    d["source"] = f"sensitivity only, NOT a device: the a100-80gb-sxm preset with every kernel {f:g}x slower"
+    d["peak_tflops"] = {k: v / f for k, v in d["peak_tflops"].items()}
+    d["memory_bandwidth_GBps"] = d["memory_bandwidth_GBps"] / f
+    for k in ("kernel_overhead_us", "attention_prefill_floor_us", "attention_decode_floor_us", "elementwise_floor_us"):
+        d["efficiency"][k] *= f
+    path = folder / f"{d['name']}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
 
 
 if __name__ == "__main__":
