@@ -25,7 +25,7 @@ from pdsim.devices import ProfileSpec, get_device, load_profile_file  # noqa: E4
 from pdsim.models import get_model  # noqa: E402
 from pdsim.profile_tables import MeasuredTables, mla_keys  # noqa: E402
 
-PRESET = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
+PRESET = {"a100_sxm": "a100-80gb-sxm", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
 
 
 def _ape(pred, meas) -> float:
@@ -131,8 +131,9 @@ def shapes(path: Path) -> None:
         for tp, dpa in ((8, False), (8, True)):
             kw = dict(ep=8, dp_attention=dpa)
             tab = RooflineCost(ds, dev, tp, "fp8", kvd, mla_tables=True, a2a_tables=True, **kw)
-            roof = RooflineCost(ds, dev, tp, "fp8", kvd, **kw)
-            pre = RooflineCost(ds, preset, tp, "fp8", kvd, **kw) if preset else None
+            # the tables are on by default (MLA): the roofline columns turn them off
+            roof = RooflineCost(ds, dev, tp, "fp8", kvd, mla_tables=False, **kw)
+            pre = RooflineCost(ds, preset, tp, "fp8", kvd, mla_tables=False, **kw) if preset else None
             heads = tab.q_heads
             print(f"  kv {kvd}, {'DP attention' if dpa else 'TP8'} ({heads} heads per GPU): "
                   "table (source) | profile roofline | preset roofline")
@@ -148,9 +149,11 @@ def shapes(path: Path) -> None:
                 if pre:
                     row.append(pre.op_time(pre._attention_op(*args)))
                 print(f"    prefill {s:<6d} tokens  {_fmt(row)}")
-    tab = RooflineCost(ds, dev, 8, "fp8", "fp8", ep=8, a2a_tables=True)
-    roof = RooflineCost(ds, dev, 8, "fp8", "fp8", ep=8)
-    print("  all-to-all kernel (mean of dispatch and combine), ep 8, by tokens on a GPU: table (source) | roofline")
+    # the all-to-all exists only under DP attention (under TP attention every GPU holds every token)
+    tab = RooflineCost(ds, dev, 8, "fp8", "fp8", ep=8, dp_attention=True, a2a_tables=True)
+    roof = RooflineCost(ds, dev, 8, "fp8", "fp8", ep=8, dp_attention=True)
+    print("  all-to-all kernel (mean of dispatch and combine), ep 8 DP attention, by tokens on a GPU: "
+          "table (source) | roofline")
     for tokens in (1, 8, 64, 256, 1024, 4096, 16384):
         ops = [o for o in tab._static_ops(tokens, tokens) if o.kind == "alltoall"]
         ops_r = [o for o in roof._static_ops(tokens, tokens) if o.kind == "alltoall"]
