@@ -199,25 +199,31 @@ def _column_text(a, float_format: str) -> list[str]:
     return ["" if m else str(v) for v, m in zip(a.tolist(), isna(a).tolist())]
 
 
-def write_csv(df, path: Path, float_format: str) -> None:
+CSV_CHUNK_ROWS = 65_536      # rows formatted at a time: a million-row requests.csv never holds all its text at once
+
+
+def write_csv(df, path: Path, float_format: str, chunk_rows: int = CSV_CHUNK_ROWS) -> None:
     """``df.to_csv(path, index=False, float_format=float_format)``, byte for byte, column-wise.
 
     pandas formats cell by cell through several layers; here each column becomes a list of strings
     in one comprehension and the csv module (what pandas itself writes with, same dialect: minimal
-    quoting, "\\n" line ends) joins them, about 4x faster (benchmarks/README.md)."""
-    cols = [_column_text(df[c].to_numpy(), float_format) for c in df.columns]
+    quoting, "\\n" line ends) joins them, about 4x faster (benchmarks/README.md).  ``chunk_rows`` rows at
+    a time, so the text in memory is bounded (27 columns x 1 M rows would be ~27 M strings)."""
     header = [str(c) for c in df.columns]
-    # no field that needs quoting (only text columns can hold , " or a line break): plain joins
-    texts = set(header).union(*(col for c, col in zip(df.columns, cols) if df[c].dtype.kind == "O"))
-    plain = len(cols) > 1 and not any(ch in v for v in texts for ch in ',"\r\n')
+    arrays = [df[c].to_numpy() for c in df.columns]
+    text_cols = [a.dtype.kind == "O" for a in arrays]
     with open(path, "w", newline="", encoding="utf-8") as f:
-        if plain:
-            f.write(",".join(header) + "\n")
-            f.writelines(",".join(row) + "\n" for row in zip(*cols))
-            return
         w = csv.writer(f, lineterminator="\n")
         w.writerow(header)
-        w.writerows(zip(*cols))
+        for lo in range(0, len(df), chunk_rows):
+            cols = [_column_text(a[lo:lo + chunk_rows], float_format) for a in arrays]
+            # no field that needs quoting (only text columns can hold , " or a line break): plain joins, the
+            # bytes the csv module would write; else the csv module (minimal quoting, field by field)
+            texts = set().union(*(col for col, t in zip(cols, text_cols) if t))
+            if len(cols) > 1 and not any(ch in v for v in texts for ch in ',"\r\n'):
+                f.writelines(",".join(row) + "\n" for row in zip(*cols))
+            else:
+                w.writerows(zip(*cols))
 
 
 def vllm_aliases(t: dict) -> dict:

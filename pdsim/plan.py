@@ -760,7 +760,9 @@ class Search:
             return r
         if self.lo == 0.0:                           # no pass yet: go down
             r = min(self.points) / 4
-            if r < self.hi * 1e-3:
+            # a thousandth of the first (highest) rate tried: hi follows the lowest failure down, so comparing
+            # with it never stopped the descent (the search ran to max_rounds, ~10 extra simulations)
+            if r < max(self.points) * 1e-3:
                 self.done, self.note = True, "misses the SLO even at a trickle"
                 return None
             return r

@@ -65,9 +65,10 @@ def test_itl_columns_bit_exact_against_per_request_numpy():
     pd.DataFrame(),
 ], ids=["awkward", "plain", "quotes-no-comma", "one-empty-column", "comma-header", "no-rows", "no-columns"])
 @pytest.mark.parametrize("fmt", ["%.9g", "%.6g"])
-def test_write_csv_same_bytes_as_pandas(tmp_path, frame, fmt):
+@pytest.mark.parametrize("chunk_rows", [65_536, 2, 1])     # rows formatted at a time: chunks with and without quoting
+def test_write_csv_same_bytes_as_pandas(tmp_path, frame, fmt, chunk_rows):
     frame.to_csv(tmp_path / "pandas.csv", index=False, float_format=fmt)
-    write_csv(frame, tmp_path / "ours.csv", fmt)
+    write_csv(frame, tmp_path / "ours.csv", fmt, chunk_rows=chunk_rows)
     assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
 
 

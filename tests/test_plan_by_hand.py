@@ -1,0 +1,163 @@
+"""The plan's judging rules worked by hand: how many passes a target needs, the batch-means interval,
+when a run's verdict is certain (early stop), and the goodput search's sequence of rates.
+
+These are the pieces a capacity verdict rests on (pdsim/plan.py); each expected value below is
+computed in the comments from the definitions, not by running the code under test another way.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import simpy
+
+from pdsim.plan import Config, Search, _JudgeSink, _passes_needed, _seed_passes, batch_means_ci
+from pdsim.workload import FINISHED, REJECTED
+
+
+@pytest.mark.parametrize("n, target, want", [
+    (10, 0.9, 9),       # 9 / 10 = 0.9 >= 0.9
+    (7, 0.9, 7),        # 6 / 7 = 0.857 < 0.9: all 7
+    (100, 0.95, 95),
+    (10, 0.7, 7),
+    (100, 0.07, 7),     # 0.07 * 100 is 7.000000000000001 in floats: ceil says 8, but 7 / 100 >= 0.07 holds
+    (3, 1.0, 3),
+    (5, 0.0, 0),
+    (1, 0.5, 1),
+])
+def test_passes_needed_is_the_least_count_meeting_the_target(n, target, want):
+    assert _passes_needed(n, target) == want
+    assert want / n >= target and (want == 0 or (want - 1) / n < target)
+
+
+def test_batch_means_interval_by_hand():
+    # 40 judged requests, 20 batches of 2: the first 10 batches all pass (mean 1), the last 10 pass half
+    # (mean 0.5).  Mean 0.75; the batch means deviate by +-0.25: sample variance 20 x 0.0625 / 19;
+    # half-width t(0.975, 19) = 2.093 x sqrt(1.25 / 19) / sqrt(20) = 0.12004...
+    ok = np.array([1, 1] * 10 + [1, 0] * 10, float)
+    lo, hi = batch_means_ci(ok)
+    half = 2.093 * math.sqrt(1.25 / 19) / math.sqrt(20)
+    assert (lo, hi) == pytest.approx((0.75 - half, 0.75 + half), rel=1e-12)
+    assert round(half, 5) == 0.12004
+    # fewer than 2 requests per batch: no interval; a run that always passes: [1, 1] (clipped, no spread)
+    assert batch_means_ci(np.ones(39)) is None
+    assert batch_means_ci(np.ones(40)) == (1.0, 1.0)
+    # 41 requests: batches of 2 over the first 40; the mean still over all 41 (one extra miss: 30 / 41)
+    lo, hi = batch_means_ci(np.append(ok, 0.0))
+    assert (lo + hi) / 2 == pytest.approx(30 / 41, rel=1e-12)
+
+
+def _req(i, ttft, tpot, out=11, status=FINISHED, arrival=0.0):
+    # first token at arrival + ttft, then out - 1 more tokens at tpot each
+    return SimpleNamespace(id=i, status=status, arrival_s=arrival, first_token_s=arrival + ttft, output_tokens=out,
+                           finish_s=arrival + ttft + (out - 1) * tpot, decode_first_s=float("nan"))
+
+
+def _sink(expected=10, first=0, target=0.8, early="both", rtt=0.0):
+    slo = SimpleNamespace(ttft_s=0.5, tpot_s=0.05, attainment_target=target)
+    client = SimpleNamespace(ttft_at="first_decode_token", network_rtt_s=rtt)
+    return _JudgeSink(simpy.Environment(), expected, first, slo, early, False, client)
+
+
+def test_judge_fails_a_run_at_the_first_miss_the_target_cannot_absorb():
+    # 10 judged, target 0.8: 8 must pass, so the 3rd miss decides "fail" whatever the other 7 do
+    s = _sink()
+    assert s.need == 8
+    for i, (ttft, tpot) in enumerate([(0.6, 0.01), (0.1, 0.06), (0.1, 0.01)]):
+        s.finished(_req(i, ttft, tpot))
+    assert (s.ok, s.miss, s.ttft_miss, s.tpot_miss, s.decided) == (1, 2, 1, 1, None)
+    s.finished(_req(3, 0.7, 0.07))          # misses both bounds: one request, one miss
+    assert (s.miss, s.ttft_miss, s.tpot_miss, s.decided) == (3, 2, 2, "fail") and s.all_done.triggered
+
+
+def test_judge_passes_a_run_once_enough_requests_met_both_bounds():
+    # the bounds are inclusive: TTFT exactly 0.5 s and TPOT exactly 0.05 s meet them (values exact in binary
+    # after the arithmetic: 0.5 and 0.5 + 10 x 0.05 = 1.0, TPOT (1.0 - 0.5) / 10 = 0.05)
+    s = _sink()
+    for i in range(7):
+        s.finished(_req(i, 0.5, 0.05))
+    assert (s.ok, s.decided) == (7, None)
+    s.finished(_req(7, 0.1, 0.01))
+    assert (s.ok, s.decided) == (8, "pass")
+    # early "fail" only: 8 passes decide nothing, the run goes on
+    s = _sink(early="fail")
+    for i in range(8):
+        s.finished(_req(i, 0.1, 0.01))
+    assert s.decided is None and not s.all_done.triggered
+
+
+def test_judge_leaves_out_the_warm_up_and_counts_a_rejection_as_a_miss():
+    # 10 requests, the first 4 warm-up: 6 judged, target 0.8 -> 5 needed; misses allowed 1
+    s = _sink(expected=10, first=4)
+    assert (s.judged, s.need) == (6, 5)
+    for i in range(4):
+        s.finished(_req(i, 9.0, 9.0))          # warm-up: terrible, not counted
+    assert (s.ok, s.miss) == (0, 0)
+    s.rejected(SimpleNamespace(id=4, status="unfinished", reject_reason="", finish_s=float("nan"), arrival_s=0.0,
+                               first_token_s=float("nan"), output_tokens=3, decode_first_s=float("nan")), "kv")
+    assert (s.miss, s.decided) == (1, None)
+    s.finished(_req(5, 0.1, 0.01, status=REJECTED))
+    assert (s.miss, s.decided) == (2, "fail")
+
+
+def test_judge_adds_the_network_rtt_and_a_one_token_reply_has_no_tpot():
+    # TTFT 0.45 s + RTT 0.1 s = 0.55 s > 0.5 s: a miss; one output token: TPOT not judged (no gap)
+    s = _sink(rtt=0.1)
+    s.finished(_req(0, 0.45, 1.0))
+    s.finished(_req(1, 0.30, 9.0, out=1))
+    assert (s.ttft_miss, s.tpot_miss, s.ok) == (1, 1, 1)
+
+
+def test_seed_verdict_takes_the_run_rule_else_the_attainment():
+    assert _seed_passes({"slo_met": False, "ok": 99, "n": 100}, 0.9) is False
+    assert _seed_passes({"slo_met": None, "ok": 90, "n": 100}, 0.9) is True
+    assert _seed_passes({"ok": 89, "n": 100}, 0.9) is False
+
+
+def _cfg(bound):
+    return Config("c", {}, 1, 1.0, bound_rate=bound)
+
+
+def _drive(s: Search, passes) -> list[float]:
+    """The rates the search asks for until it is done (at most 30: a search that never ends fails here)."""
+    seen = []
+    for _ in range(30):
+        r = s.next_rate()
+        if r is None:
+            return seen
+        seen.append(r)
+        s.update(r, {"pass_att": 1.0 if passes(r) else 0.0}, 0.9)
+    raise AssertionError(f"the search did not end: {seen}")
+
+
+def test_goodput_search_sequence_by_hand():
+    # bound 10 req/s, tolerance 5%; the config passes up to 8.2 req/s.  Rates: half the bound 5 (pass),
+    # double to the bound 10 (fail), then bisect: 7.5 (pass), 8.75 (fail), 8.125 (pass), 8.4375 (fail);
+    # the bracket [8.125, 8.4375] is 0.3125 wide <= 5% of 8.4375: done, goodput 8.125
+    s = Search(_cfg(10.0), 0.05)
+    seen = _drive(s, lambda r: r <= 8.2)
+    assert seen == [5.0, 10.0, 7.5, 8.75, 8.125, 8.4375]
+    assert (s.lo, s.hi, s.goodput, s.done) == (8.125, 8.4375, 8.125, True)
+    # the tolerance is relative to the failing end: at 50%, [5, 10] is already narrow enough (5 <= 0.5 x 10)
+    s = Search(_cfg(10.0), 0.5)
+    assert _drive(s, lambda r: r <= 6) == [5.0, 10.0] and s.goodput == 5.0
+
+
+def test_goodput_search_stops_at_the_bound_and_at_a_trickle():
+    s = Search(_cfg(10.0), 0.05)        # passes everywhere: 5, then the bound 10; doubling again stays at 10
+    for r in (5.0, 10.0):
+        assert s.next_rate() == r
+        s.update(r, {"pass_att": 1.0}, 0.9)
+    assert s.next_rate() is None and s.note == "reaches the analytic bound" and s.goodput == 10.0
+    s = Search(_cfg(math.inf), 0.05)    # no bound: start at 1 req/s; fails everywhere: divide by 4 each time
+    seen = _drive(s, lambda r: False)
+    # 1, 1/4, 1/16, 1/64, 1/256; the next, 1/1024, is below 1e-3 x the first rate tried (1): stop
+    # (it compared with the lowest failure, which falls with it: the search ran on to max_rounds)
+    assert seen == [1.0, 0.25, 0.0625, 0.015625, 0.00390625]
+    assert s.note == "misses the SLO even at a trickle" and s.goodput == 0.0
+    # a result that carries its own verdict ("passes") overrides the attainment
+    s = Search(_cfg(10.0), 0.05)
+    s.update(5.0, {"pass_att": 1.0, "passes": False}, 0.9)
+    assert (s.lo, s.hi) == (0.0, 5.0)
