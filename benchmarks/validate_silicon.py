@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pdsim.validate import (ERROR_TABLE, fit_step_overhead, parse_profiles, read_measured, silicon_sample_path,
-                            validate)
+from pdsim.validate import (CLIENT_MODES, ERROR_TABLE, fit_step_overhead, parse_profiles, read_measured,
+                            silicon_sample_path, validate)
 
 
 def held_out(rid: str) -> bool:
@@ -44,8 +44,9 @@ def main() -> None:
     ap.add_argument("--gpus", help="only rows of these pdsim devices, comma-separated (e.g. b200)")
     ap.add_argument("--split", choices=["all", "train", "test"], default="all")
     ap.add_argument("--write-error-table", action="store_true")
-    ap.add_argument("--client", choices=["sync", "stagger"], default="sync",
-                    help="how the measured clients are assumed to send (pdsim.validate.CLIENT_MODES)")
+    ap.add_argument("--client", choices=list(CLIENT_MODES), default="auto",
+                    help="how the measured clients are assumed to send and what they count "
+                         "(pdsim.validate.CLIENT_MODES; auto: steady for the unknown-harness rows)")
     ap.add_argument("--requests-per-client", type=int, default=10)
     ap.add_argument("--only-after", action="store_true", help="skip the idealised-engine (no presets) variants")
     ap.add_argument("--range-ratio", type=float,
@@ -134,7 +135,9 @@ def main() -> None:
                       "their id: odd = held-out (these figures), even = train. Nothing in pdsim was fitted on the "
                       "held-out rows: the vllm-v1/sglang/trtllm step overheads were fitted on the train half "
                       "(--fit-overhead), the datasheet GPU presets to aiconfigurator's kernel tables; InferenceMAX "
-                      "rows use its published length draw (validate.silicon_harness). The '-aic' keys use the "
+                      "rows use its published length draw (validate.silicon_harness); with --client auto the "
+                      "unknown-harness rows leave their cold first wave out (validate.CLIENT_MODES, steady). "
+                      "The '-aic' keys use the "
                       "imported measured profiles of calibration/profiles. Key: engine|device (engine 'none' = "
                       "no engine preset).",
             "split": {"by": "zlib.crc32(id) % 2", "held_out": 1, "train": 0},

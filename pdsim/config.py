@@ -163,7 +163,7 @@ class PoolSpec(_Strict):
     instances: Instances = 1
     tp: PosInt = 1
     device: str = "h100-sxm"
-    scheduler: Literal["fcfs", "chunked"] = "fcfs"
+    scheduler: Literal["fcfs", "chunked", "inflight"] = "fcfs"
     chunked_prefill: ChunkedPrefillSpec | None = None
     max_running: PosInt = 256
     max_batched_tokens: PosInt = 8192

@@ -3,7 +3,8 @@
 A pool may name an ``engine`` (``vllm-v1 | vllm-v0 | sglang | trtllm``).  The preset fills,
 key by key, what the pool did not set itself:
 
-- the scheduler (``fcfs`` prefill-first, or ``chunked`` unified token budget), its token
+- the scheduler (``fcfs`` prefill-first, ``chunked`` unified token budget, or ``inflight``: decodes
+  plus whole prompts, TensorRT-LLM with chunked prefill off; no preset uses it, see below), its token
   budget (``max_batched_tokens``) and batch cap (``max_running``);
 - the KV block size and the memory share the engine gives its KV cache, and *how* it sizes
   that cache (:func:`kv_cache_bytes`: vLLM subtracts weights, the activation peak of a
@@ -53,7 +54,7 @@ GiB = 1024 ** 3
 @dataclass(frozen=True)
 class EnginePreset:
     name: str
-    scheduler: str                    # "fcfs" (prefill-first) or "chunked" (unified token budget)
+    scheduler: str                    # "fcfs" (prefill-first), "chunked" (unified token budget) or "inflight"
     max_batched_tokens: int
     max_running: int
     block_size: int

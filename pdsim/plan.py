@@ -396,7 +396,7 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
 
     if topo.kind == "colocated":
         p = topo.pools[0]
-        if p.spec.scheduler_name == "chunked":
+        if p.spec.scheduler_name in ("chunked", "inflight"):
             # decodes ride in prefill steps and share their weight reads: every token costs at least
             # the cheapest per-token step, so bound the sum of both by that
             per_req = (p_mean + d_mean) * min(prefill_s_per_token(p), decode_s_per_token(p))

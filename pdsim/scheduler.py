@@ -9,8 +9,15 @@ Policies are plain functions chosen by name (``SCHEDULERS``):
 - ``chunked``: Sarathi-Serve / vLLM v1 chunked prefill.  Every step first
   carries one token for each running decode, then fills the rest of a token
   budget with prefill chunks, so decodes never wait behind a long prompt.
+- ``inflight``: TensorRT-LLM's in-flight batching with chunked prefill off (its
+  default, ``enable_chunked_prefill=False``).  Every step first carries one token
+  for each running decode, then admits *whole* waiting prompts first-come
+  first-served while they fit the rest of the token budget (``max_num_tokens``);
+  the first prompt that does not fit stops admission for this step, as the
+  engine's micro-batch scheduler does.  A prompt larger than the whole budget
+  runs alone in a step with nothing else in it.
 
-Both preempt by recompute: when a running request cannot get a block to grow,
+All preempt by recompute: when a running request cannot get a block to grow,
 the newest running request gives up its KV and goes back to the front of the
 queue, to be prefilled again from its prompt and generated tokens.
 """
@@ -224,4 +231,26 @@ def chunked(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepP
     return plan
 
 
-SCHEDULERS = {"fcfs": fcfs, "chunked": chunked}
+def inflight(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
+    """Decodes first, then whole prompts while they fit the remaining budget (no chunking)."""
+    plan = StepPlan() if limits.window is None else SlidingStepPlan(window=limits.window)
+    budget = limits.max_batched_tokens
+    scheduled: set = set()
+    bs = 0 if kv.prefix_on else kv.block_size
+    for req in list(running):
+        if budget <= 0:        # the engine stops at the first request over max_num_tokens
+            break
+        if req.blocks == 0:
+            continue
+        c = req.computed
+        n = req.prompt_tokens + req.generated - c      # 1 for a decode: prompts are never split here
+        if (bs and -(-(c + n) // bs) <= req.blocks) or _grow_running(req, n, kv, running, waiting, plan, scheduled):
+            plan.add(req, n)
+            scheduled.add(id(req))
+            budget -= n
+    if not plan.preempted and budget > 0:
+        _admit(waiting, running, kv, limits, plan, budget, chunk=False)
+    return plan
+
+
+SCHEDULERS = {"fcfs": fcfs, "chunked": chunked, "inflight": inflight}

@@ -348,30 +348,54 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
 
 #: how the clients of a measured run are assumed to send (the silicon sample does not say):
 #: ``sync``: all start at t=0 and every request is measured (vllm bench serve --max-concurrency);
+#: ``steady``: all start at t=0, but the first ``concurrency`` requests to finish (the cold first
+#: wave, every client's first request arriving at once) are left out of the means: what a long
+#: run measures, where that one burst is a small share of many requests (or a tool's warm-up);
 #: ``stagger``: first sends spread uniformly over one lone request's E2E time (as clients that
-#: have drifted apart in a long run), the first ``concurrency`` requests left out as warm-up.
-CLIENT_MODES = ("sync", "stagger")
+#: have drifted apart in a long run), the first ``concurrency`` requests left out as warm-up;
+#: ``auto`` (default): ``sync`` for rows whose harness is known to count every request
+#: (InferenceMAX: 10 x concurrency requests, all measured, as simulated), ``steady`` for silicon
+#: rows of an unknown harness (NVIDIA's aic-auto-gap-analysis sweeps), ``sync`` otherwise.
+CLIENT_MODES = ("auto", "sync", "steady", "stagger")
+
+
+def client_mode_for(r: dict, client_mode: str = "auto") -> str:
+    """The client mode a row is simulated with: ``client_mode`` itself unless it is ``auto``."""
+    if client_mode not in CLIENT_MODES:
+        raise ConfigError(f"unknown client mode (one of {', '.join(CLIENT_MODES)})", key="client_mode",
+                          value=client_mode)
+    if client_mode != "auto":
+        return client_mode
+    return "steady" if r.get("source") == "silicon" and r.get("harness") == "unknown" else "sync"
 
 
 def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 10,
-                 client_mode: str = "sync", step_overhead: dict | None = None, profiles: dict | None = None,
+                 client_mode: str = "auto", step_overhead: dict | None = None, profiles: dict | None = None,
                  cost_model: dict | None = None) -> dict:
-    """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them."""
+    """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them
+    (``client_mode``: see :data:`CLIENT_MODES`; the mode used is returned as ``client_mode``)."""
     from .metrics import requests_frame
     from .simulation import simulate
+    mode = client_mode_for(r, client_mode)
     client = None
-    if client_mode == "stagger":
+    if mode == "stagger":
         lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1, profiles=profiles))[0].requests[0]
         client = {"start_jitter_s": float(lone.finish_s - lone.arrival_s), "warmup_requests": r["concurrency"]}
+    elif mode == "steady":
+        client = {"warmup_requests": r["concurrency"]}
     sc = row_scenario(r, engine_presets, requests_per_client, client=client, step_overhead=step_overhead,
                       profiles=profiles, cost_model=cost_model)
     res = simulate(sc)
     df = requests_frame(res, sc.client)
-    fin = df[(df.status == "finished") & ~df.warmup.astype(bool)]
+    done = df[df.status == "finished"]
+    fin = done[~done.warmup.astype(bool)]
     span = res[0].sim_end_s or float("nan")
-    return {"sim_ttft_ms": float(fin.ttft_s.mean() * 1e3) if len(fin) else float("nan"),
+    # throughput: a long run's output over its span (steady: the cold first wave's tokens count too)
+    thr = done if mode == "steady" else fin
+    return {"client_mode": mode,
+            "sim_ttft_ms": float(fin.ttft_s.mean() * 1e3) if len(fin) else float("nan"),
             "sim_tpot_ms": float(fin.tpot_s.mean() * 1e3) if len(fin) else float("nan"),
-            "sim_throughput_tok_s": float(fin.output_tokens.sum() / span) if len(fin) else float("nan"),
+            "sim_throughput_tok_s": float(thr.output_tokens.sum() / span) if len(thr) else float("nan"),
             "sim_finished": int(len(fin)), "sim_requests": int(len(df))}
 
 
@@ -385,7 +409,7 @@ GROUP = ("model", "device", "engine", "mode")
 
 
 def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 10,
-             progress=None, client_mode: str = "sync", step_overhead: dict | None = None,
+             progress=None, client_mode: str = "auto", step_overhead: dict | None = None,
              profiles: dict | None = None, length_ratio: float | None = None) -> dict:
     """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}.
 
@@ -472,7 +496,7 @@ def write_outputs(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = result["rows"]
     cols = ["source", "id", "model", "device", "cost", "engine", "mode", "tp", "isl", "osl", "concurrency",
-            "weight_dtype", "harness", "length_ratio",
+            "weight_dtype", "harness", "length_ratio", "client_mode",
             "ttft_ms", "sim_ttft_ms", "ttft_ape", "tpot_ms", "sim_tpot_ms", "tpot_ape", "throughput_tok_s",
             "sim_throughput_tok_s", "throughput_ape", "sim_finished", "sim_requests"]
     with open(out / "validate.csv", "w", newline="") as f:
