@@ -232,22 +232,11 @@ def chunked(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepP
 
 
 def inflight(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
-    """Decodes first, then whole prompts while they fit the remaining budget (no chunking)."""
+    """Decodes first, then whole prompts while they fit the remaining budget (no chunking).  A running request
+    here is always a decode (prompts are never split), so the budget never cuts one: the engine stops at the
+    first request over max_num_tokens."""
     plan = StepPlan() if limits.window is None else SlidingStepPlan(window=limits.window)
-    budget = limits.max_batched_tokens
-    scheduled: set = set()
-    bs = 0 if kv.prefix_on else kv.block_size
-    for req in list(running):
-        if budget <= 0:        # the engine stops at the first request over max_num_tokens
-            break
-        if req.blocks == 0:
-            continue
-        c = req.computed
-        n = req.prompt_tokens + req.generated - c      # 1 for a decode: prompts are never split here
-        if (bs and -(-(c + n) // bs) <= req.blocks) or _grow_running(req, n, kv, running, waiting, plan, scheduled):
-            plan.add(req, n)
-            scheduled.add(id(req))
-            budget -= n
+    budget = _decode_running(running, waiting, kv, plan, limits.max_batched_tokens)
     if not plan.preempted and budget > 0:
         _admit(waiting, running, kv, limits, plan, budget, chunk=False)
     return plan
