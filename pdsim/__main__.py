@@ -417,7 +417,7 @@ def cmd_validate(args) -> int:
             raise ConfigError("needs the engine presets (drop --no-engine)", key="--step-overhead",
                               value=args.step_overhead)
     res = validate(rows, engine_presets=not args.no_engine, requests_per_client=args.requests_per_client,
-                   step_overhead=step_overhead,
+                   client_mode=args.client, step_overhead=step_overhead,
                    profiles=profiles, length_ratio=args.range_ratio, progress=None if args.quiet else
                    lambda i, n, r: print(f"pdsim validate: {i}/{n} {r['id']}", file=sys.stderr, flush=True))
     out = Path(args.out or "reports/validate")
@@ -571,6 +571,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     va.add_argument("--seed", type=int, default=0, help="seed of the sample and of each row's request stream")
     va.add_argument("--requests-per-client", type=_int_in(1, 10**6), default=10, metavar="REQUESTS",
                     help="closed-loop requests each client sends per row (default 10)")
+    va.add_argument("--client", choices=("auto", "sync", "steady", "stagger"), default="auto",
+                    help="how the measured clients sent and what they counted: sync (all start together, every "
+                         "request measured, as vllm bench serve --max-concurrency), steady (the cold first wave "
+                         "left out: a long run), stagger (first sends spread over one request's time); auto "
+                         "(default): steady for silicon rows of an unknown harness, sync otherwise")
     va.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     va.set_defaults(fn=cmd_validate)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")

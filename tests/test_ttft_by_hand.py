@@ -139,3 +139,24 @@ def test_inflight_is_a_pool_scheduler(tmp_path):
     for q in simulate(sc)[0].requests:
         assert q.first_token_s - q.arrival_s == pytest.approx(0.100)
         assert (q.finish_s - q.first_token_s) / 3 == pytest.approx(0.001)
+
+
+def test_validate_cli_offers_every_client_mode_and_passes_it_on(monkeypatch, tmp_path):
+    # `pdsim validate --client MODE` reaches validate(); its choices are validate.CLIENT_MODES
+    import pdsim.validate as V
+    from pdsim.__main__ import main
+    seen = {}
+
+    def fake_validate(rows, **kw):
+        seen.update(kw)
+        raise SystemExit(0)
+    monkeypatch.setattr(V, "validate", fake_validate)
+    monkeypatch.setattr(V, "read_measured", lambda path, defaults: [({"id": "r", "device": "h100-sxm"}, None)])
+    f = tmp_path / "m.csv"
+    f.write_text("x\n")
+    for mode in V.CLIENT_MODES:
+        try:
+            main(["validate", str(f), "--client", mode, "--out", str(tmp_path / "o"), "--quiet"])
+        except SystemExit:
+            pass
+        assert seen.get("client_mode") == mode
