@@ -38,9 +38,11 @@ class _Sink:
         self.log.append(("first", r.id, self.env.now))
 
     def finished(self, r, inst):
+        assert inst.name == "i0"
         self.log.append(("finished", r.id, self.env.now))
 
     def prefill_done(self, r, inst):
+        assert inst.name == "i0"
         self.log.append(("prefill_done", r.id, self.env.now))
 
     def drained(self, inst):
@@ -55,13 +57,15 @@ class _Known(CostModel):
         return StepCost(STEP, 1000.0 * tokens, 10.0 * kv_read_tokens)
 
 
-def _inst(cost=None, blocks=100, role="both", policy=fcfs, limits=None, fast=True, bin_s=0.5,
-          max_window=4096):
+def _inst(cost=None, blocks=100, role="both", policy=fcfs, limits=None, fast=None, bin_s=0.5,
+          max_window=None):
+    """An instance on a fresh environment; ``fast`` and ``max_window`` left at Instance's defaults if None."""
     env = simpy.Environment()
     sink = _Sink(env)
     kv = KVCache(blocks, 16)
+    opts = {k: v for k, v in (("fast", fast), ("max_window", max_window)) if v is not None}
     inst = Instance(env, "i0", "p", role, cost or ConstantCost(STEP), kv, policy, limits or Limits(), 1,
-                    sink, bin_s, fast=fast, max_window=max_window)
+                    sink, bin_s, **opts)
     inst.reserved_count = 0          # set by the topology
     return env, inst, sink
 
@@ -148,6 +152,16 @@ def test_a_one_token_prompt_gets_its_first_token_from_its_prefill_step():
     env.run()
     assert r.first_token_s == 0.25 and r.finish_s == 1.0 and sink.log[0] == ("first", 0, 0.25)
     assert inst.steps == 4 and inst.windows == 1
+
+
+def test_default_window_is_at_most_4096_steps():
+    # Instance's defaults (the topology's: fast on, 4096-step windows): output 4099 -> 4098 decodes after
+    # the prefill: a window of 4096, then one of 2; finish 4099 x 0.25 s
+    env, inst, _ = _inst(blocks=300, bin_s=1024.0)        # 14 + 4098 tokens: 257 blocks
+    r = Request(0, 0.0, 14, 4099)
+    inst.submit(r)
+    env.run()
+    assert r.finish_s == 1024.75 and inst.steps == 4099 and inst.windows == 2
 
 
 def test_max_window_caps_the_window_length():
@@ -313,6 +327,33 @@ def test_failure_mid_window_keeps_the_ended_steps_and_loses_the_rest():
     assert inst.outstanding_tokens == 0 and inst.decode_work == 0
 
 
+def test_two_failures_accumulate_lost_tokens_and_hits():
+    # max_running 1: r0 (14, 10) decodes in a window from 0.25, r1 (14, 2) queued.
+    # fail at 1.1: r0 had 4 tokens (17 computed): 17 lost; r1 moved.  Both back at 2.0 (r0 first):
+    #   r0 recomputes 14 + 4 = 18 tokens 2.0-2.25 (token 5), window from 2.25 (ends 2.5 ...)
+    # fail at 2.6: the step ending 2.5 happened (token 6, 19 computed): 17 + 19 = 36 lost in all.  Back at 3.0:
+    #   r0 recomputes 20 tokens 3.0-3.25 (token 7), window 3.5, 3.75, 4.0 (done); r1 4.0-4.25, 4.25-4.5.
+    env, inst, _ = _inst(limits=Limits(max_running=1))
+    r0, r1 = Request(0, 0.0, 14, 10), Request(1, 0.0, 14, 2)
+    inst.submit(r0)
+    inst.submit(r1)
+    lost = []
+
+    def back():
+        inst.recover()
+        for r in lost:
+            inst.submit(r)
+        lost.clear()
+    for t_fail, t_back in ((1.1, 2.0), (2.6, 3.0)):
+        _at(env, t_fail, lambda: lost.extend(inst.fail()))
+        _at(env, t_back, back)
+    env.run()
+    assert r0.fault_hits == 2 and r1.fault_hits == 2
+    assert r0.recomputed_tokens == 36 and r1.recomputed_tokens == 0 and inst.epoch == 2
+    assert r0.finish_s == 4.0 and r1.first_token_s == 4.25 and r1.finish_s == 4.5
+    assert inst.steps == 4 + 2 + 6
+
+
 def test_failure_of_a_queue_moves_the_waiting_requests():
     # max_running 1: r1 waits behind r0; a failure at 0.1 (mid-prefill of r0) returns both, r1 untouched
     env, inst, _ = _inst(limits=Limits(max_running=1))
@@ -366,6 +407,25 @@ def test_dropping_a_running_request_mid_prefill_frees_its_blocks():
     assert inst.steps == 4
 
 
+def test_a_request_abandoned_mid_step_is_skipped_and_the_rest_of_the_step_applies():
+    # r0 (40, 3) and r1 (14, 3) prefill together 0-0.25; r0's client gives up at 0.1: its blocks come back at
+    # once and the step's end skips it, but r1's prefill in the same step still counts (token 1 at 0.25,
+    # then 0.5, 0.75)
+    env, inst, sink = _inst()
+    r0, r1 = Request(0, 0.0, 40, 3), Request(1, 0.0, 14, 3)
+    inst.submit(r0)
+    inst.submit(r1)
+
+    def abandon():
+        r0.status = ABANDONED
+        assert inst.drop(r0)
+    _at(env, 0.1, abandon)
+    env.run()
+    assert r0.computed == 0 and r0.generated == 0 and r0.prefill_start_s != r0.prefill_start_s   # NaN
+    assert r1.first_token_s == 0.25 and r1.finish_s == 0.75 and inst.steps == 3
+    assert sink.log == [("first", 1, 0.25), ("finished", 1, 0.75)]
+
+
 # --- roles ------------------------------------------------------------------------------------------------
 def test_prefill_role_hands_off_and_keeps_the_kv():
     # a prefill instance: the prompt's step gives token 1 at 0.25, then the request leaves the batch
@@ -395,6 +455,23 @@ def test_prefill_role_drop_takes_out_the_prompt_tokens_left():
     assert got == [True] and inst.outstanding_tokens == 20 and inst.decode_work == 5 and not inst.waiting
     env.run()
     assert inst.outstanding_tokens == 0 and inst.decode_work == 0 and r0.status == HANDOFF
+
+
+def test_prefill_role_drop_mid_prefill_takes_out_what_is_left_of_the_prompt():
+    # prefill instance, chunks of 16: r (40, 3) computed 16 by 0.25; dropped at 0.3 (chunk 2 in flight):
+    # the load drops by the 40 - 16 = 24 prompt tokens left, to 0, and its 2 blocks come back
+    env, inst, _ = _inst(role="prefill", policy=chunked, limits=Limits(max_batched_tokens=16))
+    r = Request(0, 0.0, 40, 3)
+    inst.submit(r)
+
+    def abandon():
+        r.status = ABANDONED
+        assert inst.drop(r)
+    _at(env, 0.3, abandon)
+    env.run(until=0.29)
+    assert inst.outstanding_tokens == 24 and r.computed == 16
+    env.run()
+    assert inst.outstanding_tokens == 0 and inst.decode_work == 0 and inst.kv.used_blocks == 0
 
 
 def _arrived(i, prompt, out, kv):
@@ -453,6 +530,25 @@ def test_blocks_taken_mid_window_cut_only_when_the_window_needs_them(taken, wind
     env.run()
     assert r0.finish_s == 4.75 and r0.preemptions == 0 and inst.steps == 19
     assert inst.windows == windows and inst.kv.used_blocks == 0
+
+
+def test_a_reservation_with_a_stuck_queue_does_not_cut_a_window_that_has_its_blocks():
+    # max_running 1: r0 (14, 10) decodes in one window from 0.25 to 2.5 (needing 1 more block by its end);
+    # r1 queued at 0.1.  At 0.6, 2 of the 98 free blocks are reserved from outside: the window still has its
+    # block and the queue's head cannot start before r0 ends (no prefix cache): no cut, one window.
+    env, inst, _ = _inst(limits=Limits(max_running=1))
+    r0, r1 = Request(0, 0.0, 14, 10), Request(1, 0.1, 14, 2)
+    other = Request(9, 0.0, 32, 2)
+    inst.submit(r0)
+    _at(env, 0.1, lambda: inst.submit(r1))
+
+    def reserve():
+        inst.sync()
+        assert inst.kv.reserve(other, 32)
+        inst.blocks_taken()
+    _at(env, 0.6, reserve)
+    env.run()
+    assert r0.finish_s == 2.5 and r1.finish_s == 3.0 and inst.windows == 1
 
 
 # --- idle, draining, paid time -------------------------------------------------------------------------
@@ -540,12 +636,16 @@ def test_series_coarsens_its_bins_at_max_bins():
     s = Series(1.0)
     s.record(0.0, 1.0, 2.0, 4.0, 1, 3, 5)
     s.record(1.0, 1.0, 6.0, 8.0, 2, 1, 9)
+    s.record(2.0, 1.0, 0.0, 0.0, 1, 7, 11)             # bin 2 (merged: 1) has the larger maxima
     s.record(19998.0, 1.5, 0.0, 0.0, 1, 0, 0)          # ends 19,999.5: bins stay 1 s
     assert s.bin_s == 1.0 and len(s.busy_s) == 20000
     s.record(19999.0, 1.0, 0.0, 0.0, 1, 0, 0)          # ends 20,000: 2 s bins
     assert s.bin_s == 2.0 and len(s.busy_s) == 10001
     assert s.busy_s[0] == 2.0 and s.flops[0] == 8.0 and s.bytes[0] == 12.0 and s.steps[0] == 2
     assert s.batch_sum[0] == 3 and s.queue_max[0] == 3 and s.kv_max[0] == 9
+    assert s.queue_max[1] == 7 and s.kv_max[1] == 11 and s.busy_s[1] == 1.0
+    for name in ("flops", "bytes", "steps", "batch_sum", "queue_max", "kv_max"):
+        assert len(getattr(s, name)) == 10001, name
     # bins 19,998 (1 s of the 1.5 s step) and 19,999 (its last 0.5 s, and the 1 s step) merge into 9,999
     assert s.busy_s[9999] == 2.5 and s.steps[9999] == 2 and s.batch_sum[9999] == 2
 
@@ -561,6 +661,19 @@ def test_exact_delay_lands_on_the_target_float():
     now, target = 0.29, 0.955
     d = _exact_delay(now, target)
     assert abs((now + d) - target) == np.spacing(target)
+
+
+def test_series_record_many_coarsens_at_max_bins():
+    # 1 s bins: steps ending at 19,999.5 keep them; a window whose last step ends at 20,000 (bin 20,000)
+    # doubles them first (two steps of 0.5 s from 19,999: both in merged bin 9,999)
+    s = Series(1.0)
+    s.record_many(np.array([19998.5, 19999.0]), np.array([0.5, 0.5]), np.zeros(2), np.zeros(2), 1, 0,
+                  lambda pos: np.asarray(pos))
+    assert s.bin_s == 1.0 and len(s.steps) == 20000 and s.steps[19998] == 1 and s.steps[19999] == 1
+    s2 = Series(1.0)
+    s2.record_many(np.array([19999.0, 19999.5]), np.array([0.5, 0.5]), np.zeros(2), np.zeros(2), 1, 0,
+                   lambda pos: np.asarray(pos))
+    assert s2.bin_s == 2.0 and len(s2.steps) == 10001 and s2.steps[9999] == 2 and s2.busy_s[9999] == 1.0
 
 
 def test_series_spread_across_a_float_edge():
