@@ -181,23 +181,27 @@ class _Sliding(CostModel):
         return StepCost(STEP + (swa[0] + swa[1]) / 256, 0.0, 0.0)
 
 
+@pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("fast", [True, False])
-def test_sliding_window_steps_by_hand(fast):
-    # window W = 16, prompt 14, output 6.  Sliding work of a step = sum over its new tokens of
-    # (min(position, W) - 1/2), sliding KV read = min(context, W) (here: the tokens read, at most W).
-    #   prefill: positions 1..14: 105 - 7 = 98, KV 14 -> 112 / 256
+def test_sliding_window_steps_by_hand(fast, batch):
+    # window W = 16, `batch` identical requests of prompt 14, output 6, all at 0.  Per request, a step's
+    # sliding work = sum over its new tokens of (min(position, W) - 1/2) and its sliding KV read =
+    # min(context, W); the step sums them over the batch.
+    #   prefill: positions 1..14: 105 - 7 = 98, KV 14 -> 112 / 256 per request
     #   decode of token g (g = 2..6) at position 13 + g: min(13 + g, 16) = 15, 16, 16, 16, 16 ->
-    #   work p - 1/2 plus KV p: 29.5, 31.5, 31.5, 31.5, 31.5
+    #   work p - 1/2 plus KV p: 29.5, 31.5, 31.5, 31.5, 31.5 per request
     env, inst, _ = _inst(_Sliding(), limits=Limits(window=16), fast=fast)
-    r = _tokens(Request(0, 0.0, 14, 6))
-    inst.submit(r)
+    reqs = [_tokens(Request(i, 0.0, 14, 6)) for i in range(batch)]
+    for r in reqs:
+        inst.submit(r)
     env.run()
     t, want = 0.0, []
     for extra in (112, 29.5, 31.5, 31.5, 31.5, 31.5):
-        t += STEP + extra / 256
+        t += STEP + batch * extra / 256
         want.append(t)
-    assert r.token_s == want and r.finish_s == 1.5 + 267.5 / 256
-    assert inst.busy_s == 1.5 + 267.5 / 256 and inst.windows == (1 if fast else 0)
+    for r in reqs:
+        assert r.token_s == want and r.finish_s == 1.5 + batch * 267.5 / 256
+    assert inst.busy_s == 1.5 + batch * 267.5 / 256 and inst.windows == (1 if fast else 0)
 
 
 # --- windows cut (or not) by inputs -------------------------------------------------------------------------
