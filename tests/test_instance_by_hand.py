@@ -262,6 +262,55 @@ def test_window_stops_where_the_blocks_run_out_then_preempts_the_newest(fast):
     assert inst.outstanding_tokens == 0 and inst.decode_work == 0
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_window_of_one_sure_step_is_not_opened(fast):
+    # 2 blocks.  r0, r1 (15, 10) prefill together 0-0.25 (1 block each: the pool is full).  The decode
+    # 0.25-0.5 fits (16 tokens), the next would need a 2nd block each: only one step is sure, no window.
+    # At 0.5 r0 grows by preempting r1 (16 tokens lost) and decodes alone 0.5-0.75 (preempted plan: no
+    # window); from 0.75 a window of 7 (context 18 .. 24 in 2 blocks) to 2.5, r0 done.  r1 (17 tokens
+    # again: 2 blocks) recomputes 2.5-2.75 (token 3), then a window of 7: done at 4.5.
+    env, inst, _ = _inst(blocks=2, fast=fast)
+    r0, r1 = Request(0, 0.0, 15, 10), Request(1, 0.0, 15, 10)
+    inst.submit(r0)
+    inst.submit(r1)
+    env.run()
+    assert r0.finish_s == 2.5 and r1.finish_s == 4.5
+    assert r1.preemptions == 1 and r1.recomputed_tokens == 16 and r0.preemptions == 0
+    assert inst.steps == 18 and inst.kv.peak_used == 2 and inst.windows == (2 if fast else 0)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_window_of_exactly_two_sure_steps_is_opened(fast):
+    # as above with prompts of 14: two decodes fit in 1 block each (15, 16 tokens): a window of 2 (0.5, 0.75).
+    # At 0.75 r1 is preempted (16 lost), r0 decodes alone 0.75-1.0 (token 4), then a window of 6 (18 .. 23
+    # tokens) to 2.5; r1 recomputes 17 tokens 2.5-2.75 (token 4) and decodes 6 more: done at 4.25.
+    env, inst, _ = _inst(blocks=2, fast=fast)
+    r0, r1 = Request(0, 0.0, 14, 10), Request(1, 0.0, 14, 10)
+    inst.submit(r0)
+    inst.submit(r1)
+    env.run()
+    assert r0.finish_s == 2.5 and r1.finish_s == 4.25
+    assert r1.preemptions == 1 and r1.recomputed_tokens == 16
+    assert inst.steps == 17 and inst.kv.peak_used == 2 and inst.windows == (3 if fast else 0)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_window_ends_where_one_free_block_cannot_serve_two_growths(fast):
+    # 5 blocks.  r0, r1 (16, 30): prefill 0-0.25 (1 block each), the first decode grows both to 2 (free 1).
+    # Up to 32 tokens they need nothing more (16 steps, to 4.25); the 17th needs 2 blocks, 1 is free: the
+    # window holds 16.  At 4.25 r0 (older) takes the last block, r1 finds no younger victim and preempts
+    # itself (32 tokens lost); r0 decodes alone 4.25-4.5, then 12 steps to 7.5 (33 .. 45 tokens: 3 blocks).
+    # r1 recomputes 33 tokens (3 blocks) 7.5-7.75 (token 18), then 12 steps: done at 10.75.
+    env, inst, _ = _inst(blocks=5, fast=fast)
+    r0, r1 = Request(0, 0.0, 16, 30), Request(1, 0.0, 16, 30)
+    inst.submit(r0)
+    inst.submit(r1)
+    env.run()
+    assert r0.finish_s == 7.5 and r1.finish_s == 10.75
+    assert r1.preemptions == 1 and r1.recomputed_tokens == 32 and r0.preemptions == 0
+    assert inst.steps == 43 and inst.kv.peak_used == 5 and inst.windows == (3 if fast else 0)
+
+
 # --- reading the state mid-window -------------------------------------------------------------------------
 def test_mid_window_loads_sync_and_blocks_by_hand():
     # r0 (14, 10), r1 (14, 12) at 0: prefill together 0-0.25, then a window of 9 steps ending 0.5 .. 2.5.
@@ -553,6 +602,70 @@ def test_a_reservation_with_a_stuck_queue_does_not_cut_a_window_that_has_its_blo
     _at(env, 0.6, reserve)
     env.run()
     assert r0.finish_s == 2.5 and r1.finish_s == 3.0 and inst.windows == 1
+
+
+def test_a_reservation_of_every_free_block_does_not_cut_a_window_that_needs_none():
+    # decode instance of 4 blocks; r0 (20, 10) arrived with 2 blocks (20 tokens): its 9 decodes reach 29
+    # tokens, still 2 blocks, so its window (0.25 .. 2.25) needs no block.  At 0.6 a transfer reserves the
+    # 2 free blocks: no cut, one window, done at 2.25.
+    env, inst, _ = _inst(role="decode", blocks=4)
+    r0 = _arrived(0, 20, 10, inst.kv)
+    other = Request(9, 0.0, 32, 2)
+    inst.accept(r0)
+
+    def reserve():
+        inst.sync()
+        assert inst.kv.reserve(other, 32)
+        inst.blocks_taken()
+    _at(env, 0.6, reserve)
+    env.run()
+    assert r0.finish_s == 2.25 and inst.windows == 1 and inst.kv.free_blocks == 2 and r0.blocks == 0
+
+
+def test_a_searched_window_with_blocks_to_spare_is_not_cut_by_a_reservation_of_them():
+    # decode instance of 5 blocks; r0, r1 (16, 30) arrived with 1 block each; the first decode grows both to
+    # 2 (17 tokens): 1 free.  Up to 32 tokens nothing more (the window, from 0, holds 16 steps to 4.0: it
+    # grows no block).  At 1.1 a transfer reserves the free block: no cut.  At 4.0 r0 preempts r1 (32 lost)
+    # for its 3rd block and decodes alone 4.0-4.25 (token 18), then a window of 12 to 7.25.  r1 (33 tokens:
+    # 3 of the 4 blocks left) recomputes 7.25-7.5 (token 18), then 12 decodes to 10.5.
+    env, inst, _ = _inst(role="decode", blocks=5)
+    r0, r1 = _arrived(0, 16, 30, inst.kv), _arrived(1, 16, 30, inst.kv)
+    other = Request(9, 0.0, 16, 2)
+    inst.accept(r0)
+    inst.accept(r1)
+
+    def reserve():
+        inst.sync()
+        assert inst.kv.reserve(other, 16)
+        inst.blocks_taken()
+    _at(env, 1.1, reserve)
+    env.run()
+    assert r0.finish_s == 7.25 and r1.finish_s == 10.5 and r1.preemptions == 1 and r1.recomputed_tokens == 32
+    assert inst.steps == 42 and inst.windows == 3 and inst.kv.used_blocks == 1
+
+
+def test_a_searched_window_that_grows_a_block_is_cut_by_a_reservation_of_it():
+    # decode instance of 5 blocks; r0 (16, 30) and r1 (20, 30) arrived (1 and 2 blocks); the first decode
+    # grows r0 to 2: 1 free.  r1 needs a 3rd block from 33 tokens (its 13th window step), r0 from its 17th:
+    # the window (from 0) holds 16 steps and grows 1 block.  At 1.1 a transfer takes that block: the window
+    # is cut after the step in flight (1.0-1.25).  From 1.25 (contexts 21, 25, no block free) a window of 7
+    # to 3.0; then r1 needs its 3rd block, finds no younger victim and preempts itself (32 lost); r0 decodes
+    # alone 3.0-3.25 (token 14), then 16 steps (29 .. 45 tokens: one more block) to 7.25.  r1 recomputes
+    # 20 + 13 = 33 tokens 7.25-7.5 (token 14), then 16 steps to 11.5.
+    env, inst, _ = _inst(role="decode", blocks=5)
+    r0, r1 = _arrived(0, 16, 30, inst.kv), _arrived(1, 20, 30, inst.kv)
+    other = Request(9, 0.0, 16, 2)
+    inst.accept(r0)
+    inst.accept(r1)
+
+    def reserve():
+        inst.sync()
+        assert inst.kv.reserve(other, 16)
+        inst.blocks_taken()
+    _at(env, 1.1, reserve)
+    env.run()
+    assert r0.finish_s == 7.25 and r1.finish_s == 11.5 and r1.preemptions == 1 and r1.recomputed_tokens == 32
+    assert inst.steps == 46 and inst.windows == 4 and inst.kv.used_blocks == 1 and inst.kv.peak_used == 5
 
 
 # --- idle, draining, paid time -------------------------------------------------------------------------
