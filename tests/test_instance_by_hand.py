@@ -143,6 +143,18 @@ def test_active_seconds_take_the_busier_unit_capped_at_the_step(fast, power, act
     assert inst.active_s == pytest.approx(active, abs=1e-12)
 
 
+def test_a_request_after_a_finished_window_starts_at_its_arrival():
+    # r0 (14, 3): prefill 0-0.25, a window of 2 to 0.75, done; the instance idles.  r1 (14, 3) arrives at
+    # 1.0: prefill 1.0-1.25, a window of 2 to 1.75.
+    env, inst, _ = _inst()
+    r0, r1 = Request(0, 0.0, 14, 3), Request(1, 1.0, 14, 3)
+    inst.submit(r0)
+    _at(env, 1.0, lambda: inst.submit(r1))
+    env.run()
+    assert r0.finish_s == 0.75 and r1.prefill_start_s == 1.0 and r1.first_token_s == 1.25
+    assert r1.finish_s == 1.75 and inst.windows == 2 and inst.steps == 6 and inst.busy_s == 1.5
+
+
 def test_a_one_token_prompt_gets_its_first_token_from_its_prefill_step():
     # prompt 1, output 4: the prefill step (1 token, sampled) looks like a decode but gives the first
     # token: first token 0.25, then a window of 3 decodes -> finish 1.0
