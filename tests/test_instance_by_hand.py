@@ -491,6 +491,22 @@ def test_a_request_abandoned_mid_step_is_skipped_and_the_rest_of_the_step_applie
     assert sink.log == [("first", 1, 0.25), ("finished", 1, 0.75)]
 
 
+def test_speculative_pool_records_when_each_prefill_starts():
+    # a speculative pool (verify steps, pdsim/speculative.py) on an idle instance: r0's prefill starts at
+    # its arrival 0, r1's (arriving at 5.0, long after r0 is done) at 5.0.  (The topology turns the fast
+    # path off in a speculative pool.)
+    from pdsim.config import SpeculativeSpec
+    from pdsim.speculative import Speculator
+    env, inst, _ = _inst(fast=False)
+    inst.spec = Speculator(SpeculativeSpec(k=3, acceptance=1.0, draft_cost_fraction=0.5), inst.cost, None, 0)
+    r0, r1 = Request(0, 0.0, 14, 5), Request(1, 5.0, 14, 5)
+    inst.submit(r0)
+    _at(env, 5.0, lambda: inst.submit(r1))
+    env.run()
+    assert r0.status == r1.status == FINISHED and r0.finish_s < 5.0
+    assert r0.prefill_start_s == 0.0 and r1.prefill_start_s == 5.0
+
+
 # --- roles ------------------------------------------------------------------------------------------------
 def test_prefill_role_hands_off_and_keeps_the_kv():
     # a prefill instance: the prompt's step gives token 1 at 0.25, then the request leaves the batch
