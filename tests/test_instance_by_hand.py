@@ -155,6 +155,25 @@ def test_a_request_after_a_finished_window_starts_at_its_arrival():
     assert r1.finish_s == 1.75 and inst.windows == 2 and inst.steps == 6 and inst.busy_s == 1.5
 
 
+class _PerRequest(CostModel):
+    """0.25 s a step + 0.125 s per request in the batch + 0.0625 s per sampled token (an engine overhead)."""
+
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+        return StepCost(STEP + 0.125 * batch + 0.0625 * sampled, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_step_cost_sees_the_batch_and_the_sampled_tokens(fast):
+    # r0, r1 (14, 3) at 0: every step holds both and samples 2 tokens: 0.25 + 0.25 + 0.125 = 0.625 s;
+    # prefill to 0.625, decodes to 1.25 and 1.875
+    env, inst, _ = _inst(_PerRequest(), fast=fast)
+    r0, r1 = _tokens(Request(0, 0.0, 14, 3)), _tokens(Request(1, 0.0, 14, 3))
+    inst.submit(r0)
+    inst.submit(r1)
+    env.run()
+    assert r0.token_s == r1.token_s == [0.625, 1.25, 1.875] and inst.busy_s == 1.875
+
+
 def test_a_one_token_prompt_gets_its_first_token_from_its_prefill_step():
     # prompt 1, output 4: the prefill step (1 token, sampled) looks like a decode but gives the first
     # token: first token 0.25, then a window of 3 decodes -> finish 1.0
