@@ -375,6 +375,21 @@ def test_mid_window_loads_sync_and_blocks_by_hand():
     assert r0.finish_s == 2.5 and r1.finish_s == 3.0 and inst.steps == 12 and inst.windows == 2
 
 
+def test_blocks_grown_in_two_settles_of_one_window():
+    # r (14, 40): one window of 39 decodes from 0.25 to 10.0, contexts 15 .. 53 tokens: 1 block, then 2 (17
+    # tokens), 3 (33), 4 (49).  A sync at 1.1 settles 3 steps and grows the step in flight (18 tokens: 2
+    # blocks); the window's end grows the other 2: 4 at the peak, all given back at the finish.
+    env, inst, _ = _inst()
+    r = Request(0, 0.0, 14, 40)
+    inst.submit(r)
+    env.run(until=1.1)
+    inst.sync()
+    assert r.blocks == 2 and inst.kv.used_blocks == 2
+    env.run()
+    assert r.finish_s == 10.0 and inst.windows == 1
+    assert inst.kv.peak_used == 4 and inst.kv.used_blocks == 0 and inst.kv.free_blocks == 100
+
+
 def test_a_step_ending_exactly_now_is_still_in_flight_for_sync():
     # window of 9 steps from 0.25 (ends 0.5, 0.75, 1.0, ...); at exactly 1.0 only the steps ending 0.5 and
     # 0.75 are applied: the step ending at 1.0 is applied by its own event, as in the step-by-step loop
