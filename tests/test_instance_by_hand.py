@@ -388,6 +388,30 @@ def test_blocks_grown_in_two_settles_of_one_window():
     env.run()
     assert r.finish_s == 10.0 and inst.windows == 1
     assert inst.kv.peak_used == 4 and inst.kv.used_blocks == 0 and inst.kv.free_blocks == 100
+    # 0.5 s bins: bin b ends with the window step j = 2b + 1 (it starts at 0.25 j), which holds 14 + j + 1
+    # tokens: ceil((15 + 2b) / 16) blocks at its maximum; 20 bins to 10.0 s and an empty 21st
+    assert inst.series.kv_max == [-(-(15 + 2 * b) // 16) for b in range(20)] + [0]
+
+
+@pytest.mark.parametrize("prompt, kv", [(14, 1), (15, 2)])
+def test_kv_maximum_of_steps_settled_by_a_sync_in_one_bin(prompt, kv):
+    # 1 s bins; the window opens at 0.25; a sync at 0.9 settles its steps ending 0.5 and 0.75 (both in
+    # bin 0), whose KV holds prompt + 1 and prompt + 2 tokens: 15, 16 -> 1 block; 16, 17 -> 2 blocks
+    env, inst, _ = _inst(bin_s=1.0)
+    inst.submit(Request(0, 0.0, prompt, 10))
+    env.run(until=0.9)
+    inst.sync()
+    assert inst.series.steps == [3] and inst.series.kv_max == [kv]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_kv_maximum_of_a_bin_is_its_last_steps(fast):
+    # prompt 15, output 6, 0.5 s bins: bin 0 holds the prefill (15 tokens) and the decode at 0.25 (16 tokens):
+    # 1 block; the decode from 0.5 holds 17 tokens: 2 blocks from bin 1 on
+    env, inst, _ = _inst(fast=fast)
+    inst.submit(Request(0, 0.0, 15, 6))
+    env.run()
+    assert inst.series.kv_max == [1, 2, 2, 0]
 
 
 def test_a_step_ending_exactly_now_is_still_in_flight_for_sync():
