@@ -257,6 +257,20 @@ def test_an_arrival_cuts_the_window_after_the_step_in_flight(fast):
 
 
 @pytest.mark.parametrize("fast", [True, False])
+def test_an_arrival_cuts_a_window_with_two_steps_left(fast):
+    # r0 (14, 4): prefill 0-0.25, window of 3 (0.5, 0.75, 1.0).  r1 (14, 2) at 0.6: the step ending 0.5 is
+    # done, two are left; the window ends with the one in flight (0.75).  r1's prefill 0.75-1.0 (token 1 at
+    # 1.0), then both decode 1.0-1.25: both done at 1.25.
+    env, inst, _ = _inst(fast=fast)
+    r0, r1 = Request(0, 0.0, 14, 4), Request(1, 0.6, 14, 2)
+    inst.submit(r0)
+    _at(env, 0.6, lambda: inst.submit(r1))
+    env.run()
+    assert r1.first_token_s == 1.0 and r0.finish_s == r1.finish_s == 1.25
+    assert inst.steps == 5 and inst.windows == (1 if fast else 0)
+
+
+@pytest.mark.parametrize("fast", [True, False])
 def test_an_arrival_behind_a_full_batch_does_not_cut_the_window(fast):
     # max_running 1: r1 (arriving 0.6) cannot start before r0 (14, 8) finishes at 2.0, so r0's one window
     # runs on; r1: prefill 2.0-2.25, one decode -> 2.5.  Queue seen by the steps 0.5-0.75 .. 1.75-2.0: 1.
