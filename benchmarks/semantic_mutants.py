@@ -146,7 +146,7 @@ MUTANTS: list[Mutant] = [
            (SEM + "test_one_growth_may_evict_two_and_both_losses_are_counted",),
            "a step that evicts two requests counts only the last one's lost KV"),
     Mutant("chunked-zero-budget-continues", "pdsim/scheduler.py",
-           "        if budget <= 0:\n            break\n", "        if budget < 0:\n            break\n",
+           "        if left <= 0:\n            break\n", "        if left < 0:\n            break\n",
            (SEM + "test_chunked_budget_smaller_than_the_running_batch",),
            "chunked keeps scheduling decodes after the token budget is spent"),
     Mutant("victim-may-be-scheduled", "pdsim/scheduler.py",

@@ -760,8 +760,8 @@ class Search:
             return r
         if self.lo == 0.0:                           # no pass yet: go down
             r = min(self.points) / 4
-            # a thousandth of the first (highest) rate tried: hi follows the lowest failure down, so comparing
-            # with it never stopped the descent (the search ran to max_rounds, ~10 extra simulations)
+            # not below a thousandth of the first (highest) rate tried, so r0 ... r0 / 256 are tried (hi follows
+            # the lowest failure down: comparing with it never stopped the descent, which ran to max_rounds)
             if r < max(self.points) * 1e-3:
                 self.done, self.note = True, "misses the SLO even at a trickle"
                 return None

@@ -159,13 +159,14 @@ def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: Ste
 def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, budget: int | None) -> int:
     """One step's tokens for every running request (a decode's one, a chunked prompt's next chunk) in batch
     order, within ``budget`` tokens (None: no budget), preempting when a request cannot grow; returns the
-    budget left.  ``StepPlan.add`` inlined over local sums (same additions in the same order, so the same
-    floats): this loop runs for every request of every step.  A prefix pool or a sliding plan takes the
-    general path (``_decode_running_general``)."""
-    if kv.prefix_on or type(plan) is not StepPlan:
-        return _decode_running_general(running, waiting, kv, plan, budget)
+    budget left.  This loop runs for every request of every step, so a plain ``StepPlan``'s sums are kept
+    in local variables (``StepPlan.add`` inlined: the same additions in the same order, so the same floats);
+    a sliding plan adds through its own ``add``."""
+    prefix = kv.prefix_on
+    inline = type(plan) is StepPlan
     bs = kv.block_size
     items = plan.items
+    scheduled: set | None = set() if prefix else None   # a prefix pool's grow runs for every request
     tokens, attn, kv_read, sampled = plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled
     left = budget if budget is not None else 1 << 62
     for req in list(running):
@@ -178,38 +179,28 @@ def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, 
         n = known - c
         if n > left:
             n = left
-        # a decode that stays within the blocks it holds needs no KV call (15 of 16 steps at 16-token blocks);
-        # a growth that fails changes nothing, and only then are victims looked for among the unscheduled
-        if -(-(c + n) // bs) > req.blocks and not kv.grow(req, c + n):
+        if prefix:
+            # a prefix pool's grow also trims its cache, so it always goes through
+            if not _grow_running(req, n, kv, running, waiting, plan, scheduled):
+                continue
+            scheduled.add(id(req))
+        # else a decode that stays within the blocks it holds needs no KV call (15 of 16 steps at 16-token
+        # blocks); a growth that fails changes nothing, and only then are victims looked for (the unscheduled)
+        elif -(-(c + n) // bs) > req.blocks and not kv.grow(req, c + n):
             if not _grow_running(req, n, kv, running, waiting, plan, {id(r) for r, _ in items}):
                 continue
-        items.append((req, n))
-        tokens += n
-        attn += n * (c + 0.5 * n)
-        kv_read += c + n
-        if c + n == known:
-            sampled += 1
-        left -= n
-    plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled = tokens, attn, kv_read, sampled
-    return left if budget is not None else 0
-
-
-def _decode_running_general(running: list, waiting: deque, kv: KVCache, plan: StepPlan, budget: int | None) -> int:
-    scheduled: set = set()
-    # as above, but a prefix pool's grow also trims its cache, so it always goes through
-    bs = 0 if kv.prefix_on else kv.block_size
-    left = budget if budget is not None else 1 << 62
-    for req in list(running):
-        if left <= 0:
-            break
-        if req.blocks == 0:
-            continue
-        c = req.computed
-        n = min(req.prompt_tokens + req.generated - c, left)
-        if (bs and -(-(c + n) // bs) <= req.blocks) or _grow_running(req, n, kv, running, waiting, plan, scheduled):
+        if inline:
+            items.append((req, n))
+            tokens += n
+            attn += n * (c + 0.5 * n)
+            kv_read += c + n
+            if c + n == known:
+                sampled += 1
+        else:
             plan.add(req, n)
-            scheduled.add(id(req))
-            left -= n
+        left -= n
+    if inline:
+        plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled = tokens, attn, kv_read, sampled
     return left if budget is not None else 0
 
 

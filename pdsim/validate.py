@@ -417,6 +417,7 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
     [int(L x ratio), L]); None: each row's own (:func:`silicon_harness`; 1.0 = fixed lengths).
     ``profiles``: {device preset: profile path}; rows on those GPUs are priced with that profile
     (e.g. an imported measured kernel profile), the others with their datasheet preset."""
+    client_mode_for({}, client_mode)        # an unknown mode is the caller's error, not a row's (raises once)
     usable, skipped = [], []
     for r, why in rows:
         (skipped if why else usable).append((r, why))

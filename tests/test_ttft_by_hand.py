@@ -160,3 +160,10 @@ def test_validate_cli_offers_every_client_mode_and_passes_it_on(monkeypatch, tmp
         except SystemExit:
             pass
         assert seen.get("client_mode") == mode
+
+
+def test_validate_refuses_an_unknown_client_mode_once_instead_of_skipping_every_row():
+    import pdsim.validate as V
+    from pdsim.errors import ConfigError
+    with pytest.raises(ConfigError, match="client_mode"):
+        V.validate([({"id": "r"}, None)], client_mode="bogus")
