@@ -238,3 +238,47 @@ def test_a_prefix_found_only_on_the_host_becomes_shareable_as_its_chunks_complet
     b.computed = 192
     kv.commit(b)
     assert kv.cached_tokens(probe) == 192
+
+
+def test_a_page_larger_than_the_host_tier_is_dropped_without_flushing_the_tier():
+    """GPU cache of 1 block, host tier of 2 blocks.  Chain X = [7, 8] (32 tokens, two 1-block pages) served:
+    page X1 goes to the host, X0 stays on the GPU.  Then A: ids of 64 tokens (4-block pages), an 80-token
+    prompt = 5 blocks -> pages A0 (4 blocks) and A1 (1 block).  A's release makes the LRU X0, A1, A0 (6 blocks)
+    and trims it to 1: X0 -> host (2 used), A1 -> host (3 > 2: X1, the host's LRU, goes), A0 is larger than the
+    whole host tier and is simply dropped.  Host: X0, A1 = 2 blocks; 1 + 6 = 7 evicted from the GPU, 1 from the
+    host; X's first page is still found (16 tokens)."""
+    kv = PrefixKVCache(10, 16, capacity_blocks=1, host_blocks=2, host_bandwidth_Bps=1e6, block_bytes=1.0)
+    _serve(kv, _req(0, 32, 1, [7, 8]))
+    assert (kv.lru_blocks, kv.host_used, kv.stats.evicted_blocks) == (1, 1, 1)
+    a = _req(1, 80, 1, [1, 2], unit=64)
+    assert kv.layout(a)[1] == [4, 5]
+    _serve(kv, a)
+    assert (kv.free_blocks, kv.lru_blocks, kv.host_used, len(kv.host)) == (10, 0, 2, 2)
+    assert (kv.stats.evicted_blocks, kv.stats.host_evicted_blocks) == (7, 1)
+    assert kv.cached_tokens(_req(2, 32, 1, [7, 8])) == 16
+
+
+def test_a_page_computed_twice_stays_private_after_the_shared_copy_is_evicted():
+    """20 blocks, GPU cache of 1 block.  R ([1, 2, 3], 48 tokens, chunks of 16 then 48) and S ([1], 17 tokens)
+    run together.  S completes page (1, 0) first and registers it; R completes its own copy next: the page is
+    already cached, so R's block stays private (vLLM keeps the first copy).  S leaves (its page evictable),
+    then T ([9], 17 tokens) is served and its page pushes S's copy out (cache of 1 block).  R's second chunk
+    registers its pages 1 and 2 only: its page 0 stays private, so a probe [1, 2, 3, 4] misses at page 0 and
+    finds 0 tokens; cached on the GPU: R's 2 pages + T's 1 = 3 blocks; 20 - 3 (R) = 17 free."""
+    kv = PrefixKVCache(20, 16, capacity_blocks=1)
+    r, s = _req(0, 48, 1, [1, 2, 3]), _req(1, 17, 1, [1])
+    assert kv.attach(r, kv.peek(r), 16) and kv.attach(s, kv.peek(s), 17) and kv.free_blocks == 17
+    s.computed = 17
+    kv.commit(s)
+    r.computed = 16
+    kv.commit(r)
+    assert kv.cached_blocks == 1                            # one copy of page (1, 0): S's
+    s.status = FINISHED
+    kv.release(s)
+    _serve(kv, _req(2, 17, 1, [9]))
+    assert (kv.stats.evicted_blocks, kv.lru_blocks, kv.free_blocks) == (1, 1, 19)
+    assert kv.grow(r, 48) and r.blocks == 3
+    r.computed = 48
+    kv.commit(r)
+    assert kv.cached_tokens(_req(3, 64, 1, [1, 2, 3, 4])) == 0
+    assert (kv.cached_blocks, kv.free_blocks) == (3, 17)
