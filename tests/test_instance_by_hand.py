@@ -78,6 +78,16 @@ def _at(env, t, fn):
     env.process(p())
 
 
+def _reserve_at(env, inst, t, other, tokens):
+    """At time t, a KV transfer reserves blocks for ``tokens`` tokens of ``other`` on ``inst`` (as the
+    topology does: settle the window first, then tell the instance its blocks were taken)."""
+    def reserve():
+        inst.sync()
+        assert inst.kv.reserve(other, tokens)
+        inst.blocks_taken()
+    _at(env, t, reserve)
+
+
 def _tokens(r):
     r.token_s = []
     return r
@@ -668,15 +678,10 @@ def test_blocks_taken_mid_window_cut_only_when_the_window_needs_them(taken, wind
     other = Request(9, 0.0, 16 * taken, 2)
     inst.accept(r0)
 
-    def reserve():
-        inst.sync()
-        assert inst.kv.reserve(other, 16 * taken)
-        inst.blocks_taken()
-
     def unreserve():
         inst.cut()
         inst.kv.release(other)
-    _at(env, 0.6, reserve)
+    _reserve_at(env, inst, 0.6, other, 16 * taken)
     _at(env, 2.0, unreserve)
     env.run(until=0.7)
     assert r0.blocks == 2 and inst.kv.used_blocks == 2 + taken and inst.kv.peak_used == 2 + taken
@@ -695,11 +700,7 @@ def test_a_reservation_with_a_stuck_queue_does_not_cut_a_window_that_has_its_blo
     inst.submit(r0)
     _at(env, 0.1, lambda: inst.submit(r1))
 
-    def reserve():
-        inst.sync()
-        assert inst.kv.reserve(other, 32)
-        inst.blocks_taken()
-    _at(env, 0.6, reserve)
+    _reserve_at(env, inst, 0.6, other, 32)
     env.run()
     assert r0.finish_s == 2.5 and r1.finish_s == 3.0 and inst.windows == 1
 
@@ -713,11 +714,7 @@ def test_a_reservation_of_every_free_block_does_not_cut_a_window_that_needs_none
     other = Request(9, 0.0, 32, 2)
     inst.accept(r0)
 
-    def reserve():
-        inst.sync()
-        assert inst.kv.reserve(other, 32)
-        inst.blocks_taken()
-    _at(env, 0.6, reserve)
+    _reserve_at(env, inst, 0.6, other, 32)
     env.run()
     assert r0.finish_s == 2.25 and inst.windows == 1 and inst.kv.free_blocks == 2 and r0.blocks == 0
 
@@ -734,11 +731,7 @@ def test_a_searched_window_with_blocks_to_spare_is_not_cut_by_a_reservation_of_t
     inst.accept(r0)
     inst.accept(r1)
 
-    def reserve():
-        inst.sync()
-        assert inst.kv.reserve(other, 16)
-        inst.blocks_taken()
-    _at(env, 1.1, reserve)
+    _reserve_at(env, inst, 1.1, other, 16)
     env.run()
     assert r0.finish_s == 7.25 and r1.finish_s == 10.5 and r1.preemptions == 1 and r1.recomputed_tokens == 32
     assert inst.steps == 42 and inst.windows == 3 and inst.kv.used_blocks == 1
@@ -758,11 +751,7 @@ def test_a_searched_window_that_grows_a_block_is_cut_by_a_reservation_of_it():
     inst.accept(r0)
     inst.accept(r1)
 
-    def reserve():
-        inst.sync()
-        assert inst.kv.reserve(other, 16)
-        inst.blocks_taken()
-    _at(env, 1.1, reserve)
+    _reserve_at(env, inst, 1.1, other, 16)
     env.run()
     assert r0.finish_s == 7.25 and r1.finish_s == 11.5 and r1.preemptions == 1 and r1.recomputed_tokens == 32
     assert inst.steps == 46 and inst.windows == 4 and inst.kv.used_blocks == 1 and inst.kv.peak_used == 5

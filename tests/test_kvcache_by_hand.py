@@ -6,25 +6,21 @@ evictions, hits, host-tier loads), never by running pdsim a second way.  Pools a
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from pdsim.kvcache import KVCache, PrefixKVCache, SlidingKVCache, page_layout
-from pdsim.workload import FINISHED, Request
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_prefix import _serve  # noqa: E402  (admit, compute, finish, leave: the same helper)
+
+from pdsim.kvcache import KVCache, PrefixKVCache, SlidingKVCache, page_layout  # noqa: E402
+from pdsim.workload import FINISHED, Request  # noqa: E402
 
 
 def _req(i, prompt, out, ids, unit=16):
     return Request(i, 0.0, prompt, out, hash_ids=list(ids), hash_block_tokens=unit)
 
-
-def _serve(kv: PrefixKVCache, req: Request) -> int:
-    """Admit, compute the whole prompt, finish and leave; returns the cached tokens found."""
-    hit = kv.peek(req)
-    assert kv.attach(req, hit, req.known)
-    req.computed = req.known
-    kv.commit(req)
-    req.status = FINISHED
-    kv.release(req)
-    return hit
 
 
 # --- the plain pool -------------------------------------------------------------------------------
