@@ -276,21 +276,31 @@ class Autoscaler:
         to = inst.switch_to
         inst.switch_to = None
         blocks = inst.kv.used_blocks
+        # a fault while it drained to switch (faults.py): the same broken GPUs go on to the other role,
+        # serving once repaired and warmed up, and never before switch_s
+        repaired_s = inst.down_until if inst.failed else self.env.now
         self._leave(sc, inst)
         sc.record(self.env.now)
         if to is not None:
             # the same GPUs, weights loaded, under the other pool's next free name: paid without a break,
             # serving after switch_s (the engine restarts in the new role with an empty KV cache)
+            now = self.env.now
             dst = self.scalers[to]
             new = dst.of(OFF)[0]
-            new.state, new.alive_from_s = PROVISIONING, self.env.now
+            new.state, new.alive_from_s = PROVISIONING, now
             new.set_down()
             g = dst.gen[new.name] = dst.gen.get(new.name, 0) + 1
-            self.env.process(self._provision(dst, new, g, self.spec.switch_s))
-            dst.record(self.env.now)
-            self.switches.append({"decided_s": inst.switch_decided_s, "t_s": self.env.now,
+            serves = max(now + self.spec.switch_s, repaired_s)
+            self.env.process(self._provision(dst, new, g, serves - now))
+            dst.record(now)
+            self.switches.append({"decided_s": inst.switch_decided_s, "t_s": now,
                                   "from": inst.name, "to": new.name,
-                                  "kv_blocks_in_use": blocks, "serves_at_s": self.env.now + self.spec.switch_s})
+                                  "kv_blocks_in_use": blocks, "serves_at_s": serves})
+            if repaired_s > now:
+                self.switches[-1]["failed_until_s"] = repaired_s
+                self.topo.fault_log.append({"instance": new.name, "at_s": now, "serves_at_s": serves,
+                                            "switch": f"{inst.name} failed while draining to switch: "
+                                                      "serves in the new role after its repair"})
 
     # --- policies ------------------------------------------------------------------------------
     def _schedule(self):
@@ -472,11 +482,11 @@ class Autoscaler:
         p, d = self.scalers["prefill"], self.scalers["decode"]
         if want is None or any(i.switch_to for i in self.topo.instances) or p.of(PROVISIONING) or d.of(PROVISIONING):
             return                          # one switch at a time
-        have = len(p.of(SERVING))
+        have = len(p.of(SERVING))           # a failed instance keeps its role: it serves in it once repaired
         if want == have or self.env.now - max(p.last_action_s, d.last_action_s) < self.spec.cooldown_s:
             return
         src, dst = (p, d) if want < have else (d, p)
-        serving = src.of(SERVING)
+        serving = src.healthy()             # a broken machine does not switch (faults.py)
         if len(serving) <= max(1, src.bounds.min):
             return
         for i in serving:

@@ -736,10 +736,6 @@ class Scenario(_Strict):
                 raise ValueError(f"faults.instances[{i}].instance: no instance '{f.instance}' in "
                                  f"{'topology ' + f.topology if f.topology else 'any topology'} "
                                  "(names are replica-N, prefill-N, decode-N)")
-        for name, t in self.topologies.items():
-            if t.autoscaler is not None and t.autoscaler.policy == "mix":
-                raise ValueError(f"topologies.{name}.autoscaler.policy: role switching (mix) with faults is not "
-                                 "supported yet (use threshold, schedule or slo)")
         for i, f in enumerate(self.faults.links):
             if f.topology is not None and f.topology not in self.topologies:
                 raise ValueError(f"faults.links[{i}].topology: no topology '{f.topology}'")

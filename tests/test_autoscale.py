@@ -199,15 +199,12 @@ def test_bad_autoscaler_and_rate_curve_input_is_one_clear_line(workload, topo, m
     assert "\n" not in str(e.value) and str(e.value).startswith("test.yaml: ")
 
 
-def test_faults_with_autoscaling_are_accepted_but_not_with_role_switching():
+def test_faults_with_autoscaling_and_role_switching_are_accepted():
     # (what they do together: tests/test_faults_autoscale.py)
-    topo = {**PD, "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 5, "prefill": 3}]}}
-    config.parse({"workload": {"rate": 1, "num_requests": 5}, "topologies": {"t": topo},
-                  "faults": [{"at_s": 1, "instance": "decode-0", "down_s": 1}]}, "test.yaml")
-    topo = {**PD, "autoscaler": {"policy": "mix"}}
-    with pytest.raises(ConfigError, match=r"autoscaler\.policy: role switching \(mix\) with faults is not supported"):
-        config.parse({"workload": {"rate": 1, "num_requests": 5}, "topologies": {"t": topo},
-                      "faults": [{"at_s": 1, "instance": "decode-0", "down_s": 1}]}, "test.yaml")
+    for a in ({"policy": "schedule", "schedule": [{"at_s": 5, "prefill": 3}]}, {"policy": "mix"}):
+        sc = config.parse({"workload": {"rate": 1, "num_requests": 5}, "topologies": {"t": {**PD, "autoscaler": a}},
+                           "faults": [{"at_s": 1, "instance": "decode-0", "down_s": 1}]}, "test.yaml")
+        assert sc.faults.instances[0].instance == "decode-0" and sc.topologies["t"].autoscaler.policy == a["policy"]
 
 
 # --- the policies do what they say ---------------------------------------------------------------------

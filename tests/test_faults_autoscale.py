@@ -126,12 +126,64 @@ def test_a_fault_on_an_off_instance_does_nothing():
         "replica-1"].alive_s(base.sim_end_s)
 
 
-def test_role_switching_with_faults_is_refused_by_key():
-    topo = {"kind": "disaggregated", "prefill": {"instances": 1, "device": "h100-sxm"},
-            "decode": {"instances": 1, "device": "h100-sxm"}, "autoscaler": {"policy": "mix"}}
-    with pytest.raises(ConfigError, match=r"topologies\.t\.autoscaler\.policy: role switching \(mix\) with faults"):
-        config.parse({"workload": {"rate": 1, "num_requests": 5}, "topologies": {"t": topo},
-                      "faults": [{"at_s": 1, "instance": "decode-0", "down_s": 1}]}, "test.yaml")
+# --- role switching (policy mix) under faults -------------------------------------------------------------
+def _mix_faulted(*faults):
+    # 1P3D, linear steps, 2000-token prompts and 100-token replies at 8/s: one request needs 0.105
+    # instance-seconds of prefill and ~0.057 of decode (batch 16 at ~9 ms a step), so the mix wants
+    # round(4 x 0.65) = 3 prefill instances and the look at t=1.0 (the first after a completion) makes a decode
+    # instance drain to switch.  Without a fault that is decode-2, the least loaded, and it leaves at ~1.146.
+    lin = {"cost_model": {"kind": "linear", "base_s": 0.005, "per_token_s": 5e-5, "per_kv_token_s": 1e-7}}
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, "kv_blocks": 1000, **lin},
+            "decode": {"instances": 3, "kv_blocks": 1000, "max_running": 16, **lin},
+            "kv_link": {"bandwidth_GBps": 1000},
+            "autoscaler": {"policy": "mix", "interval_s": 1.0, "cooldown_s": 0.0, "switch_s": 0.5}}
+    sc = scenario({"t": topo}, arrival="constant", rate=8.0, num_requests=40, prompt_tokens=2000, output_tokens=100)
+    if faults:
+        sc = _faulted(sc, *faults)
+    (res,) = simulate(sc)
+    assert all(r.status == "finished" for r in res.requests)        # (and check_conservation ran)
+    return sc, res
+
+
+def test_a_fault_on_an_instance_draining_to_switch_roles_delays_its_new_role_until_the_repair():
+    _, base = _mix_faulted()
+    (sw,) = base.topology.autoscaler.switches
+    assert (sw["decided_s"], sw["from"], sw["to"]) == (1.0, "decode-2", "prefill-1")
+    assert 1.1 < sw["t_s"] < 1.2 and sw["serves_at_s"] == pytest.approx(sw["t_s"] + 0.5, abs=1e-12)
+    # decode-2 fails at 1.1 while it drains (down 2.0 s, warm-up 0.5 s): its request is re-routed and
+    # recomputed, the drain completes at once, and the same GPUs serve as prefill-1 after the repair, at
+    # 1.1 + 2.0 + 0.5 = 3.6, not at 1.1 + switch_s = 1.6
+    sc, res = _mix_faulted({"at_s": 1.1, "instance": "decode-2", "down_s": 2.0, "warmup_s": 0.5})
+    a = res.topology.autoscaler
+    (sw,) = a.switches
+    assert (sw["decided_s"], sw["t_s"], sw["from"], sw["to"]) == (1.0, 1.1, "decode-2", "prefill-1")
+    assert sw["serves_at_s"] == pytest.approx(3.6, abs=1e-12) and sw["failed_until_s"] == sw["serves_at_s"]
+    assert _timeline(res, "prefill") == [(0.0, 1, 1), (1.1, 2, 1), (pytest.approx(3.6, abs=1e-12), 2, 2)]
+    assert _timeline(res, "decode") == [(0.0, 3, 3), (1.0, 3, 2), (1.1, 2, 2)]
+    hit = [r for r in res.requests if r.fault_hits]
+    assert len(hit) == 1 and hit[0].decode_instance != "decode-2" and hit[0].recomputed_tokens > 0
+    assert not any(r.instance == "prefill-1" and r.prefill_start_s < 3.6 for r in res.requests)
+    d2 = res.topology.by_name["decode-2"]
+    assert d2.state == "off" and not d2.failed and d2.alive_s(res.sim_end_s) == pytest.approx(1.1, abs=1e-12)
+    # the broken GPUs stay paid through the repair: 4 instances x 1 GPU without a break
+    s = metrics.summarize([res], metrics.requests_frame([res]), sc)["t"]
+    assert s["gpu_hours"] == pytest.approx(4 * res.sim_end_s / 3600, rel=1e-12)
+
+
+def test_a_failed_instance_is_not_switched_and_serves_again_in_its_role():
+    # decode-2 fails at 0.9 for 3 s (until 3.9): at the look at 1.0 the mix wants the same switch, but only
+    # decode-0 and decode-1 are healthy: the less loaded of the two drains (decode-1), decode-2 keeps its
+    # role and serves as decode again from 3.9.  (Picking by load alone would take the broken one: it holds
+    # nothing.)
+    _, res = _mix_faulted({"at_s": 0.9, "instance": "decode-2", "down_s": 3.0})
+    (sw,) = res.topology.autoscaler.switches
+    assert (sw["decided_s"], sw["from"], sw["to"]) == (1.0, "decode-1", "prefill-1") and "failed_until_s" not in sw
+    assert sw["serves_at_s"] == pytest.approx(sw["t_s"] + 0.5, abs=1e-12)
+    tl = _timeline(res, "decode")
+    assert tl[:3] == [(0.0, 3, 3), (0.9, 3, 2), (1.0, 3, 1)] and tl[-1] == (pytest.approx(3.9, abs=1e-12), 2, 2)
+    d2 = res.topology.by_name["decode-2"]
+    assert d2.state == "serving" and not d2.failed and d2.down_s == pytest.approx(3.0, abs=1e-12)
+    assert any(r.decode_instance == "decode-2" and r.decode_start_s >= 3.9 for r in res.requests)
 
 
 LIN = {"cost_model": {"kind": "linear", "base_s": 0.005, "per_token_s": 5e-5, "per_kv_token_s": 1e-7}}
@@ -153,6 +205,9 @@ TOPOS = [
      "decode": {"instances": 1, "device": "h100-sxm", "kv_blocks": 400},
      "autoscaler": {"policy": "slo", "interval_s": 0.25, "cooldown_s": 0.25, "provisioning_s": 0.2, "load_s": 0.2,
                     "scale_in_window_s": 0.5, "slo": {"window_s": 1.0}, "prefill": {"max": 3}, "decode": {"max": 3}}},
+    {"kind": "disaggregated", "prefill": {"instances": 1, "kv_blocks": 200, **LIN},
+     "decode": {"instances": 3, "kv_blocks": 200, "max_running": 8, **LIN}, "kv_link": {"bandwidth_GBps": 1},
+     "autoscaler": {"policy": "mix", "interval_s": 0.2, "cooldown_s": 0.2, "switch_s": 0.3}},
 ]
 SCALED = st.sampled_from(TOPOS)
 
@@ -192,7 +247,7 @@ def test_nothing_lost_and_kv_conserved_under_random_faults_and_autoscaling(topo,
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("which", [0, 2, 3])
+@pytest.mark.parametrize("which", [0, 2, 3, 4])
 def test_fast_path_equals_step_by_step_with_faults_and_autoscaling(which, seed):
     topo = TOPOS[which]
     sc = scenario({"t": topo}, rate=None, num_requests=None, duration_s=3,
@@ -211,6 +266,7 @@ def test_fast_path_equals_step_by_step_with_faults_and_autoscaling(which, seed):
     pools = [p.name.replace("replica", "replicas") for p in fast[0].topology.pools]
     for p in pools:
         assert _timeline(fast[0], p) == _timeline(slow[0], p)
+    assert fast[0].topology.autoscaler.switches == slow[0].topology.autoscaler.switches   # (mix: TOPOS[4])
     assert len(fast[0].topology.fault_log) >= 3
 
 
