@@ -215,8 +215,6 @@ class PoolSpec(_Strict):
             raise ValueError(f"micro_batches (={self.micro_batches}) needs pipeline parallelism (pp > 1)")
         if self.pp > 1 and self.speculative is not None:
             raise ValueError(f"pp (={self.pp}): speculative decoding with pipeline parallelism is not modelled")
-        if self.dp_attention and self.speculative is not None:
-            raise ValueError("dp_attention (=True): speculative decoding with DP attention is not modelled")
         return self
 
     @property

@@ -209,8 +209,13 @@ class Speculator:
             inner = inner.inner
         if not (pure and isinstance(inner, RooflineCost)):
             return cost.step(T, attn, kvr, S, B)
-        t_s, f_s, b_s = inner._static(T, S)
-        att = inner._attention_op(T, float(attn), float(kvr), B, False)
+        if inner.attn_dp > 1:     # DP attention: the busiest rank's attention, as RooflineCost._sum deals it
+            Ta, aw, kv, Sa, rb = inner._rank(T, float(attn), float(kvr), S, B)
+            t_s, f_s, b_s = inner._static(T, S, (Ta, Sa))
+            att = inner._attention_op(Ta, aw, kv, rb, False)
+        else:
+            t_s, f_s, b_s = inner._static(T, S)
+            att = inner._attention_op(T, float(attn), float(kvr), B, False)
         # decode kernel: the KV is read once; the d + 1 queries' FLOPs at the decode kernel's efficiency
         t_a = max(float(inner.op_time(att)[0]), float(attention_roofline(inner.device, att.flops, 0.0, False)))
         L = att.count
@@ -323,7 +328,19 @@ def build(spec, pool_spec, target_cost, model, weight_dtype: str, kv_dtype: str,
                               "cost model give draft_cost_fraction instead", key=f"{key}.speculative",
                               value=spec.method)
         shape.validate_tp(pool_spec.tp, key=f"{key}.speculative.draft_model")
-        draft = RooflineCost(shape, device, pool_spec.tp, weight_dtype, kv_dtype)
+        if spec.method == "mtp":
+            # the MTP head is a layer of the target: sharded and priced as the target's layers are (EP, expert
+            # skew, DP attention, the measured tables it uses)
+            inner = target_cost
+            while not isinstance(inner, RooflineCost):
+                inner = inner.inner                  # EngineCost / CappedCost (a roofline pool: see above)
+            draft = dataclasses.replace(inner, model=shape, _static_cache={})
+        elif pool_spec.dp_attention:
+            raise ConfigError("a separate draft model under DP attention is not modelled (each attention rank "
+                              "would run its own draft): use method mtp or draft_cost_fraction",
+                              key=f"{key}.speculative.draft_model", value=shape.name)
+        else:
+            draft = RooflineCost(shape, device, pool_spec.tp, weight_dtype, kv_dtype)
         if power is not None and power.clock_fraction < 1.0:
             from .energy import CappedCost
             draft = CappedCost(draft, power)          # the draft runs on the same capped clocks

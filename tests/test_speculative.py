@@ -308,3 +308,76 @@ def test_plan_bounds_leave_room_for_speculation():
                   num_requests=1, prompt_tokens=100, output_tokens=41)
     (r,) = simulate(sc)[0].requests
     assert (r.finish_s - r.first_token_s) / 40 < 0.003
+
+
+# --- speculative decoding under DP attention (DeepSeek with MTP, as SGLang and TensorRT-LLM serve it) ----------
+def _dp_speculator(k: int = 2):
+    from pdsim.config import PoolSpec
+    from pdsim.speculative import build
+    ds = get_model("deepseek-v3")
+    h200 = get_device("h200")
+    target = RooflineCost(ds, h200, 8, "fp8", "fp8", 8, 0.0, 1, True)
+    pool = PoolSpec(device="h200", tp=8, ep=8, dp_attention=True, speculative={"method": "mtp", "k": k})
+    return build(pool.speculative, pool, target, ds, "fp8", "fp8", h200, 0, "p"), target, ds, h200
+
+
+def test_verify_step_under_dp_attention_prices_the_busiest_ranks_attention():
+    """64 requests at context 2000 verify 2 drafts each on 8 attention ranks: a rank's attention is a one-GPU
+    instance's pure verify attention on its 8 requests (24 query tokens), exactly; 12 requests put 2 on the
+    busiest rank.  (Priced on the whole batch, every rank would do the 64 requests' attention.)"""
+    spec, dp, ds, h200 = _dp_speculator()
+    one = Speculator(SpeculativeSpec(method="mtp", k=2), RooflineCost(ds, h200, 1, "fp8", "fp8"), None, 0)
+    c, q = 2000, 3                                  # context, query tokens per request (1 + d)
+
+    def agg(n):                                     # T, attention work, KV read, sampled, requests
+        return n * q, float(n * q * (c + 0.5 * q)), n * (c + q), n * q, n
+
+    def attention_part(s, cost, n, rank):
+        T, aw, kv, S, B = agg(n)
+        return s._verify_cost(T, aw, kv, S, B, True).time_s - cost._static(T, S, *rank)[0]
+
+    for n, per_rank in ((64, 8), (12, 2), (8, 1)):
+        T, _, _, S, _ = agg(n)
+        Ta, Sa = T * per_rank / n, S * per_rank / n
+        got = attention_part(spec, dp, n, ((Ta, Sa),))
+        want = attention_part(one, one.target, per_rank, ())
+        assert got == pytest.approx(want, rel=1e-9), n
+    # the rank holds 8 requests: far less attention than the batch's 64 on one GPU
+    assert attention_part(spec, dp, 64, ((24.0, 24.0),)) < 0.5 * attention_part(one, one.target, 64, ())
+
+
+def test_mtp_head_is_sharded_like_the_target_layers():
+    spec, dp, _, _ = _dp_speculator()
+    d = spec.draft
+    assert d.model.layers == 1 and (d.tp, d.ep, d.attn_dp) == (8, 8, 8) and d.dp_attention
+    assert (d.mla_tables, d.moe_tables, d.a2a_tables, d.expert_skew) == (dp.mla_tables, dp.moe_tables,
+                                                                          dp.a2a_tables, dp.expert_skew)
+
+
+def test_mtp_under_dp_attention_end_to_end_accepts_k_plus_one_and_conserves_tokens():
+    topo = {"kind": "disaggregated", "prefill": {"device": "h200", "tp": 8, "ep": 8, "kv_blocks": 2000},
+            "decode": {"device": "h200", "tp": 8, "ep": 8, "dp_attention": True, "kv_blocks": 2000,
+                       "speculative": {"method": "mtp", "k": 3, "acceptance": 1.0}},
+            "kv_link": {"bandwidth_GBps": 50}}
+    plain = {**topo, "decode": {k: v for k, v in topo["decode"].items() if k != "speculative"}}
+    sc = scenario({"spec": topo, "plain": plain}, num_requests=24, rate=20, prompt_tokens=500, output_tokens=41)
+    sc.model = "deepseek-v3"
+    sc.client.itl = "on"
+    res = {r.name: r for r in simulate(sc)}
+    for r in res["spec"].requests:
+        # the prefill's token, then 10 verify steps of 4 tokens each
+        assert r.status == "finished" and r.generated == 41 == len(r.token_s) and _groups(r.token_s) == [1] + [4] * 10
+    s = res["spec"].topology.pools[1].spec_dec.summary()
+    assert s["tokens_per_verify_step"] == 4.0 and s["draft_acceptance_rate"] == 1.0
+    tpot = metrics.requests_frame(list(res.values())).groupby("topology").tpot_s.median()
+    assert tpot["spec"] < 0.5 * tpot["plain"]
+
+
+def test_a_separate_draft_model_under_dp_attention_is_refused_by_key():
+    topo = {"c": {"kind": "colocated", "device": "h200", "tp": 8, "ep": 8, "dp_attention": True, "kv_blocks": 500,
+                  "speculative": {"method": "draft", "draft_model": "llama-3.2-1b"}}}
+    sc = scenario(topo, num_requests=2)
+    sc.model = "deepseek-v3"
+    with pytest.raises(ConfigError, match=r"topologies\.c\.speculative\.draft_model.*DP attention") as e:
+        simulate(sc)
+    assert "\n" not in str(e.value)
