@@ -761,14 +761,31 @@ _TAGS = {"colocated", "disaggregated", "str", "InlineModel", "function-after[_ne
          "constrained-float", "AcceptanceDistSpec"}
 
 
-def _key(loc) -> str:
-    parts = [str(p) for p in loc if str(p) not in _TAGS and str(p) != "[key]"
-             and not str(p).startswith(("function-", "json-or-python"))]
+def _is_tag(p) -> bool:
+    return str(p) in _TAGS or str(p) == "[key]" or str(p).startswith(("function-", "json-or-python"))
+
+
+def _key(loc, raw=None) -> str:
+    """The dotted key of an error's location: pydantic's own parts (a union's tag, a validator's name) left
+    out.  With the input (``raw``) a part the input holds is always a key ('disaggregated' is a tag in a
+    scenario's topology and a key in a plan's search space)."""
+    parts, node = [], raw
+    for p in loc:
+        if isinstance(node, dict) and p in node:
+            parts.append(str(p))
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            parts.append(str(p))
+            node = node[p]
+        elif not _is_tag(p):
+            parts.append(str(p))          # (a required key the input lacks)
+            node = None if raw is not None else node
     return ".".join(parts)
 
 
-def validation_error(exc: ValidationError, file: str | None) -> ConfigError:
-    """The first pydantic error as one line: file, dotted key, value, and a did-you-mean for typos."""
+def validation_error(exc: ValidationError, file: str | None, raw=None, vocabulary=None) -> ConfigError:
+    """The first pydantic error as one line: file, dotted key, value, and a did-you-mean for typos
+    (among ``vocabulary``, default the scenario's keys; never the unknown key itself)."""
     errs = exc.errors()
     # an inline model (a mapping) with a bad field: its field's error, not the union's "should be a valid string"
     deep = [e for e in errs if "InlineModel" in [str(p) for p in e["loc"][:-1]]]
@@ -777,7 +794,7 @@ def validation_error(exc: ValidationError, file: str | None) -> ConfigError:
     # prefer a concrete error over "expected str" noise from the model: str | InlineModel union
     err = next((e for e in errs if e["type"] in ("extra_forbidden", "invalid_key")
                 or (e["type"] == "string_type" and e["loc"][-1:] == ("[key]",))), errs[0])
-    key = _key(err["loc"]) or (repr(str(err["loc"][-1])) if err["loc"] else "")   # '' is a key too
+    key = _key(err["loc"], raw) or (repr(str(err["loc"][-1])) if err["loc"] else "")   # '' is a key too
     msg = err["msg"].removeprefix("Value error, ")
     if not err["loc"]:      # a whole-scenario check ("faults.instances[0].topology: no topology ..."): its key leads
         m = re.match(r"([A-Za-z_][\w.\[\]-]*): (.+)", msg, re.S)
@@ -787,7 +804,7 @@ def validation_error(exc: ValidationError, file: str | None) -> ConfigError:
         return ConfigError(f"a key must be a string, not {type(err['input']).__name__}", file=file, key=key)
     if err["type"] == "extra_forbidden":
         last = str(err["loc"][-1])
-        close = difflib.get_close_matches(last, sorted(_vocabulary()), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(last, sorted((vocabulary or _vocabulary()) - {last}), n=1, cutoff=0.6)
         msg = "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")
         return ConfigError(msg, file=file, key=key)
     if err["type"] == "union_tag_invalid" or err["type"] == "union_tag_not_found":
@@ -831,7 +848,7 @@ def parse(raw: Any, file: str | None = None, overrides: list[str] | None = None,
     try:
         sc = Scenario.model_validate({**raw, "base_dir": str(base_dir)})
     except ValidationError as exc:
-        raise validation_error(exc, file) from None
+        raise validation_error(exc, file, raw) from None
     _check_numbers(raw, file)
     return sc
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import heapq
 import math
 import os
 import sys
@@ -186,11 +187,20 @@ def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
     return parse_plan(raw, str(path), path.parent)
 
 
+def _plan_vocabulary() -> set[str]:
+    from .config import _vocabulary
+    names = set(_vocabulary())
+    for cls in (DeviceChoice, ColocatedSpace, DisaggregatedSpace, SearchSpace, BudgetSpec, TargetSpec, GoodputSpec,
+                PlanSpec):
+        names.update(cls.model_fields)
+    return names
+
+
 def parse_plan(raw: dict, file: str = "plan.yaml", base_dir: Path | str = ".") -> Plan:
     try:
         spec = PlanSpec.model_validate(raw)
     except ValidationError as exc:
-        raise validation_error(exc, file) from None
+        raise validation_error(exc, file, raw, _plan_vocabulary()) from None
     plan = Plan(spec, file, Path(base_dir))
     w = spec.workload
     if w.get("arrival", "poisson") == "closed":
@@ -432,6 +442,8 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
 # --- one simulation (a task: picklable, runs in any worker) ----------------------------
 T975_19 = 2.093        # Student t, 97.5% quantile, 19 degrees of freedom (20 batch means)
 CI_BATCHES = 20
+# early stopping: how often (x the TTFT bound) a run looks for requests already past their TTFT deadline
+SWEEP_FRACTION = 0.25
 
 
 def _passes_needed(n: int, target: float) -> int:
@@ -476,6 +488,10 @@ class _JudgeSink:
         self.early = early                       # None, "fail" or "both"
         self.ok = self.miss = self.ttft_miss = self.tpot_miss = 0
         self.decided: str | None = None
+        self.premissed: dict = {}                # judged requests counted as misses before they settled:
+        self.swept = first_judged                # id -> "ttft" | "tpot"; requests before swept: TTFT looked at
+        self.decoding: list = []                 # heap of (TPOT deadline, id, first token, tokens streamed)
+        self.swept_misses = 0                    # misses the sweep counted before the request settled
 
     def finished(self, req, *_) -> None:
         self.done += 1
@@ -486,19 +502,92 @@ class _JudgeSink:
                 first, streamed = req.decode_first_s, req.output_tokens - 1
             ttft_ok = fin and first - req.arrival_s + self.rtt <= self.ttft_s
             tpot_ok = fin and (streamed <= 1 or (req.finish_s - first) / (streamed - 1) <= self.tpot_s)
-            self.ttft_miss += not ttft_ok
-            self.tpot_miss += not tpot_ok
-            if ttft_ok and tpot_ok:
-                self.ok += 1
-            else:
-                self.miss += 1
-            if self.early and self.decided is None:
-                if self.miss > self.judged - self.need:          # can no longer reach the target
-                    self.decided = "fail"
-                elif self.early == "both" and self.ok >= self.need:   # can no longer miss it
-                    self.decided = "pass"
+            pre = self.premissed.pop(req.id, None) if self.premissed else None
+            if pre is None:
+                self.ttft_miss += not ttft_ok
+                self.tpot_miss += not tpot_ok
+                if ttft_ok and tpot_ok:
+                    self.ok += 1
+                else:
+                    self.miss += 1
+            elif pre == "ttft":                  # its miss was counted when its TTFT deadline passed
+                assert not ttft_ok, (req.id, first, req.arrival_s)
+                self.tpot_miss += not tpot_ok
+            else:                                # ... or when its TPOT could no longer meet the bound
+                assert ttft_ok and not tpot_ok, (req.id, first, req.finish_s)
+            self._decide()
         if not self.all_done.triggered and (self.done == self.expected or self.decided):
             self.all_done.succeed()
+
+    def _decide(self) -> None:
+        if self.early and self.decided is None:
+            if self.miss > self.judged - self.need:          # can no longer reach the target
+                self.decided = "fail"
+            elif self.early == "both" and self.ok >= self.need:   # can no longer miss it
+                self.decided = "pass"
+
+    def sweep(self, topo, stream: list, every_s: float):
+        """A process (early stopping only): every ``every_s`` it counts as misses, before they settle, the
+        judged requests whose miss is already certain, which in an overloaded run can be long before they
+        finish:
+
+        - TTFT: the deadline has passed (``now - arrival + rtt > ttft_s``, the judge's expression) without a
+          first token (the client's view): it comes at ``now`` or later, so TTFT misses whatever happens next;
+          or the first token came late;
+        - TPOT: the first token came in time but ``(now - first) / (streamed - 1) > tpot_s``: the request
+          finishes at ``now`` or later, so its TPOT misses too.
+
+        Windows are synced before a first decode token is read (steps ending before ``now`` are applied); a
+        step ending at ``now`` only ends later in the judge's favour.  Requests arrive in ``stream`` order
+        (ids = indices, open loop)."""
+        env, n, settled = self.env, len(stream), (FINISHED, REJECTED, ABANDONED)
+        ttft_s, tpot_s, rtt, heap = self.ttft_s, self.tpot_s, self.rtt, self.decoding
+        while self.decided is None and (self.swept < n or heap):
+            yield env.timeout(every_s)
+            now = env.now
+            synced = set()
+            while self.swept < n:
+                r = stream[self.swept]
+                if not now - r.arrival_s + rtt > ttft_s:
+                    break                       # this one's deadline (and every later arrival's) is ahead
+                self.swept += 1
+                if r.status in settled:
+                    continue                    # judged by finished()
+                streamed = r.output_tokens
+                if self.decode_first and streamed > 1:
+                    first, streamed = r.decode_first_s, streamed - 1   # (a one-token reply: its prefill's)
+                    if first != first and r.decode_instance and r.decode_instance not in synced:
+                        synced.add(r.decode_instance)
+                        topo.by_name[r.decode_instance].sync()     # its first decode step may be in a window
+                        first = r.decode_first_s
+                else:
+                    first = r.first_token_s
+                if first != first or not first - r.arrival_s + rtt <= ttft_s:
+                    self.premissed[r.id] = "ttft"
+                    self.miss += 1
+                    self.ttft_miss += 1
+                    self.swept_misses += 1
+                elif streamed > 1:
+                    heapq.heappush(heap, (first + tpot_s * (streamed - 1), r.id, first, streamed))
+            later = []
+            while heap and heap[0][0] < now:
+                item = heapq.heappop(heap)
+                _, rid, first, streamed = item
+                r = stream[rid]
+                if r.status in settled:
+                    continue
+                if (now - first) / (streamed - 1) > tpot_s:
+                    self.premissed[rid] = "tpot"
+                    self.miss += 1
+                    self.tpot_miss += 1
+                    self.swept_misses += 1
+                else:                           # its deadline rounded below now: look again next time
+                    later.append(item)
+            for item in later:
+                heapq.heappush(heap, item)
+            self._decide()
+            if self.decided and not self.all_done.triggered:
+                self.all_done.succeed()
 
     def rejected(self, req, reason: str) -> None:
         req.status, req.reject_reason, req.finish_s = REJECTED, reason, self.env.now
@@ -531,6 +620,8 @@ def evaluate(task: dict) -> dict:
                                           default_bin_s(sc, stream), seed=sc.seed), sink)
     topo.sink = sink
     env.process(_open_loop(env, topo, stream, model, sc.workload.timeout_s))
+    if early:
+        env.process(sink.sweep(topo, stream, SWEEP_FRACTION * sc.slo.ttft_s))
     try:
         env.run(until=sink.all_done)
     except RuntimeError as exc:     # the queue ran dry first: a deadlock, reported by check_conservation
@@ -562,6 +653,26 @@ def evaluate(task: dict) -> dict:
     out["slo_met"] = sink.decided == "pass" if sink.decided else metrics.slo_verdict(df, slo)["met"]
     if sink.decided == "fail":       # upper bounds: every request not yet settled might still pass
         out.update(ok=n - sink.miss, ttft_ok=n - sink.ttft_miss, tpot_ok=n - sink.tpot_miss)
+        # percentiles so far: of every judged request that had arrived, its latency where known, else the
+        # least it can still be (TTFT: now - arrival + rtt without a first token; TPOT: (now - first) /
+        # (streamed - 1) while it decodes): lower bounds of what those requests will show
+        now, rtt = env.now, sc.client.network_rtt_s
+        open_ = (~settled & (df.arrival_s <= now)).to_numpy()
+        out_tok = df.output_tokens.to_numpy()
+        streamed = out_tok - ((out_tok > 1) & sink.decode_first)          # tokens the client receives
+        first = df.first_token_s.to_numpy(float)                            # the client's first token
+        has_first = ~np.isnan(first)
+        ttft = np.where(open_ & ~has_first, now - df.arrival_s.to_numpy() + rtt, df.ttft_s.to_numpy(float))
+        decoding = open_ & has_first & (streamed > 1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(decoding, (now - first) / np.maximum(streamed - 1, 1), df.tpot_s.to_numpy(float))
+
+        def qa(x, p):
+            x = x[~np.isnan(x)]
+            return float(np.percentile(x, p)) if len(x) else None
+        out.update(ttft_p=qa(ttft[settled.to_numpy() | open_], slo.ttft_percentile),
+                   tpot_p=qa(tpot[(df.status == FINISHED).to_numpy() | decoding], slo.tpot_percentile),
+                   p_so_far=True)
     elif sink.decided is None:
         ci = batch_means_ci((ttft_ok & tpot_ok).to_numpy(float))
         out["ci"] = list(ci) if ci else None
@@ -805,6 +916,7 @@ def _pooled(results: list[dict]) -> dict:
         vals = [r[k] for r in results if r[k] is not None]
         out[k] = max(vals) if vals else None
     out["early"] = next((r["early"] for r in results if r.get("early")), None)
+    out["p_so_far"] = any(r.get("p_so_far") for r in results)     # bounds from a run stopped early (_misses)
     return out
 
 
@@ -896,7 +1008,8 @@ class _Runner:
                         "ci": worst["ci"], "early": worst["early"], "requests": sum(r["total"] for r in rs),
                         "factor": max(r["factor"] for r in rs), "seeds": [r["seed"] for r in rs],
                         "ttft_ok": worst["ttft_ok"], "tpot_ok": worst["tpot_ok"], "n": worst["n"],
-                        "ok": worst["ok"], "ttft_p": worst["ttft_p"], "tpot_p": worst["tpot_p"]})
+                        "ok": worst["ok"], "ttft_p": worst["ttft_p"], "tpot_p": worst["tpot_p"],
+                        "p_so_far": worst.get("p_so_far", False)})
         return out
 
     def _results(self, tasks: list[dict]) -> list[dict]:
@@ -1086,12 +1199,15 @@ def _confirm(plan: Plan, rows: dict, runner: _Runner) -> None:
 def _misses(r: dict, slo) -> str:
     n = r["n"]
     parts = []
+    # a run stopped once it could no longer pass: shares within a bound are upper bounds, percentiles lower
+    # bounds over the requests that had arrived (evaluate)
+    at_most, so_far = ("at most ", ">= ") if r.get("p_so_far") else ("", "")
     if r["ttft_ok"] / n < slo.attainment_target:
-        parts.append(f"TTFT: {r['ttft_ok'] / n:.0%} within {slo.ttft_s} s"
-                     + (f" (p{slo.ttft_percentile:g} {r['ttft_p']:.3g} s)" if r["ttft_p"] is not None else ""))
+        parts.append(f"TTFT: {at_most}{r['ttft_ok'] / n:.0%} within {slo.ttft_s} s"
+                     + (f" (p{slo.ttft_percentile:g} {so_far}{r['ttft_p']:.3g} s)" if r["ttft_p"] is not None else ""))
     if r["tpot_ok"] / n < slo.attainment_target:
-        parts.append(f"TPOT: {r['tpot_ok'] / n:.0%} within {slo.tpot_s} s"
-                     + (f" (p{slo.tpot_percentile:g} {r['tpot_p']:.3g} s)" if r["tpot_p"] is not None else ""))
+        parts.append(f"TPOT: {at_most}{r['tpot_ok'] / n:.0%} within {slo.tpot_s} s"
+                     + (f" (p{slo.tpot_percentile:g} {so_far}{r['tpot_p']:.3g} s)" if r["tpot_p"] is not None else ""))
     if parts:
         return "; ".join(parts)
     if r.get("early") == "fail":

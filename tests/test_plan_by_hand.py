@@ -161,3 +161,126 @@ def test_goodput_search_stops_at_the_bound_and_at_a_trickle():
     s = Search(_cfg(10.0), 0.05)
     s.update(5.0, {"pass_att": 1.0, "passes": False}, 0.9)
     assert (s.lo, s.hi) == (0.0, 5.0)
+
+
+# --- certain misses counted before the requests settle (_JudgeSink.sweep) ----------------------------------
+NAN = float("nan")
+
+
+def _open(i, arrival, first=NAN, out=11, decode_first=NAN, decode_instance=""):
+    from pdsim.workload import UNFINISHED
+    return SimpleNamespace(id=i, status=UNFINISHED, arrival_s=arrival, first_token_s=first, output_tokens=out,
+                           finish_s=NAN, decode_first_s=decode_first, decode_instance=decode_instance)
+
+
+def _swept(s, stream, every_s=0.25, topo=None):
+    s.env.process(s.sweep(topo, stream, every_s))
+    s.env.run(until=s.all_done)
+    return s
+
+
+def test_sweep_counts_a_ttft_miss_once_the_deadline_passes_without_a_first_token():
+    # 10 judged, target 0.8: the 3rd miss fails the run.  Requests arrive every 0.125 s and none gets a first
+    # token; TTFT bound 0.5 s (inclusive), a look every 0.25 s.  At 0.75 the deadlines of requests 0 and 1
+    # have passed (0.75 - 0.125 = 0.625 > 0.5), not request 2's (0.75 - 0.25 = 0.5 meets the bound): 2 misses.
+    # At 1.0 requests 2 and 3 (1.0 - 0.375 = 0.625) add two: 4 > 2, the run fails at 1.0, long before any of
+    # them would have finished.
+    s = _swept(_sink(early="fail"), [_open(i, 0.125 * i) for i in range(10)])
+    assert s.env.now == 1.0 and s.decided == "fail" and s.all_done.triggered
+    assert s.premissed == {0: "ttft", 1: "ttft", 2: "ttft", 3: "ttft"}
+    assert (s.miss, s.ttft_miss, s.tpot_miss, s.swept) == (4, 4, 0, 4)
+
+
+def test_sweep_counts_a_late_first_token_and_leaves_settled_requests_to_the_judge():
+    # request 0 got its first token late (TTFT 0.625 > 0.5): a certain miss once its deadline passed, though
+    # still decoding; request 1 already finished (finished() judges it: the sweep skips it); request 2's
+    # first token came exactly at its deadline (TTFT 0.5 meets the bound) and it decodes 10 more tokens at
+    # most 0.05 s each: its TPOT deadline is 0.5 + 10 x 0.05 = 1.0, so at 0.75 it is no miss yet
+    done = _open(1, 0.0, first=0.125)
+    done.status = FINISHED
+    stream = [_open(0, 0.0, first=0.625), done, _open(2, 0.0, first=0.5)]
+    s = _sink(expected=3, target=1.0, early="fail")       # every miss fails: the first one ends the run
+    _swept(s, stream)
+    assert s.env.now == 0.75 and s.premissed == {0: "ttft"} and s.decoding == [(1.0, 2, 0.5, 11)]
+
+
+def test_sweep_counts_a_tpot_miss_once_the_request_can_no_longer_meet_the_bound():
+    # all 10 arrive at 0 and get their first token at 0.125 (in time); 22 more tokens each at most 0.05 s:
+    # TPOT deadline 0.125 + 22 x 0.05 = 1.225.  Looks at 0.25 k: at 0.75 (TTFT deadlines passed) all enter the
+    # TPOT heap; at 1.0 none is late; at 1.25 each has (1.25 - 0.125) / 22 = 0.0511 > 0.05: all 10 miss
+    # (TPOT divides by the tokens after the first: over all 23 it would be 0.0489, no miss yet)
+    s = _swept(_sink(early="fail"), [_open(i, 0.0, first=0.125, out=23) for i in range(10)])
+    assert s.env.now == 1.25 and s.decided == "fail"
+    assert s.premissed == {i: "tpot" for i in range(10)} and (s.miss, s.ttft_miss, s.tpot_miss) == (10, 0, 10)
+
+
+def test_a_request_counted_early_is_not_counted_again_when_it_finishes():
+    s = _sink(expected=10, early="fail")
+    late = _open(0, 0.0)
+    s.env.process(s.sweep(None, [late] + [_open(i, 10.0) for i in range(1, 10)], 0.25))
+    s.env.run(until=0.8)                                   # at 0.75: request 0 has no first token: a miss
+    assert s.premissed == {0: "ttft"} and (s.miss, s.ttft_miss) == (1, 1)
+    late.status, late.first_token_s, late.finish_s = FINISHED, 0.9, 0.9 + 10 * 0.06    # TTFT and TPOT miss
+    s.finished(late)
+    assert (s.miss, s.ttft_miss, s.tpot_miss, s.premissed) == (1, 1, 1, {})
+    # a request counted as a TTFT miss that then shows a TTFT within the bound would mean a wrong count
+    s.premissed[1] = "ttft"
+    with pytest.raises(AssertionError):
+        s.finished(_req(1, 0.1, 0.01))
+
+
+def test_sweep_syncs_the_decode_instance_before_reading_a_first_decode_token():
+    # behind a PD proxy the client's first token is the decode instance's, which an open fast-path window
+    # records only when synced: the sweep syncs that instance once before calling the request late
+    synced = []
+
+    class Inst:
+        def __init__(self, r):
+            self.r = r
+
+        def sync(self):
+            synced.append(1)
+            self.r.decode_first_s = 0.375                 # its first decode step ended in the window
+
+    r = _open(0, 0.0, first=0.25, decode_instance="decode-0")
+    topo = SimpleNamespace(by_name={"decode-0": Inst(r)})
+    slo = SimpleNamespace(ttft_s=0.5, tpot_s=0.05, attainment_target=1.0)
+    client = SimpleNamespace(ttft_at="first_decode_token", network_rtt_s=0.0)
+    s = _JudgeSink(simpy.Environment(), 1, 0, slo, "fail", True, client)
+    s.env.process(s.sweep(topo, [r], 0.25))
+    s.env.run(until=0.8)
+    # TTFT 0.375 <= 0.5: no miss; it decodes 9 more tokens (10 streamed by the decode instance) until 0.825
+    assert synced == [1] and s.miss == 0 and s.decoding == [(0.375 + 0.05 * 9, 0, 0.375, 10)]
+
+
+def test_counting_certain_misses_early_gives_the_same_counts_as_the_whole_run(monkeypatch):
+    # the sweep on, verdicts never taken (so the runs go to the end): every request the sweep counted as a
+    # miss misses at the end (finished() asserts it), and the counts equal those of the run without it
+    from pdsim import plan as P
+    from pdsim.plan import LocalExecutor, _Runner, evaluate, parse_plan
+    from test_plan import LINEAR, small_plan
+    sinks = []
+    monkeypatch.setattr(P._JudgeSink, "_decide", lambda self: sinks.append(self) if self not in sinks else None)
+    raw = small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                             "colocated": {"replicas": [1]},
+                             "disaggregated": {"prefill_instances": [1], "decode_instances": [1]},
+                             "pool": {"kv_blocks": 600, "cost_model": LINEAR}},
+                     slo={"ttft_s": 0.3, "tpot_s": 0.02, "attainment_target": 0.9},
+                     workload={"arrival": "poisson", "num_requests": 150,
+                               "prompt_tokens": {"dist": "uniform", "low": 50, "high": 600},
+                               "output_tokens": {"dist": "uniform", "low": 2, "high": 60}})
+    plan = parse_plan(raw)
+    runner = _Runner(plan, LocalExecutor(1), None, False)
+    early_counted = 0
+    for cfg in plan.configs:
+        for rate in (10.0, 40.0):
+            full = evaluate(runner._task(cfg, rate, 0, early=None))
+            sinks.clear()
+            swept = evaluate(runner._task(cfg, rate, 0, early="fail"))
+            s = sinks[-1]
+            assert swept["early"] is None and swept["settled"] == swept["total"]
+            n = full["n"]
+            assert (n - s.miss, n - s.ttft_miss, n - s.tpot_miss) == (full["ok"], full["ttft_ok"], full["tpot_ok"])
+            assert s.premissed == {}                         # each one settled later, as a miss
+            early_counted += s.swept_misses
+    assert early_counted > 0
