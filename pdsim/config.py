@@ -213,8 +213,6 @@ class PoolSpec(_Strict):
     def _pipeline(self):
         if self.micro_batches is not None and self.pp == 1:
             raise ValueError(f"micro_batches (={self.micro_batches}) needs pipeline parallelism (pp > 1)")
-        if self.pp > 1 and self.speculative is not None:
-            raise ValueError(f"pp (={self.pp}): speculative decoding with pipeline parallelism is not modelled")
         return self
 
     @property

@@ -26,9 +26,12 @@ small steps, draft step j holding the requests with ``d >= j`` (one token each, 
 priced with the draft model (or, for MTP, a one-layer model of the target's shape: one decoder
 layer, the shared embedding and LM head) on the pool's device and TP without the engine's
 per-step overhead (the draft passes run inside the engine's step), or as ``draft_cost_fraction``
-x a plain target decode step of the same batch.  Not modelled: the draft model's prefill of the
-prompt and its catch-up on the accepted tokens (a few tokens per step), and tree or dynamic-k
-speculation.  When every item of a step is a verify, attention is priced with the decode kernel
+x a plain target decode step of the same batch.  Under pipeline parallelism the verify step is a
+pipeline iteration of the verify aggregates (pdsim/pipeline.py) and the drafts run after it on the
+last stage's GPUs, added to the iteration: exact for a lone request and for a saturated pipeline of
+uniform stages (the last stage carries the drafts), pessimistic when another stage binds.  Not
+modelled: the draft model's prefill of the prompt and its catch-up on the accepted tokens (a few
+tokens per step), and tree or dynamic-k speculation.  When every item of a step is a verify, attention is priced with the decode kernel
 (KV read once; compute at the decode kernel's efficiency for the d + 1 queries); in a step that
 also holds prefill chunks the mixed-batch rule of the cost model applies, as without speculation.
 
@@ -83,12 +86,15 @@ def draft_shape(spec, target_model, key: str):
 
 
 def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weight_dtype: str,
-              kv_dtype: str, key: str) -> int:
+              kv_dtype: str, key: str, pp: int = 1) -> int:
     """The pool's KV blocks once the draft's weights and its KV per token share the memory.
 
     ``blocks`` x ``block_bytes`` is what the pool had for the target's KV; the draft's weights
     (per GPU) come off it, and every cached token also holds the draft's KV, so a block costs
-    (1 + draft KV / target KV) x ``block_bytes``.  A fraction-priced draft takes no memory."""
+    (1 + draft KV / target KV) x ``block_bytes``.  A fraction-priced draft takes no memory.
+    Under pipeline parallelism the draft sits on the last stage, whose GPUs hold 1 / pp of the
+    target's KV per token: there a token costs (1 + pp x draft KV / target KV) of its share, and
+    that stage (uniform stages assumed) bounds the pool."""
     shape = draft_shape(spec, target_model, f"{key}.speculative")
     if shape is None:
         return blocks
@@ -96,7 +102,7 @@ def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weig
         weights = shape.params_per_layer * _wbytes(weight_dtype) / tp     # embedding and LM head are shared
     else:
         weights = shape.weight_bytes(weight_dtype) / tp
-    ratio = shape.kv_bytes_per_token(kv_dtype) / target_model.kv_bytes_per_token(kv_dtype)
+    ratio = pp * shape.kv_bytes_per_token(kv_dtype) / target_model.kv_bytes_per_token(kv_dtype)
     left = blocks * block_bytes - weights
     new = int(left // (block_bytes * (1.0 + ratio)))
     if new < 1:
@@ -332,9 +338,10 @@ def build(spec, pool_spec, target_cost, model, weight_dtype: str, kv_dtype: str,
             # the MTP head is a layer of the target: sharded and priced as the target's layers are (EP, expert
             # skew, DP attention, the measured tables it uses)
             inner = target_cost
-            while not isinstance(inner, RooflineCost):
-                inner = inner.inner                  # EngineCost / CappedCost (a roofline pool: see above)
-            draft = dataclasses.replace(inner, model=shape, _static_cache={})
+            while not isinstance(inner, RooflineCost):   # EngineCost / CappedCost / PipelineCost of a roofline pool
+                inner = inner.stages if hasattr(type(inner), "iteration") else inner.inner
+            # (under pipeline parallelism it sits on the last stage, one stage's tp GPUs)
+            draft = dataclasses.replace(inner, model=shape, pp=1, pp_layers=None, _static_cache={})
         elif pool_spec.dp_attention:
             raise ConfigError("a separate draft model under DP attention is not modelled (each attention rank "
                               "would run its own draft): use method mtp or draft_cost_fraction",

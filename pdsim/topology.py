@@ -263,7 +263,7 @@ class Pool:
             from . import speculative
             if spec.kv_blocks is None:
                 blocks = speculative.kv_blocks(spec.speculative, model, blocks, self.block_bytes, spec.tp,
-                                               ctx.weight_dtype, ctx.kv_dtype, key)
+                                               ctx.weight_dtype, ctx.kv_dtype, key, spec.pp)
             self.spec_dec = speculative.build(spec.speculative, spec, self.cost, model, ctx.weight_dtype,
                                               ctx.kv_dtype, self.device, getattr(ctx, "seed", 0), key,
                                               self.power)

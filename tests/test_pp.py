@@ -277,8 +277,6 @@ def test_bad_pp_is_one_line(tmp_path, capsys):
     assert "topologies.a.pp" in err and "0" in err
     err = _err(_run_yaml(tmp_path, "llama-3.1-70b", "tp: 4, micro_batches: 2"), capsys)
     assert "micro_batches" in err and "pp" in err
-    err = _err(_run_yaml(tmp_path, "llama-3.1-70b", "tp: 4, pp: 2, speculative: {draft_cost_fraction: 0.1}"), capsys)
-    assert "pp (=2)" in err and "speculative" in err
     err = _err(["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--pp", "33", "--decode-batch", "4"],
                capsys)                                                             # 32 layers
     assert "--pp = 33" in err and "32 layers" in err

@@ -381,3 +381,46 @@ def test_a_separate_draft_model_under_dp_attention_is_refused_by_key():
     with pytest.raises(ConfigError, match=r"topologies\.c\.speculative\.draft_model.*DP attention") as e:
         simulate(sc)
     assert "\n" not in str(e.value)
+
+
+# --- speculative decoding under pipeline parallelism -------------------------------------------------------
+def test_pipeline_verify_iteration_plus_drafts_by_hand():
+    # constant 10 ms a stage, pp 2: a lone request's iteration is 2 x 10 ms (the whole bubble); the prefill
+    # gives the first token at 20 ms; each verify iteration is 20 ms plus 3 drafts of 0.5 x a plain decode
+    # iteration (20 ms): 50 ms for 4 tokens.  13 tokens: 1 + 4 + 4 + 4, done at 20 + 3 x 50 = 170 ms.
+    res, r = _one(_colocated({"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.5}, pp=2), 13)
+    assert _groups(r.token_s) == [1, 4, 4, 4]
+    assert r.first_token_s - r.arrival_s == pytest.approx(2 * STEP, abs=1e-12)
+    assert r.finish_s - r.arrival_s == pytest.approx(2 * STEP + 3 * (2 * STEP + 3 * 0.5 * 2 * STEP), abs=1e-12)
+
+
+def test_a_draft_under_pipeline_parallelism_sits_on_the_last_stage():
+    # Llama-3.2-1B drafting for Llama-3.1-8B on 2 stages of one H100 each: the draft's weights come off the last
+    # stage's GPU, and its KV per token (32 KiB) against that stage's share of the target's (128 / 2 KiB):
+    # a block costs 1 + 2 x 32 / 128 of its share
+    topos = {"spec": {"kind": "colocated", "device": "h100-sxm", "pp": 2,
+                      "speculative": {"k": 3, "acceptance": 0.8, "draft_model": "llama-3.2-1b"}},
+             "plain": {"kind": "colocated", "device": "h100-sxm", "pp": 2}}
+    sc = scenario(topos, num_requests=6, rate=2, prompt_tokens=200, output_tokens=40)
+    res = {r.name: r for r in simulate(sc)}
+    plain = res["plain"].topology.pools[0]
+    blocks, block_bytes = plain.instances[0].kv.total_blocks, plain.block_bytes
+    d = get_model("llama-3.2-1b")
+    assert block_bytes == pytest.approx(16 * get_model("llama-3.1-8b").kv_bytes_per_token() / 2, rel=1e-12)
+    expect = int((blocks * block_bytes - d.weight_bytes()) // (block_bytes * (1 + 2 * 32 / 128)))
+    assert res["spec"].topology.instances[0].kv.total_blocks == expect
+    for r in res["spec"].requests:
+        assert r.status == "finished" and r.generated == 40
+
+
+def test_mtp_under_pipeline_parallelism_is_one_layer_on_one_stage():
+    topo = {"c": {"kind": "colocated", "device": "h100-sxm", "tp": 4, "pp": 2, "kv_blocks": 3000,
+                  "speculative": {"method": "mtp", "k": 2, "acceptance": 1.0}}}
+    sc = scenario(topo, num_requests=8, rate=4, prompt_tokens=300, output_tokens=31)
+    sc.model = "llama-3.1-70b"
+    (res,) = simulate(sc)
+    pool = res.topology.pools[0]
+    d = pool.spec_dec.draft
+    assert (d.model.layers, d.pp, d.tp, d.pp_layers) == (1, 1, 4, None)
+    assert pool.spec_dec.summary()["tokens_per_verify_step"] == 3.0
+    assert all(r.status == "finished" and r.generated == 31 for r in res.requests)
