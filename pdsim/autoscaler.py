@@ -244,31 +244,44 @@ class Autoscaler:
         sc.record(self.env.now)
 
     def _serve(self, sc: PoolScaler, inst) -> None:
-        inst.state, inst.draining = SERVING, False
+        inst.state, inst.draining, inst.switched = SERVING, False, None
         self.topo.recover_instance(inst)    # down = False; the backlog (if any) is dispatched again
 
-    def _leave(self, sc: PoolScaler, inst) -> None:
+    def _leave(self, sc: PoolScaler, inst, switching: bool = False) -> None:
         now = self.env.now
         inst.alive_total_s += now - inst.alive_from_s
         if inst.failed:                     # the broken machine is given back: its outage ends here and
             inst.down_s += now - inst.down_since    # its fault process does not bring it back (outages)
             inst.failed = False
             inst.outages += 1
-            self.topo.fault_log.append({"instance": inst.name, "at_s": now,
-                                        "retired": "failed instance left the pool (autoscaler)"})
-        inst.state, inst.draining = OFF, False
+            self.topo.fault_log.append({"instance": inst.name, "at_s": now, "retired": (
+                "failed while draining to switch roles: the same GPUs go on to the other pool" if switching
+                else "failed instance left the pool (autoscaler)")})
+        inst.state, inst.draining, inst.switched = OFF, False, None
         inst.set_down()
         inst.kv.reset()                     # its memory goes with the machine (a prefix cache too)
         inst.wake()                         # (a failed one's process waits for this to idle again)
 
-    def restart_provisioning(self, inst, down_s: float) -> float:
+    def restart_provisioning(self, inst, down_s: float, warmup_s: float = 0.0) -> float:
         """A fault on a provisioning instance: what it loaded is lost; after the repair (``down_s``) it
-        provisions and loads from the start.  Returns when it will serve."""
+        provisions and loads from the start.  A machine switching roles (already held and paid) is repaired
+        and warmed up as a serving one would be (``down_s`` + ``warmup_s``, the fault's own load time), not
+        before an earlier repair still pending, and never before ``switch_s`` from now.  Returns when it
+        will serve."""
         sc = self.by_pool[inst.pool]
+        now = self.env.now
         g = sc.gen[inst.name] = sc.gen.get(inst.name, 0) + 1      # voids the pending provisioning
-        delay = down_s + self.spec.provisioning_s + sc.load_s
+        sw = inst.switched
+        if sw is None:
+            delay = down_s + self.spec.provisioning_s + sc.load_s
+        else:
+            repaired = max(now + down_s + warmup_s, sw.get("failed_until_s", now))
+            delay = max(repaired, now + self.spec.switch_s) - now
+            inst.down_s += max(0.0, repaired - max(now, sw.get("failed_until_s", now)))   # the outage's new part
+            sw["failed_until_s"] = repaired
+            sw["serves_at_s"] = now + delay
         self.env.process(self._provision(sc, inst, g, delay))
-        return self.env.now + delay
+        return now + delay
 
     def drained(self, inst) -> None:
         """A draining instance holds nothing any more: it leaves (or, switching roles, joins the other pool)."""
@@ -279,7 +292,7 @@ class Autoscaler:
         # a fault while it drained to switch (faults.py): the same broken GPUs go on to the other role,
         # serving once repaired and warmed up, and never before switch_s
         repaired_s = inst.down_until if inst.failed else self.env.now
-        self._leave(sc, inst)
+        self._leave(sc, inst, switching=to is not None)
         sc.record(self.env.now)
         if to is not None:
             # the same GPUs, weights loaded, under the other pool's next free name: paid without a break,
@@ -296,8 +309,10 @@ class Autoscaler:
             self.switches.append({"decided_s": inst.switch_decided_s, "t_s": now,
                                   "from": inst.name, "to": new.name,
                                   "kv_blocks_in_use": blocks, "serves_at_s": serves})
+            new.switched = self.switches[-1]      # a fault before it serves: restart_provisioning
             if repaired_s > now:
                 self.switches[-1]["failed_until_s"] = repaired_s
+                new.down_s += repaired_s - now       # the rest of the outage, under its new name
                 self.topo.fault_log.append({"instance": new.name, "at_s": now, "serves_at_s": serves,
                                             "switch": f"{inst.name} failed while draining to switch: "
                                                       "serves in the new role after its repair"})

@@ -27,7 +27,7 @@ def _instance_fault(env, topo, inst, at_s: float, down_s: float, warmup_s: float
         topo.fault_log.append({"instance": inst.name, "at_s": env.now, "skipped": "off (autoscaler)"})
         return
     if inst.state == "provisioning":    # what it loaded is lost: provisioning starts again after repair
-        serves = topo.autoscaler.restart_provisioning(inst, down_s)
+        serves = topo.autoscaler.restart_provisioning(inst, down_s, warmup_s)
         topo.fault_log.append({"instance": inst.name, "at_s": env.now, "until_s": serves,
                                "provisioning": "restarted after the repair"})
         return

@@ -177,6 +177,7 @@ class Instance:
     state = "serving"
     draining = False
     switch_to = None    # draining to come back in the other pool's role (autoscaler policy mix)
+    switched = None     # provisioning in its new role after a switch: the role_switches entry (autoscaler)
     alive_from_s = 0.0  # when the current paid period began (the scale-out decision)
     alive_total_s = 0.0  # paid time of earlier periods
 

@@ -66,8 +66,21 @@ def mean_tokens_per_step(acceptance: float, k: int) -> float:
 
 
 def mtp_shape(model):
-    """The MTP head as a model: one decoder layer of the target's shape plus its embedding and LM head."""
-    return dataclasses.replace(model, name=f"{model.name}-mtp", layers=1)
+    """The MTP head as a model: one decoder layer of the target's shape plus its embedding and LM head.  Its MLP
+    is of the kind of the target's last layer: a MoE layer for a MoE model (DeepSeek-V3's MTP module is a full
+    MoE block), whatever its first dense layers."""
+    return dataclasses.replace(model, name=f"{model.name}-mtp", layers=1,
+                               dense_layers=0 if model.is_moe else model.dense_layers, sliding_layers=0)
+
+
+def mtp_weight_bytes_per_gpu(model, weight_dtype: str, tp: int, ep: int = 1, dp_attention: bool = False) -> float:
+    """The MTP layer's own weights on one GPU (the embedding and LM head are the target's, shared): one layer
+    sharded as the target's (experts over ep, attention replicated under DP attention), i.e. the per-GPU
+    weights of a two-layer shape less those of a one-layer one."""
+    one = mtp_shape(model)
+    two = dataclasses.replace(one, layers=2)
+    return (two.weight_bytes_per_gpu(weight_dtype, tp, ep, 1, dp_attention)
+            - one.weight_bytes_per_gpu(weight_dtype, tp, ep, 1, dp_attention))
 
 
 def draft_shape(spec, target_model, key: str):
@@ -86,7 +99,7 @@ def draft_shape(spec, target_model, key: str):
 
 
 def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weight_dtype: str,
-              kv_dtype: str, key: str, pp: int = 1) -> int:
+              kv_dtype: str, key: str, pp: int = 1, ep: int = 1, dp_attention: bool = False) -> int:
     """The pool's KV blocks once the draft's weights and its KV per token share the memory.
 
     ``blocks`` x ``block_bytes`` is what the pool had for the target's KV; the draft's weights
@@ -99,7 +112,7 @@ def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weig
     if shape is None:
         return blocks
     if spec.method == "mtp":
-        weights = shape.params_per_layer * _wbytes(weight_dtype) / tp     # embedding and LM head are shared
+        weights = mtp_weight_bytes_per_gpu(target_model, weight_dtype, tp, ep, dp_attention)
     else:
         weights = shape.weight_bytes(weight_dtype) / tp
     ratio = pp * shape.kv_bytes_per_token(kv_dtype) / target_model.kv_bytes_per_token(kv_dtype)
@@ -109,11 +122,6 @@ def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weig
         raise ConfigError(f"the draft ({shape.name}, {weights / 2**30:.2f} GiB per GPU) leaves no memory "
                           "for the KV cache", key=f"{key}.speculative", value=spec.method)
     return new
-
-
-def _wbytes(dtype: str) -> float:
-    from .models import dtype_bytes
-    return dtype_bytes(dtype)
 
 
 def beta_params(mean: float, std: float) -> tuple[float, float]:

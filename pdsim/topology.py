@@ -263,7 +263,8 @@ class Pool:
             from . import speculative
             if spec.kv_blocks is None:
                 blocks = speculative.kv_blocks(spec.speculative, model, blocks, self.block_bytes, spec.tp,
-                                               ctx.weight_dtype, ctx.kv_dtype, key, spec.pp)
+                                               ctx.weight_dtype, ctx.kv_dtype, key, spec.pp, spec.ep,
+                                               spec.dp_attention)
             self.spec_dec = speculative.build(spec.speculative, spec, self.cost, model, ctx.weight_dtype,
                                               ctx.kv_dtype, self.device, getattr(ctx, "seed", 0), key,
                                               self.power)

@@ -170,6 +170,35 @@ def test_a_fault_on_an_instance_draining_to_switch_roles_delays_its_new_role_unt
     assert s["gpu_hours"] == pytest.approx(4 * res.sim_end_s / 3600, rel=1e-12)
 
 
+def test_a_fault_on_the_switched_gpus_while_they_wait_for_the_new_role_never_brings_them_back_early():
+    # as above, decode-2 fails at 1.1 while draining (repaired and warmed up at 3.6) and goes on as prefill-1;
+    # the same GPUs fail again at 1.2 for 0.1 s: still broken until 3.6, they serve at 3.6 (a restart from
+    # the second fault alone would give 1.2 + 0.1 + switch_s 0.5 = 1.8)
+    _, res = _mix_faulted({"at_s": 1.1, "instance": "decode-2", "down_s": 2.0, "warmup_s": 0.5},
+                          {"at_s": 1.2, "instance": "prefill-1", "down_s": 0.1})
+    (sw,) = res.topology.autoscaler.switches
+    assert sw["serves_at_s"] == pytest.approx(3.6, abs=1e-12) and sw["failed_until_s"] == pytest.approx(3.6)
+    assert _timeline(res, "prefill")[-1] == (pytest.approx(3.6, abs=1e-12), 2, 2)
+    assert not any(r.instance == "prefill-1" and r.prefill_start_s < 3.6 for r in res.requests)
+    # the outage is counted: under decode-2 until it left (at once: 0 s), under prefill-1 the rest (2.5 s)
+    by = res.topology.by_name
+    assert by["decode-2"].down_s == 0.0
+    assert by["prefill-1"].down_s == pytest.approx(3.6 - 1.1, abs=1e-12)
+    log = [e for e in res.topology.fault_log if e["instance"] == "decode-2" and "retired" in e]
+    assert log and "switch" in log[0]["retired"]
+
+
+def test_a_fault_during_a_healthy_switch_costs_the_repair_not_a_new_provisioning():
+    # no fault before: decode-2 leaves at ~1.146 and would serve as prefill-1 0.5 s later.  prefill-1 (those
+    # GPUs, held and paid) fails at 1.2 for 0.1 s with a 0.3 s warm-up: it serves at max(1.2 + 0.1 + 0.3,
+    # 1.2 + switch_s 0.5) = 1.7, not after a new provisioning (60 s by default)
+    _, res = _mix_faulted({"at_s": 1.2, "instance": "prefill-1", "down_s": 0.1, "warmup_s": 0.3})
+    (sw,) = res.topology.autoscaler.switches
+    assert sw["serves_at_s"] == pytest.approx(1.7, abs=1e-12) and sw["failed_until_s"] == pytest.approx(1.6)
+    assert _timeline(res, "prefill")[-1] == (pytest.approx(1.7, abs=1e-12), 2, 2)
+    assert res.topology.by_name["prefill-1"].down_s == pytest.approx(0.4, abs=1e-12)
+
+
 def test_a_failed_instance_is_not_switched_and_serves_again_in_its_role():
     # decode-2 fails at 0.9 for 3 s (until 3.9): at the look at 1.0 the mix wants the same switch, but only
     # decode-0 and decode-1 are healthy: the less loaded of the two drains (decode-1), decode-2 keeps its

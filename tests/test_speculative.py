@@ -350,6 +350,11 @@ def test_mtp_head_is_sharded_like_the_target_layers():
     spec, dp, _, _ = _dp_speculator()
     d = spec.draft
     assert d.model.layers == 1 and (d.tp, d.ep, d.attn_dp) == (8, 8, 8) and d.dp_attention
+    # DeepSeek-V3's MTP module is a MoE block (its first 3 dense layers are not its kind): one MoE layer
+    assert (d.model.moe_layers, d.model.dense_mlp_layers) == (1, 0)
+    # its step grows with the batch (a layer with -2 MoE layers got cheaper)
+    t = [d.decode_time(b, 2000) for b in (1, 64, 512)]
+    assert t[0] < t[1] < t[2]
     assert (d.mla_tables, d.moe_tables, d.a2a_tables, d.expert_skew) == (dp.mla_tables, dp.moe_tables,
                                                                           dp.a2a_tables, dp.expert_skew)
 
@@ -424,3 +429,23 @@ def test_mtp_under_pipeline_parallelism_is_one_layer_on_one_stage():
     assert (d.model.layers, d.pp, d.tp, d.pp_layers) == (1, 1, 4, None)
     assert pool.spec_dec.summary()["tokens_per_verify_step"] == 3.0
     assert all(r.status == "finished" and r.generated == 31 for r in res.requests)
+
+
+def test_mtp_layer_weights_per_gpu_by_hand():
+    """DeepSeek-V3's MTP layer, fp8, 8 GPUs, EP8: under DP attention every GPU holds its whole attention (MLA
+    projections), the shared expert, the bf16 router and 256 / 8 routed experts; under TP attention the
+    attention and the shared expert are split 8 ways (MLA down-projections replicated, as vLLM shards them:
+    the package's weight rule, checked for the whole model in test_dp_attention).  The embedding and LM head
+    are the target's."""
+    from pdsim.speculative import mtp_weight_bytes_per_gpu
+    ds, h = get_model("deepseek-v3"), 7168
+    attn = h * 1536 + 1536 * 128 * 192 + h * 576 + 512 * 128 * 256 + 128 * 128 * h
+    expert = 3 * h * 2048
+    assert mtp_weight_bytes_per_gpu(ds, "fp8", 8, 8, True) == attn + expert + 256 * expert / 8 + h * 256 * 2
+    replicated = h * 1536 + h * 576                       # q_a and kv_a down-projections
+    split = 1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * h    # q_b, kv_b, o
+    assert mtp_weight_bytes_per_gpu(ds, "fp8", 8, 8, False) == \
+        replicated + split / 8 + expert / 8 + 256 * expert / 8 + h * 256 * 2
+    # a dense model's MTP layer: one decoder layer, / tp
+    ll = get_model("llama-3.1-8b")
+    assert mtp_weight_bytes_per_gpu(ll, "bf16", 2) == ll.params_per_layer * 2 / 2
