@@ -802,7 +802,13 @@ def validation_error(exc: ValidationError, file: str | None, raw=None, vocabular
         return ConfigError(f"a key must be a string, not {type(err['input']).__name__}", file=file, key=key)
     if err["type"] == "extra_forbidden":
         last = str(err["loc"][-1])
-        close = difflib.get_close_matches(last, sorted((vocabulary or _vocabulary()) - {last}), n=1, cutoff=0.6)
+        vocab = vocabulary or _vocabulary()
+        if last in vocab:          # a real key, at the wrong level ('tp' at the top instead of in a topology)
+            close = difflib.get_close_matches(last, sorted(vocab - {last}), n=1, cutoff=0.75)
+            msg = "not a key at this level (it is one at another: check the indentation)" + (
+                f"; or did you mean '{close[0]}'?" if close else "")
+            return ConfigError(msg, file=file, key=key)
+        close = difflib.get_close_matches(last, sorted(vocab), n=1, cutoff=0.6)
         msg = "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")
         return ConfigError(msg, file=file, key=key)
     if err["type"] == "union_tag_invalid" or err["type"] == "union_tag_not_found":

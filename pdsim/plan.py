@@ -543,6 +543,8 @@ class _JudgeSink:
         env, n, settled = self.env, len(stream), (FINISHED, REJECTED, ABANDONED)
         ttft_s, tpot_s, rtt, heap = self.ttft_s, self.tpot_s, self.rtt, self.decoding
         while self.decided is None and (self.swept < n or heap):
+            if env.peek() == math.inf:
+                return              # nothing else will ever happen (a deadlock): let the run end and report it
             yield env.timeout(every_s)
             now = env.now
             synced = set()
@@ -646,7 +648,7 @@ def evaluate(task: dict) -> dict:
     n = len(df)
     out = {"n": n, "ok": int((ttft_ok & tpot_ok).sum()), "ttft_ok": int(ttft_ok.sum()),
            "tpot_ok": int(tpot_ok.sum()), "finished": len(fin), "early": sink.decided,
-           "settled": settled_all, "total": len(stream), "ci": None,
+           "settled": settled_all, "total": len(stream), "ci": None, "stopped_s": env.now if sink.decided else None,
            "ttft_p": q(df.ttft_s[settled], slo.ttft_percentile), "tpot_p": q(fin.tpot_s, slo.tpot_percentile)}
     # the verdict by the run's own SLO rule (metrics.slo_verdict: attainment or percentile mode, as
     # `pdsim run` judges); a run stopped early was stopped because that verdict was certain
@@ -659,13 +661,19 @@ def evaluate(task: dict) -> dict:
         now, rtt = env.now, sc.client.network_rtt_s
         open_ = (~settled & (df.arrival_s <= now)).to_numpy()
         out_tok = df.output_tokens.to_numpy()
-        streamed = out_tok - ((out_tok > 1) & sink.decode_first)          # tokens the client receives
-        first = df.first_token_s.to_numpy(float)                            # the client's first token
+        k0 = (out_tok > 1) & sink.decode_first          # behind a PD proxy the client's first token is the decode
+        streamed = out_tok - k0                         # instance's: tokens the client receives
+        first = df.first_token_s.to_numpy(float)        # (the prefill's token until there is one)
+        if sink.decode_first:
+            dfs = np.array([stream[i].decode_first_s for i in df.request_id.to_numpy()], float)
+            first = np.where(k0, dfs, first)
         has_first = ~np.isnan(first)
-        ttft = np.where(open_ & ~has_first, now - df.arrival_s.to_numpy() + rtt, df.ttft_s.to_numpy(float))
-        decoding = open_ & has_first & (streamed > 1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(decoding, (now - first) / np.maximum(streamed - 1, 1), df.tpot_s.to_numpy(float))
+        arrival = df.arrival_s.to_numpy(float)
+        ttft = np.where(open_, np.where(has_first, first - arrival, now - arrival) + rtt, df.ttft_s.to_numpy(float))
+        decoding = open_ & (streamed > 1)
+        with np.errstate(invalid="ignore", divide="ignore"):     # no first token yet: its TPOT can still be ~0
+            tpot = np.where(decoding, np.where(has_first, (now - first) / np.maximum(streamed - 1, 1), 0.0),
+                            df.tpot_s.to_numpy(float))
 
         def qa(x, p):
             x = x[~np.isnan(x)]

@@ -153,7 +153,8 @@ def test_bounds_prune_configs_that_cannot_reach_the_target():
     ({"workload": {"arrival": "closed", "clients": 2, "num_requests": 5}}, "workload.arrival"),
     # 'disaggregated' is a key here (a tag in a scenario's topologies), and the suggestion is a plan key
     ({"search": {"devices": ["h100-sxm"], "disaggregated": {"prefill": [1]}}},
-     "search.disaggregated.prefill: unknown key; did you mean 'prefill_tp'?"),
+     "search.disaggregated.prefill: not a key at this level (it is one at another: check the indentation); "
+     "or did you mean 'prefill_tp'?"),
     ({"search": {"devices": ["h100-sxm"], "colocated": {"replica": [1]}}},
      "search.colocated.replica: unknown key; did you mean 'replicas'?"),
 ])

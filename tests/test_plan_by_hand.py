@@ -174,9 +174,23 @@ def _open(i, arrival, first=NAN, out=11, decode_first=NAN, decode_instance=""):
 
 
 def _swept(s, stream, every_s=0.25, topo=None):
+    s.env.timeout(100.0)          # the simulation's own events (a step in flight): the run is alive
     s.env.process(s.sweep(topo, stream, every_s))
     s.env.run(until=s.all_done)
     return s
+
+
+def test_sweep_stops_when_nothing_else_can_happen_so_a_deadlock_is_reported_not_judged():
+    # nothing in the event queue but the sweep: nothing will ever settle these requests (a deadlock); the
+    # sweep must not keep the run alive and call it an SLO fail (the run ends, check_conservation reports it)
+    # (requests at 0, TTFT bound 0.5 s: at the look at 0.5 no deadline has passed yet; after it nothing is
+    # scheduled any more, so the sweep ends there instead of counting 10 misses at 0.75)
+    s = _sink(early="fail")
+    s.env.timeout(0.3)            # the last event of a run that then deadlocks
+    s.env.process(s.sweep(None, [_open(i, 0.0) for i in range(10)], 0.25))
+    with pytest.raises(RuntimeError, match="No scheduled events left"):
+        s.env.run(until=s.all_done)
+    assert s.decided is None and s.env.now == 0.5 and s.miss == 0
 
 
 def test_sweep_counts_a_ttft_miss_once_the_deadline_passes_without_a_first_token():
@@ -217,6 +231,7 @@ def test_sweep_counts_a_tpot_miss_once_the_request_can_no_longer_meet_the_bound(
 def test_a_request_counted_early_is_not_counted_again_when_it_finishes():
     s = _sink(expected=10, early="fail")
     late = _open(0, 0.0)
+    s.env.timeout(100.0)
     s.env.process(s.sweep(None, [late] + [_open(i, 10.0) for i in range(1, 10)], 0.25))
     s.env.run(until=0.8)                                   # at 0.75: request 0 has no first token: a miss
     assert s.premissed == {0: "ttft"} and (s.miss, s.ttft_miss) == (1, 1)
@@ -247,6 +262,7 @@ def test_sweep_syncs_the_decode_instance_before_reading_a_first_decode_token():
     slo = SimpleNamespace(ttft_s=0.5, tpot_s=0.05, attainment_target=1.0)
     client = SimpleNamespace(ttft_at="first_decode_token", network_rtt_s=0.0)
     s = _JudgeSink(simpy.Environment(), 1, 0, slo, "fail", True, client)
+    s.env.timeout(100.0)
     s.env.process(s.sweep(topo, [r], 0.25))
     s.env.run(until=0.8)
     # TTFT 0.375 <= 0.5: no miss; it decodes 9 more tokens (10 streamed by the decode instance) until 0.825
@@ -284,3 +300,42 @@ def test_counting_certain_misses_early_gives_the_same_counts_as_the_whole_run(mo
             assert s.premissed == {}                         # each one settled later, as a miss
             early_counted += s.swept_misses
     assert early_counted > 0
+
+
+def test_percentiles_of_a_run_stopped_at_a_fail_are_lower_bounds(monkeypatch):
+    # the notes of a fail-stopped run give p90 >= X: X must not exceed the p90 the same requests (those that
+    # had arrived when it stopped) show once the whole run is simulated, colocated and behind a PD proxy
+    from pdsim import metrics
+    from pdsim.plan import LocalExecutor, _Runner, evaluate, parse_plan
+    from test_plan import LINEAR, small_plan
+    frames = []
+    real = metrics.requests_frame
+    monkeypatch.setattr(metrics, "requests_frame", lambda *a, **k: frames.append(real(*a, **k)) or frames[-1])
+    raw = small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                             "colocated": {"replicas": [1]},
+                             "disaggregated": {"prefill_instances": [1], "decode_instances": [1]},
+                             "pool": {"kv_blocks": 300, "cost_model": LINEAR}},
+                     slo={"ttft_s": 0.3, "tpot_s": 0.02, "attainment_target": 0.9},
+                     workload={"arrival": "poisson", "num_requests": 300,
+                               "prompt_tokens": {"dist": "uniform", "low": 50, "high": 600},
+                               "output_tokens": {"dist": "uniform", "low": 2, "high": 60}})
+    plan = parse_plan(raw)
+    runner = _Runner(plan, LocalExecutor(1), None, False)
+    stopped = 0
+    for cfg in plan.configs:
+        for rate in (30.0, 60.0, 120.0):
+            task = runner._task(cfg, rate, 0, early="fail")
+            early = evaluate(task)
+            if early["early"] != "fail":
+                continue
+            stopped += 1
+            full = evaluate(runner._task(cfg, rate, 0, early=None))
+            df = frames[-1]
+            first = min(int(full["total"] * task.get("warmup_fraction", 0.0)), full["total"] - 1)
+            seen = df[(df.request_id >= first) & (df.arrival_s <= early["stopped_s"])]
+            slo = plan.spec.slo
+            want_ttft = np.percentile(seen.ttft_s.dropna(), slo.ttft_percentile)
+            want_tpot = np.percentile(seen.tpot_s.dropna(), slo.tpot_percentile)
+            assert early["ttft_p"] <= want_ttft + 1e-12, (cfg.name, rate, early["ttft_p"], want_ttft)
+            assert early["tpot_p"] <= want_tpot + 1e-12, (cfg.name, rate, early["tpot_p"], want_tpot)
+    assert stopped >= 2

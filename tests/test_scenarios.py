@@ -61,6 +61,14 @@ def test_unknown_key_did_you_mean(tmp_path, capsys):
     assert "s.yaml" in err and "topologies.a.replcas" in err and "did you mean 'replicas'" in err
 
 
+def test_a_real_key_at_the_wrong_level_says_so(tmp_path, capsys):
+    # 'tp' belongs in a topology: at the top it is not a typo to correct into another word ('step')
+    err = _err(["run", _scenario(tmp_path, "tp: 2\n" + BASE)], capsys)
+    assert "s.yaml: tp: not a key at this level" in err and "did you mean" not in err
+    err = _err(["run", _scenario(tmp_path, BASE.replace("num_requests: 5", "num_requests: 5, replicas: 2"))], capsys)
+    assert "workload.replicas: not a key at this level" in err
+
+
 def test_unknown_model_lists_valid(tmp_path, capsys):
     err = _err(["run", _scenario(tmp_path, BASE.replace("llama-3.1-8b", "llama-9"))], capsys)
     assert "'llama-9'" in err and "llama-3.1-70b" in err and "model" in err
