@@ -173,7 +173,7 @@ from pathlib import Path  # noqa: E402
 
 from pdsim.errors import ConfigError  # noqa: E402
 from pdsim.plan import (CONFIRM_SEED_OFFSET, MAX_CONFIRM_STEPS, _absolute_paths, _confirm, _Runner,  # noqa: E402
-                        evaluate, parse_plan)
+                        evaluate, parse_plan, run_plan)
 
 LINEAR = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-6}
 
@@ -616,3 +616,60 @@ def test_confirm_goodput_mode_demotes_after_max_confirm_steps_failures():
     rows = _rows(plan, [10.0, 9.0, 8.0, 7.0])
     _confirm(plan, rows, runner)
     assert runner.batches == [] and runner.logged == [] and all("long_run" not in r for r in rows.values())
+
+
+def test_plan_table_by_hand_through_a_scripted_executor():
+    # One and two batch-1 replicas of a constant 0.1 s step ($1 per GPU-hour), 8-token prompts, 1 output
+    # token: a request is one 0.1 s step, so the analytic bound is 10 req/s per replica.  The script says a
+    # search run passes up to 3.3 req/s on one replica and 7 on two (95% of the requests meet the SLO, else 50%).  Goodput per
+    # $/h, tolerance 5%, one seed, the best config run long (2x: 200 requests), where two replicas pass
+    # only up to 6.8 req/s.
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}], "colocated": {"replicas": [1, 2]},
+              "pool": {"max_running": 1, "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.1}}}
+    raw = _raw(search, workload={"arrival": "poisson", "num_requests": 100, "prompt_tokens": 8, "output_tokens": 1},
+               goodput={"min_duration_s": 0, "seeds": 1, "tolerance": 0.05, "confirm_top": 1, "confirm_factor": 2})
+    plan = parse_plan(raw)
+    x1, x2 = "colo-h100-sxm-tp1x1", "colo-h100-sxm-tp1x2"
+    assert [(c.name, c.bound_rate) for c in plan.configs] == [(x1, pytest.approx(10.0)), (x2, pytest.approx(20.0))]
+    cap = {x1: 3.3, x2: 7.0}
+
+    def answer(c, rate, seed, n):
+        if n == 200:              # a long run: to the end
+            return _res(190 if rate <= 6.8 else 100, n=200)
+        # a search run that fails stops early, 60 of its 100 requests settled
+        return _res(95, n=100) if rate <= cap[c] else _res(50, n=100, early="fail", settled=60)
+    ex = _Script(answer)
+    res = run_plan(plan, ex)
+    # the searches, by the rules of test_goodput_search_sequence_by_hand: half the bound, then down by 4
+    # after a failure, then bisection until the bracket is within 5% of its failing end
+    # one replica: 5 F, 1.25 P, 3.125 P, 4.0625 F, 3.59375 F, 3.359375 F, 3.2421875 P (0.117 <= 0.168): 3.2421875
+    # two: 10 F, 2.5 P, 6.25 P, 8.125 F, 7.1875 F, 6.71875 P, 6.953125 P (0.234 <= 0.359): 6.953125
+    search_calls = [(c, r) for c, r, s, n, e in ex.calls if n == 100]
+    assert [r for c, r in search_calls if c == x1] == [5.0, 1.25, 3.125, 4.0625, 3.59375, 3.359375, 3.2421875]
+    assert [r for c, r in search_calls if c == x2] == [10.0, 2.5, 6.25, 8.125, 7.1875, 6.71875, 6.953125]
+    assert {s for _, _, s, n, _ in ex.calls if n == 100} == {7}
+    # two replicas first (6.953125 / $2 = 3.48 per $/h > 3.24): long run at 6.953125 fails, the goodput is
+    # lowered 5% to 6.60546875 (3.30 per $/h, still first), which passes; seeds 1007
+    long = [(c, r, s) for c, r, s, n, e in ex.calls if n == 200]
+    assert long == [(x2, 6.953125, 1007), (x2, 6.953125 * 0.95, 1007)]
+    assert res["winner"] == x2 and res["simulations"] == 16 and res["cached"] == 0
+    two, one = res["rows"]
+    assert (two["config"], two["rank"], one["config"], one["rank"]) == (x2, 1, x1, 2)
+    assert (two["goodput"], two["bracket"], two["gpus"], two["usd_per_hour"]) == (6.953125 * 0.95, [6.953125, 7.1875],
+                                                                                 2, 2.0)
+    assert two["goodput_per_gpu"] == two["goodput_per_usd_hour"] == 6.953125 * 0.95 / 2
+    assert (one["goodput"], one["bracket"], one["goodput_per_usd_hour"]) == (3.2421875, [3.2421875, 3.359375],
+                                                                             3.2421875)
+    assert two["meets"] and one["meets"] and two["status"] == one["status"] == "ok"
+    assert two["long_run_attainment"] == 0.95 and one["long_run_attainment"] is None and two["margin"] is None
+    assert two["note"] == "goodput lowered: long run at 6.95 req/s: attainment 50.0%"
+    # both on the $/h-goodput frontier ($1: 3.24; $2: 6.6 > 3.24); points keyed by rate, their attainments
+    assert res["frontier"] == [x1, x2] and one["pareto"] and two["pareto"]
+    assert list(one["points"]) == ["1.25", "3.125", "3.24219", "3.35938", "3.59375", "4.0625", "5"]
+    assert one["points"]["5"] == {"attainment": 0.5, "worst_seed_attainment": 0.5, "ttft_p": 0.1, "tpot_p": 0.01,
+                                  "early_stop": "fail"}
+    assert one["points"]["1.25"]["worst_seed_attainment"] == 0.95 and one["points"]["1.25"]["early_stop"] is None
+    # 7 search runs failed (4 + 3), each stopped with 40 of its requests not simulated
+    assert res["skipped"] == {"pruned_by_bound": 0, "dominated": 0, "worst_seed": 0, "early_stop_pass": 0,
+                              "early_stop_fail": 7, "cached": 0, "requests_not_simulated": 7 * 40,
+                              "requests_total": 14 * 100 + 2 * 200}
