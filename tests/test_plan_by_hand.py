@@ -245,14 +245,16 @@ def test_enumerate_names_pipelines_decode_devices_and_profiles(tmp_path):
     (tmp_path / "profiles" / "gpu.yaml").write_text((DATA_DIR / "h100-sxm.yaml").read_text())
     search = {"devices": ["profiles/gpu.yaml"],
               "colocated": {"pp": [1, 2]},
-              "disaggregated": {"prefill_pp": [2], "decode_devices": ["a100-80gb-sxm", "profiles/gpu.yaml"]},
+              "disaggregated": {"prefill_pp": [2], "decode_pp": [1, 2],
+                                "decode_devices": ["a100-80gb-sxm", "profiles/gpu.yaml"]},
               "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
     plan = parse_plan(_raw(search), str(tmp_path / "p.yaml"), tmp_path)
     cfg = {c.name: c for c in plan.configs}
     # a profile is named by its file's stem; pp 1 leaves no trace in names or pools; a decode device other
     # than the prefill one is named after the decode pool; no price given: no price key
     assert sorted(cfg) == ["colo-gpu-tp1pp2x1", "colo-gpu-tp1x1", "pd-gpu-1p1pp2-1d1-a100-80gb-sxm-infiniband",
-                           "pd-gpu-1p1pp2-1d1-infiniband"]
+                           "pd-gpu-1p1pp2-1d1-infiniband", "pd-gpu-1p1pp2-1d1pp2-a100-80gb-sxm-infiniband",
+                           "pd-gpu-1p1pp2-1d1pp2-infiniband"]
     assert cfg["colo-gpu-tp1x1"].topology == {"kind": "colocated", "replicas": 1, "kv_blocks": 2000,
                                               "cost_model": LINEAR, "device": "profiles/gpu.yaml", "tp": 1}
     assert cfg["colo-gpu-tp1pp2x1"].topology["pp"] == 2 and cfg["colo-gpu-tp1pp2x1"].gpus == 2
@@ -262,6 +264,8 @@ def test_enumerate_names_pipelines_decode_devices_and_profiles(tmp_path):
     assert "pp" not in pd["decode"] and pd["kv_link"] == {"preset": "infiniband"}
     assert cfg["pd-gpu-1p1pp2-1d1-infiniband"].topology["decode"]["device"] == "profiles/gpu.yaml"
     assert cfg["pd-gpu-1p1pp2-1d1-infiniband"].gpus == 3          # 2 prefill stages + 1 decode GPU
+    deep = cfg["pd-gpu-1p1pp2-1d1pp2-a100-80gb-sxm-infiniband"]
+    assert (deep.topology["decode"]["pp"], deep.topology["decode"]["device"], deep.gpus) == (2, "a100-80gb-sxm", 4)
 
 
 def test_enumerate_excludes_what_cannot_run_and_says_why_nothing_fits():
@@ -278,10 +282,22 @@ def test_enumerate_excludes_what_cannot_run_and_says_why_nothing_fits():
               "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
     with pytest.raises(ConfigError) as e:
         parse_plan(_raw(search, budget={"max_gpus": 1}), "p.yaml")
-    assert str(e.value).startswith("p.yaml") and "budget" in str(e.value)
+    assert str(e.value).startswith("p.yaml: budget: ")
     assert ("no configuration of the search space fits the budget and the model "
             "(e.g. colo-h100-sxm-tp2x1: 2 GPUs > budget.max_gpus 1)") in str(e.value)
 
+
+
+def test_budget_limits_are_inclusive():
+    # a config at exactly max_gpus or exactly max_usd_per_hour is within the budget
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}], "colocated": {"tp": [1, 2, 4]},
+              "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    plan = parse_plan(_raw(search, budget={"max_gpus": 2}))
+    assert [c.name for c in plan.configs] == ["colo-h100-sxm-tp1x1", "colo-h100-sxm-tp2x1"]
+    assert plan.excluded == [{"config": "colo-h100-sxm-tp4x1", "reason": "4 GPUs > budget.max_gpus 2"}]
+    plan = parse_plan(_raw(search, budget={"max_usd_per_hour": 4.0}))
+    assert [c.name for c in plan.configs] == ["colo-h100-sxm-tp1x1", "colo-h100-sxm-tp2x1"]
+    assert plan.excluded == [{"config": "colo-h100-sxm-tp4x1", "reason": "$8.00/h > budget.max_usd_per_hour 4.0"}]
 
 def test_absolute_paths_rewrites_exactly_the_relative_file_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -540,29 +556,29 @@ def _four(**over):
 
 
 def test_confirm_target_mode_demotes_a_failure_and_checks_the_next_cheapest():
-    # cheapest at 10 req/s, confirm_top 2: the two cheapest ($1, $2) are run long at the target rate; $1 fails
-    # and is demoted ("fails long run"); the top two are then $2 (passed: not run again) and $3, which is
-    # run alone and passes; $4 is never run
-    plan = _four(target={"rate": 10}, goodput={"confirm_top": 2, "confirm_factor": 3, "min_duration_s": 0})
+    # cheapest at 10 req/s, confirm_top 2: the two cheapest ($1, $2) are run long at the target rate; $1
+    # passes, $2 fails and is demoted ("fails long run"); the top two are then $1 (passed: not run again)
+    # and $3, which is run alone and passes; $4 is never run
+    plan = _four(target={"rate": 10}, goodput={"confirm_top": 2, "confirm_factor": 3, "min_duration_s": 20})
     names = [c.name for c in plan.configs]
     assert [c.usd_per_hour for c in plan.configs] == [1.0, 2.0, 3.0, 4.0]
     rows = _rows(plan, [12.0, 11.0, 13.0, 14.0], at_target=True)
-    runner = _Confirmer(lambda c, r: c != names[0])
+    runner = _Confirmer(lambda c, r: c != names[1])
     _confirm(plan, rows, runner)
     assert runner.batches == [[(names[0], 10), (names[1], 10)], [(names[2], 10)]]
-    first = rows[names[0]]
-    assert first["status"] == "fails long run" and first["long_run_failures"] == 1
+    failed = rows[names[1]]
+    assert failed["status"] == "fails long run" and failed["long_run_failures"] == 1
     # the note: the rate, the attainment with its interval, then which SLO misses (174 of 200 within TTFT)
-    assert first["note"] == ("long run at 10 req/s: attainment 87.0% (95% CI 80.0%-88.0%) < target; "
-                             "TTFT: 87% within 0.5 s (p90 0.61 s)")
-    assert first["long_run"]["rate"] == 10 and first["long_run"]["passed"] is False
-    assert first["goodput"] == 12.0                       # target mode: the goodput is not touched
-    for n in names[1:3]:
+    assert failed["note"] == ("long run at 10 req/s: attainment 87.0% (95% CI 80.0%-88.0%) < target; "
+                              "TTFT: 87% within 0.5 s (p90 0.61 s)")
+    assert failed["long_run"]["rate"] == 10 and failed["long_run"]["passed"] is False
+    assert failed["goodput"] == 11.0                       # target mode: the goodput is not touched
+    for n in (names[0], names[2]):
         assert rows[n]["status"] == "ok" and rows[n]["long_run"]["passed"] and "long_run_failures" not in rows[n]
     assert "long_run" not in rows[names[3]]
-    # each batch is announced with its configs and window (3x the search's 100 requests, or more at a
-    # higher rate: none here, min_duration_s 0)
-    assert runner.logged[0] == (f"long runs: {names[0]}, {names[1]} (3x the search window, [300, 300] requests, "
+    # each batch is announced with its configs and windows: at 10 req/s the search window is 10 x 20 s =
+    # 200 requests (more than the workload's 100), 3x that for a long run
+    assert runner.logged[0] == (f"long runs: {names[0]}, {names[1]} (3x the search window, [600, 600] requests, "
                                 "fresh seeds)")
     assert runner.logged[1].startswith(f"long runs: {names[2]} (") and len(runner.logged) == 2
 
@@ -673,3 +689,54 @@ def test_plan_table_by_hand_through_a_scripted_executor():
     assert res["skipped"] == {"pruned_by_bound": 0, "dominated": 0, "worst_seed": 0, "early_stop_pass": 0,
                               "early_stop_fail": 7, "cached": 0, "requests_not_simulated": 7 * 40,
                               "requests_total": 14 * 100 + 2 * 200}
+
+
+def test_runner_without_the_runs_own_verdict_judges_each_seed_by_the_attainment():
+    # a result without slo_met (the run's own SLO rule) is judged by its attainment against the target 0.9:
+    # the search's worst-seed rule drops 89% after seed 7; on the long runs (10x: 1000 requests) 90% passes,
+    # 89% fails (and its second seed is not run)
+    def bare(ok, n=100):
+        r = _res(ok, n=n)
+        del r["slo_met"]
+        return r
+    ex = _Script(lambda c, rate, seed, n: bare({4.0: 90, 5.0: 89}[rate] * n // 100, n))
+    plan, runner, one, two = _runner({"seeds": 2, "confirm_seeds": 2}, ex=ex)
+    a4, a5 = runner.run([(one, 4.0), (one, 5.0)])
+    assert [(r, s) for _, r, s, _, _ in ex.calls] == [(4.0, 7), (5.0, 7), (4.0, 8)]
+    assert (a4["all_met"], a4["pass_att"], a5["pass_att"]) == (None, 0.9, 0.89) and "passes" not in a4
+    ex.calls.clear()
+    p4, p5 = runner.confirm([(one, 4.0), (one, 5.0)])
+    assert [(r, s) for _, r, s, _, _ in ex.calls] == [(4.0, 1007), (5.0, 1007), (4.0, 1008)]
+    assert (p4["passed"], p4["seeds"], p5["passed"], p5["seeds"]) == (True, [1007, 1008], False, [1007])
+
+
+def test_runner_shows_a_progress_bar_of_its_simulations_on_a_terminal(capsys, monkeypatch):
+    # on a terminal (faked), the simulations of a batch tick a bar named "plan" counted in "sim"; --quiet
+    # (progress False) shows nothing.  Each scripted simulation takes 0.25 s, past the bar's 0.2 s refresh.
+    import time
+
+    import pdsim.progress
+    monkeypatch.setattr(pdsim.progress, "is_tty", lambda stream=None: True)
+
+    def slow(c, rate, seed, n):
+        time.sleep(0.25)
+        return _res(95)
+    plan, runner, one, two = _runner(ex=_Script(slow), progress=True)
+    runner._results([runner._task(one, r, 7) for r in (4.0, 5.0)])
+    err = capsys.readouterr().err
+    assert "plan: " in err and "2/2" in err and "sim/s" in err, err
+    plan, runner, one, two = _runner(ex=_Script(lambda *a: _res(95)), progress=False)
+    runner._results([runner._task(one, r, 7) for r in (4.0, 5.0)])
+    assert capsys.readouterr().err == ""
+
+
+def test_confirm_announces_the_long_runs_of_a_trace_workload():
+    # a trace replays its own requests: the long run's window is still counted in requests (2x the search
+    # window of max(100, 10 req/s x 20 s) = 200), whatever trace window each seed replays
+    trace = str(Path(__file__).resolve().parents[1] / "scenarios" / "traces" / "azure_code_10min.csv")
+    plan = _four(target={"rate": 10}, workload={"arrival": "trace", "trace": {"path": trace}, "num_requests": 100},
+                 goodput={"confirm_top": 1, "confirm_factor": 2, "min_duration_s": 20})
+    runner = _Confirmer(lambda c, r: True)
+    _confirm(plan, _rows(plan, [12.0, 11.0, 13.0, 14.0], at_target=True), runner)
+    assert runner.batches == [[(plan.configs[0].name, 10)]]
+    assert runner.logged == [f"long runs: {plan.configs[0].name} (2x the search window, [400] requests, fresh seeds)"]
