@@ -637,9 +637,9 @@ def test_confirm_goodput_mode_demotes_after_max_confirm_steps_failures():
 def test_plan_table_by_hand_through_a_scripted_executor():
     # One and two batch-1 replicas of a constant 0.1 s step ($1 per GPU-hour), 8-token prompts, 1 output
     # token: a request is one 0.1 s step, so the analytic bound is 10 req/s per replica.  The script says a
-    # search run passes up to 3.3 req/s on one replica and 7 on two (95% of the requests meet the SLO, else 50%).  Goodput per
-    # $/h, tolerance 5%, one seed, the best config run long (2x: 200 requests), where two replicas pass
-    # only up to 6.8 req/s.
+    # search run passes up to 3.3 req/s on one replica and 7 on two (95% of the requests meet the SLO, else
+    # 50%; a failing one stops early with 60 of 100 settled).  Goodput per $/h, tolerance 5%, one seed, the
+    # best config run long (2x: 200 requests), where two replicas pass only up to 6.8 req/s.
     search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}], "colocated": {"replicas": [1, 2]},
               "pool": {"max_running": 1, "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.1}}}
     raw = _raw(search, workload={"arrival": "poisson", "num_requests": 100, "prompt_tokens": 8, "output_tokens": 1},
@@ -740,3 +740,26 @@ def test_confirm_announces_the_long_runs_of_a_trace_workload():
     _confirm(plan, _rows(plan, [12.0, 11.0, 13.0, 14.0], at_target=True), runner)
     assert runner.batches == [[(plan.configs[0].name, 10)]]
     assert runner.logged == [f"long runs: {plan.configs[0].name} (2x the search window, [400] requests, fresh seeds)"]
+
+
+def test_two_device_choices_of_one_name_are_refused_not_merged():
+    # the same preset at two prices gave two configs of one name: run_plan's rows (a dict by name) kept one,
+    # so the $2/h config vanished from the table and its search mixed with the $3/h one's
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0},
+                          {"name": "h100-sxm", "price_per_hour_usd": 3.0}],
+              "colocated": {"replicas": [1]}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(search), "p.yaml")
+    assert str(e.value).startswith("p.yaml: search.devices: two configurations of the search space are both named "
+                                   "colo-h100-sxm-tp1x1")
+    # a decode device listed twice under one name: the same
+    search = {"devices": ["h100-sxm"], "disaggregated": {"decode_devices": ["a100-80gb-sxm",
+                                                                           {"name": "a100-80gb-sxm",
+                                                                            "price_per_hour_usd": 1.0}]},
+              "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    with pytest.raises(ConfigError, match="both named pd-h100-sxm-1p1-1d1-a100-80gb-sxm-infiniband"):
+        parse_plan(_raw(search))
+    # distinct device names: two configs
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}, "a100-80gb-sxm"],
+              "colocated": {"replicas": [1]}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    assert len(parse_plan(_raw(search)).configs) == 2
