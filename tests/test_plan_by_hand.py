@@ -288,6 +288,23 @@ def test_enumerate_excludes_what_cannot_run_and_says_why_nothing_fits():
 
 
 
+
+def test_search_pool_keys_are_checked_against_every_config_with_the_plan_file_named():
+    # search.pool goes into every pool: an unknown key fails the first config, so the whole plan, naming
+    # the plan file; a key a colocated topology takes but a disaggregated pool does not (router) excludes
+    # just the disaggregated configs, the reason naming the file too
+    search = {"devices": ["h100-sxm"], "colocated": {"replicas": [1]}, "disaggregated": {"kv_link": ["nvlink"]},
+              "pool": {"kv_blocks": 2000, "bogus": 1}}
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(search), "p.yaml")
+    assert str(e.value) == "p.yaml: topologies.colo-h100-sxm-tp1x1.bogus: unknown key"
+    search["pool"] = {"kv_blocks": 2000, "router": "round_robin"}
+    plan = parse_plan(_raw(search), "p.yaml")
+    assert [c.name for c in plan.configs] == ["colo-h100-sxm-tp1x1"]
+    (ex,) = plan.excluded
+    assert ex["config"] == "pd-h100-sxm-1p1-1d1-nvlink"
+    assert ex["reason"].startswith("p.yaml: topologies.pd-h100-sxm-1p1-1d1-nvlink.prefill.router: unknown key")
+
 def test_budget_limits_are_inclusive():
     # a config at exactly max_gpus or exactly max_usd_per_hour is within the budget
     search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}], "colocated": {"tp": [1, 2, 4]},
