@@ -76,6 +76,12 @@ class SearchSpace(_Strict):
     def _some(self):
         if self.colocated is None and self.disaggregated is None:
             raise ValueError("empty search space: give colocated: and/or disaggregated:")
+        # a pool key the search space sets per config would be overridden by it, or (replicas) override it:
+        # a config named x1 that runs 4 replicas
+        axes = sorted(k for k in self.pool if k in ("kind", "device", "tp", "pp", "replicas", "instances"))
+        if axes:
+            raise ValueError(f"pool.{axes[0]}: set by the search space for each config; give it as a search axis "
+                             "(devices, colocated.tp/pp/replicas, disaggregated.*_tp/_pp/_instances)")
         for name in ("colocated", "disaggregated"):
             space = getattr(self, name)
             if space is None:

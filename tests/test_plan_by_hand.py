@@ -305,6 +305,17 @@ def test_search_pool_keys_are_checked_against_every_config_with_the_plan_file_na
     assert ex["config"] == "pd-h100-sxm-1p1-1d1-nvlink"
     assert ex["reason"].startswith("p.yaml: topologies.pd-h100-sxm-1p1-1d1-nvlink.prefill.router: unknown key")
 
+
+@pytest.mark.parametrize("key", ["replicas", "tp", "pp", "instances", "device", "kind"])
+def test_search_pool_cannot_set_what_the_search_space_sets(key):
+    # search.pool {replicas: 4} went into every colocated topology after its own replicas: colo-...-x1 and
+    # colo-...-x2 both ran 4 replicas; tp, pp, device and instances were silently overridden the other way
+    search = {"devices": ["h100-sxm"], "colocated": {"replicas": [1, 2]},
+              "pool": {"kv_blocks": 2000, "cost_model": LINEAR, key: 4}}
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(search), "p.yaml")
+    assert str(e.value).startswith("p.yaml: search") and f"pool.{key}: set by the search space" in str(e.value)
+
 def test_budget_limits_are_inclusive():
     # a config at exactly max_gpus or exactly max_usd_per_hour is within the budget
     search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}], "colocated": {"tp": [1, 2, 4]},
