@@ -297,13 +297,13 @@ def test_search_pool_keys_are_checked_against_every_config_with_the_plan_file_na
               "pool": {"kv_blocks": 2000, "bogus": 1}}
     with pytest.raises(ConfigError) as e:
         parse_plan(_raw(search), "p.yaml")
-    assert str(e.value) == "p.yaml: topologies.colo-h100-sxm-tp1x1.bogus: unknown key"
+    assert str(e.value).startswith("p.yaml: topologies.colo-h100-sxm-tp1x1.bogus: ")     # then why (wording)
     search["pool"] = {"kv_blocks": 2000, "router": "round_robin"}
     plan = parse_plan(_raw(search), "p.yaml")
     assert [c.name for c in plan.configs] == ["colo-h100-sxm-tp1x1"]
     (ex,) = plan.excluded
     assert ex["config"] == "pd-h100-sxm-1p1-1d1-nvlink"
-    assert ex["reason"].startswith("p.yaml: topologies.pd-h100-sxm-1p1-1d1-nvlink.prefill.router: unknown key")
+    assert ex["reason"].startswith("p.yaml: topologies.pd-h100-sxm-1p1-1d1-nvlink.prefill.router: ")
 
 
 @pytest.mark.parametrize("key", ["replicas", "tp", "pp", "instances", "device", "kind"])
