@@ -77,6 +77,12 @@ class SearchSpace(_Strict):
     def _some(self):
         if self.colocated is None and self.disaggregated is None:
             raise ValueError("empty search space: give colocated: and/or disaggregated:")
+        # a pool key the search space sets per config would be overridden by it, or (replicas) override it:
+        # a config named x1 that runs 4 replicas
+        axes = sorted(k for k in self.pool if k in ("kind", "device", "tp", "pp", "replicas", "instances"))
+        if axes:
+            raise ValueError(f"pool.{axes[0]}: set by the search space for each config; give it as a search axis "
+                             "(devices, colocated.tp/pp/replicas, disaggregated.*_tp/_pp/_instances)")
         for name in ("colocated", "disaggregated"):
             space = getattr(self, name)
             if space is None:
@@ -281,6 +287,21 @@ def _enumerate(plan: Plan) -> None:
                           + (f" (e.g. {cheapest['config']}: {cheapest['reason']})" if cheapest else ""),
                           file=plan.file, key="budget")
     plan.configs.sort(key=lambda c: (c.usd_per_hour, c.gpus, c.name))
+    _unique_names(plan, [name for name, _ in raw_topos])
+
+
+def _unique_names(plan: Plan, names: list[str]) -> None:
+    """A config is known by its name (rows, searches, the cache of long runs): two configs of one name would
+    be merged into one row, the other silently lost.  That happens when two device choices share a name or a
+    file stem (one preset at two prices, or a/gpu.yaml and b/gpu.yaml)."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ConfigError(f"two configurations of the search space are both named {name}: device choices "
+                              "must differ in name (a preset listed twice, e.g. at two prices, or two profiles "
+                              "with the same file name); copy the profile to a file of another name",
+                              file=plan.file, key="search.devices")
+        seen.add(name)
 
 
 def _scenario_dict(plan: Plan, topologies: dict, rate: float, seed: int, scale: float = 1.0) -> dict:

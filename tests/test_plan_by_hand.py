@@ -339,3 +339,634 @@ def test_percentiles_of_a_run_stopped_at_a_fail_are_lower_bounds(monkeypatch):
             assert early["ttft_p"] <= want_ttft + 1e-12, (cfg.name, rate, early["ttft_p"], want_ttft)
             assert early["tpot_p"] <= want_tpot + 1e-12, (cfg.name, rate, early["tpot_p"], want_tpot)
     assert stopped >= 2
+
+
+# --- the search space, the paths, the runner and the long-run check (no simulation) ---------------------------
+# Everything below runs without a simulation: the plan is parsed (pricing and bounds are cheap), and the
+# executor is a script that answers each task with a result written in the test, so which tasks the
+# runner sends, with which seeds, windows and early-stop rule, and what it makes of the answers, can be
+# checked one by one against the rules of pdsim/plan.py's docstrings.
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from pdsim.errors import ConfigError  # noqa: E402
+from pdsim.plan import (CONFIRM_SEED_OFFSET, MAX_CONFIRM_STEPS, _absolute_paths, _confirm, _Runner,  # noqa: E402
+                        evaluate, parse_plan, run_plan)
+
+LINEAR = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-6}
+
+
+def _raw(search=None, **over) -> dict:
+    raw = {"name": "hand", "model": "llama-3.1-8b", "seed": 7,
+           "workload": {"arrival": "poisson", "num_requests": 100, "prompt_tokens": 100, "output_tokens": 10},
+           "slo": {"ttft_s": 0.5, "tpot_s": 0.05, "attainment_target": 0.9},
+           "search": search or {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}],
+                                "colocated": {"replicas": [1, 2]}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}},
+           "goodput": {"min_duration_s": 0}}
+    raw.update(over)
+    return raw
+
+
+def test_enumerate_yields_the_product_less_the_budget_in_price_order():
+    # 2 devices x (colocated: tp {1, 2} x replicas {1, 3} x chunk {off, 128} = 8; disaggregated: prefill
+    # instances {1, 2} x links {nvlink, roce} = 4) = 24 configs.  GPUs: colocated tp x replicas (1, 3, 2, 6),
+    # disaggregated instances + 1 (2, 3).  budget.max_gpus 4 drops the four 6-GPU ones; max $5/h then drops
+    # the h100's ($2/GPU) 3-GPU ones ($6/h): 2 colocated + 2 disaggregated.  16 left, 8 excluded.
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0},
+                          {"name": "a100-80gb-sxm", "price_per_hour_usd": 1.0}],
+              "colocated": {"tp": [1, 2], "replicas": [1, 3], "chunked_prefill": [None, 128]},
+              "disaggregated": {"prefill_instances": [1, 2], "kv_link": ["nvlink", "roce"]},
+              "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    plan = parse_plan(_raw(search, budget={"max_gpus": 4, "max_usd_per_hour": 5.0}))
+    a, h = "a100-80gb-sxm", "h100-sxm"
+    # sorted by ($/h, GPUs, name): $1 (a100 x1), $2 (h100 x1, then a100 2-GPU), $3 (a100 3-GPU), $4 (h100 2-GPU)
+    assert [(c.name, c.gpus, c.usd_per_hour) for c in plan.configs] == [
+        (f"colo-{a}-tp1x1", 1, 1.0), (f"colo-{a}-tp1x1-chunk128", 1, 1.0),
+        (f"colo-{h}-tp1x1", 1, 2.0), (f"colo-{h}-tp1x1-chunk128", 1, 2.0),
+        (f"colo-{a}-tp2x1", 2, 2.0), (f"colo-{a}-tp2x1-chunk128", 2, 2.0),
+        (f"pd-{a}-1p1-1d1-nvlink", 2, 2.0), (f"pd-{a}-1p1-1d1-roce", 2, 2.0),
+        (f"colo-{a}-tp1x3", 3, 3.0), (f"colo-{a}-tp1x3-chunk128", 3, 3.0),
+        (f"pd-{a}-2p1-1d1-nvlink", 3, 3.0), (f"pd-{a}-2p1-1d1-roce", 3, 3.0),
+        (f"colo-{h}-tp2x1", 2, 4.0), (f"colo-{h}-tp2x1-chunk128", 2, 4.0),
+        (f"pd-{h}-1p1-1d1-nvlink", 2, 4.0), (f"pd-{h}-1p1-1d1-roce", 2, 4.0)]
+    # excluded in enumeration order (h100 first; tp, replicas, chunk; then the disaggregated ones), GPUs
+    # checked before dollars
+    gpus6 = "6 GPUs > budget.max_gpus 4"
+    usd6 = "$6.00/h > budget.max_usd_per_hour 5.0"
+    assert plan.excluded == [
+        {"config": f"colo-{h}-tp1x3", "reason": usd6}, {"config": f"colo-{h}-tp1x3-chunk128", "reason": usd6},
+        {"config": f"colo-{h}-tp2x3", "reason": gpus6}, {"config": f"colo-{h}-tp2x3-chunk128", "reason": gpus6},
+        {"config": f"pd-{h}-2p1-1d1-nvlink", "reason": usd6}, {"config": f"pd-{h}-2p1-1d1-roce", "reason": usd6},
+        {"config": f"colo-{a}-tp2x3", "reason": gpus6}, {"config": f"colo-{a}-tp2x3-chunk128", "reason": gpus6}]
+    # the topology entries: the plan's pool keys, the device and its price on every pool, the chunk budget
+    # only where asked, the KV link as a preset
+    cfg = {c.name: c for c in plan.configs}
+    pool = {"kv_blocks": 2000, "cost_model": LINEAR}
+    assert cfg[f"colo-{h}-tp1x1-chunk128"].topology == {
+        "kind": "colocated", "replicas": 1, **pool, "device": h, "tp": 1, "price_per_gpu_hour_usd": 2.0,
+        "chunked_prefill": {"token_budget": 128}}
+    assert cfg[f"colo-{a}-tp1x3"].topology == {"kind": "colocated", "replicas": 3, **pool, "device": a, "tp": 1,
+                                               "price_per_gpu_hour_usd": 1.0}
+    assert cfg[f"pd-{a}-2p1-1d1-roce"].topology == {
+        "kind": "disaggregated",
+        "prefill": {**pool, "device": a, "tp": 1, "instances": 2, "price_per_gpu_hour_usd": 1.0},
+        "decode": {**pool, "device": a, "tp": 1, "instances": 1, "price_per_gpu_hour_usd": 1.0},
+        "kv_link": {"preset": "roce"}}
+    # every config is priced and bounded: more replicas, more bound (the bound itself: test_semantics)
+    assert cfg[f"colo-{a}-tp1x3"].bound_rate == pytest.approx(3 * cfg[f"colo-{a}-tp1x1"].bound_rate)
+    assert all(c.infeasible == "" and 0 < c.bound_rate < math.inf for c in plan.configs)
+
+
+def test_enumerate_names_pipelines_decode_devices_and_profiles(tmp_path):
+    from pdsim.devices import DATA_DIR
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "gpu.yaml").write_text((DATA_DIR / "h100-sxm.yaml").read_text())
+    search = {"devices": ["profiles/gpu.yaml"],
+              "colocated": {"pp": [1, 2]},
+              "disaggregated": {"prefill_pp": [2], "decode_pp": [1, 2],
+                                "decode_devices": ["a100-80gb-sxm", "profiles/gpu.yaml"]},
+              "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    plan = parse_plan(_raw(search), str(tmp_path / "p.yaml"), tmp_path)
+    cfg = {c.name: c for c in plan.configs}
+    # a profile is named by its file's stem; pp 1 leaves no trace in names or pools; a decode device other
+    # than the prefill one is named after the decode pool; no price given: no price key
+    assert sorted(cfg) == ["colo-gpu-tp1pp2x1", "colo-gpu-tp1x1", "pd-gpu-1p1pp2-1d1-a100-80gb-sxm-infiniband",
+                           "pd-gpu-1p1pp2-1d1-infiniband", "pd-gpu-1p1pp2-1d1pp2-a100-80gb-sxm-infiniband",
+                           "pd-gpu-1p1pp2-1d1pp2-infiniband"]
+    assert cfg["colo-gpu-tp1x1"].topology == {"kind": "colocated", "replicas": 1, "kv_blocks": 2000,
+                                              "cost_model": LINEAR, "device": "profiles/gpu.yaml", "tp": 1}
+    assert cfg["colo-gpu-tp1pp2x1"].topology["pp"] == 2 and cfg["colo-gpu-tp1pp2x1"].gpus == 2
+    pd = cfg["pd-gpu-1p1pp2-1d1-a100-80gb-sxm-infiniband"].topology
+    assert (pd["prefill"]["device"], pd["prefill"]["pp"], pd["decode"]["device"]) == ("profiles/gpu.yaml", 2,
+                                                                                        "a100-80gb-sxm")
+    assert "pp" not in pd["decode"] and pd["kv_link"] == {"preset": "infiniband"}
+    assert cfg["pd-gpu-1p1pp2-1d1-infiniband"].topology["decode"]["device"] == "profiles/gpu.yaml"
+    assert cfg["pd-gpu-1p1pp2-1d1-infiniband"].gpus == 3          # 2 prefill stages + 1 decode GPU
+    deep = cfg["pd-gpu-1p1pp2-1d1pp2-a100-80gb-sxm-infiniband"]
+    assert (deep.topology["decode"]["pp"], deep.topology["decode"]["device"], deep.gpus) == (2, "a100-80gb-sxm", 4)
+
+
+def test_enumerate_excludes_what_cannot_run_and_says_why_nothing_fits():
+    # tp 3 does not divide Llama-3.1-8B's 32 heads (the roofline cost shards them): that config cannot be
+    # built (excluded with the builder's reason); tp 1 and 2 on either side of it are kept
+    search = {"devices": ["h100-sxm"], "colocated": {"tp": [1, 3, 2]}, "pool": {"kv_blocks": 2000}}
+    plan = parse_plan(_raw(search))
+    assert [c.name for c in plan.configs] == ["colo-h100-sxm-tp1x1", "colo-h100-sxm-tp2x1"]
+    assert plan.excluded == [{"config": "colo-h100-sxm-tp3x1", "reason": "topologies.colo-h100-sxm-tp3x1.tp = 3: "
+                              "tensor parallelism must divide the 32 attention heads of llama-3.1-8b"}]
+    # nothing fits: the error names one excluded config and its reason (the first reason in text order:
+    # "2 GPUs ..." before "4 GPUs ...")
+    search = {"devices": ["h100-sxm"], "colocated": {"tp": [2], "replicas": [2, 1]},
+              "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(search, budget={"max_gpus": 1}), "p.yaml")
+    assert str(e.value).startswith("p.yaml: budget: ")
+    assert ("no configuration of the search space fits the budget and the model "
+            "(e.g. colo-h100-sxm-tp2x1: 2 GPUs > budget.max_gpus 1)") in str(e.value)
+
+
+
+
+def test_search_pool_keys_are_checked_against_every_config_with_the_plan_file_named():
+    # search.pool goes into every pool: an unknown key fails the first config, so the whole plan, naming
+    # the plan file; a key a colocated topology takes but a disaggregated pool does not (router) excludes
+    # just the disaggregated configs, the reason naming the file too
+    search = {"devices": ["h100-sxm"], "colocated": {"replicas": [1]}, "disaggregated": {"kv_link": ["nvlink"]},
+              "pool": {"kv_blocks": 2000, "bogus": 1}}
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(search), "p.yaml")
+    assert str(e.value).startswith("p.yaml: topologies.colo-h100-sxm-tp1x1.bogus: ")     # then why (wording)
+    search["pool"] = {"kv_blocks": 2000, "router": "round_robin"}
+    plan = parse_plan(_raw(search), "p.yaml")
+    assert [c.name for c in plan.configs] == ["colo-h100-sxm-tp1x1"]
+    (ex,) = plan.excluded
+    assert ex["config"] == "pd-h100-sxm-1p1-1d1-nvlink"
+    assert ex["reason"].startswith("p.yaml: topologies.pd-h100-sxm-1p1-1d1-nvlink.prefill.router: ")
+
+
+@pytest.mark.parametrize("key", ["replicas", "tp", "pp", "instances", "device", "kind"])
+def test_search_pool_cannot_set_what_the_search_space_sets(key):
+    # search.pool {replicas: 4} went into every colocated topology after its own replicas: colo-...-x1 and
+    # colo-...-x2 both ran 4 replicas; tp, pp, device and instances were silently overridden the other way
+    search = {"devices": ["h100-sxm"], "colocated": {"replicas": [1, 2]},
+              "pool": {"kv_blocks": 2000, "cost_model": LINEAR, key: 4}}
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(search), "p.yaml")
+    assert str(e.value).startswith("p.yaml: search") and f"pool.{key}: set by the search space" in str(e.value)
+
+def test_budget_limits_are_inclusive():
+    # a config at exactly max_gpus or exactly max_usd_per_hour is within the budget
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}], "colocated": {"tp": [1, 2, 4]},
+              "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    plan = parse_plan(_raw(search, budget={"max_gpus": 2}))
+    assert [c.name for c in plan.configs] == ["colo-h100-sxm-tp1x1", "colo-h100-sxm-tp2x1"]
+    assert plan.excluded == [{"config": "colo-h100-sxm-tp4x1", "reason": "4 GPUs > budget.max_gpus 2"}]
+    plan = parse_plan(_raw(search, budget={"max_usd_per_hour": 4.0}))
+    assert [c.name for c in plan.configs] == ["colo-h100-sxm-tp1x1", "colo-h100-sxm-tp2x1"]
+    assert plan.excluded == [{"config": "colo-h100-sxm-tp4x1", "reason": "$8.00/h > budget.max_usd_per_hour 4.0"}]
+
+def test_absolute_paths_rewrites_exactly_the_relative_file_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = tmp_path.resolve() / "plans"
+    w = {"trace": {"path": "traces/t.csv", "rate_scale": 2.0},
+         "prompt_tokens": {"dist": "empirical", "path": "lens/p.csv"},
+         "output_tokens": {"dist": "empirical", "path": "lens/o.csv"},
+         "rate": 3.0}
+    topologies = {
+        "a": {"kind": "colocated", "device": "h100-sxm"},                    # a preset name: kept
+        "b": {"kind": "colocated", "device": "gpu.yaml"},                    # a profile beside the plan
+        "c": {"kind": "disaggregated", "prefill": {"device": "profiles/p.json"},
+              "decode": {"device": "/opt/d.yml"}, "kv_link": {"preset": "nvlink"}},
+        "d": {"kind": "disaggregated", "prefill": {"device": "a100-80gb-sxm"}, "decode": {"device": "x/y"}}}
+    _absolute_paths(w, topologies, Path("plans"))           # relative: resolved against the working folder
+    assert w == {"trace": {"path": f"{base}/traces/t.csv", "rate_scale": 2.0},
+                 "prompt_tokens": {"dist": "empirical", "path": f"{base}/lens/p.csv"},
+                 "output_tokens": {"dist": "empirical", "path": f"{base}/lens/o.csv"}, "rate": 3.0}
+    assert topologies == {
+        "a": {"kind": "colocated", "device": "h100-sxm"},
+        "b": {"kind": "colocated", "device": f"{base}/gpu.yaml"},
+        "c": {"kind": "disaggregated", "prefill": {"device": f"{base}/profiles/p.json"},
+              "decode": {"device": "/opt/d.yml"}, "kv_link": {"preset": "nvlink"}},
+        "d": {"kind": "disaggregated", "prefill": {"device": "a100-80gb-sxm"}, "decode": {"device": f"{base}/x/y"}}}
+    # absolute paths kept; lengths given as numbers or without a file; a pool without a device: nothing to
+    # rewrite, nothing added
+    for w in ({"trace": {"path": "/data/t.csv"}, "prompt_tokens": {"path": "/data/p.csv"},
+               "output_tokens": {"path": "/data/o.csv"}},
+              {"prompt_tokens": 100, "output_tokens": {"dist": "uniform", "low": 1, "high": 9}, "trace": None}):
+        before = json.loads(json.dumps(w))
+        _absolute_paths(w, {}, base)
+        assert w == before
+    topologies = {"a": {"kind": "colocated"}, "b": {"kind": "colocated", "device": None}}
+    _absolute_paths({}, topologies, base)
+    assert topologies == {"a": {"kind": "colocated"}, "b": {"kind": "colocated", "device": None}}
+
+
+class _Script:
+    """An executor that answers each task from ``answer(config, rate, seed, requests)`` instead of
+    simulating it, and records what it was asked: (config, rate, seed, requests, early)."""
+    name = "script"
+
+    def __init__(self, answer):
+        self.answer, self.calls, self.maps = answer, [], 0
+
+    def map(self, fn, tasks, on_done=None):
+        assert fn is evaluate
+        self.maps += 1
+        out = []
+        for t in tasks:
+            sc = t["scenario"]
+            (name,) = sc["topologies"]
+            n = sc["workload"]["num_requests"]
+            self.calls.append((name, sc["workload"]["rate"], sc["seed"], n, t["early"]))
+            out.append(self.answer(name, sc["workload"]["rate"], sc["seed"], n))
+            if on_done:
+                on_done()
+        return out
+
+
+def _res(ok, n=100, met=None, early=None, ci=None, ttft_p=0.1, tpot_p=0.01, total=None, settled=None):
+    """An evaluate() result: ``ok`` of ``n`` judged requests met both bounds."""
+    return {"n": n, "ok": ok, "ttft_ok": ok, "tpot_ok": n, "finished": n, "early": early,
+            "settled": total or n if settled is None else settled, "total": total or n, "ci": ci,
+            "ttft_p": ttft_p, "tpot_p": tpot_p, "slo_met": ok / n >= 0.9 if met is None else met}
+
+
+def _runner(goodput=None, slo=None, ex=None, cache_dir=None, progress=False):
+    raw = _raw(goodput={"min_duration_s": 0, **(goodput or {})})
+    if slo:
+        raw["slo"] = {**raw["slo"], **slo}
+    plan = parse_plan(raw)
+    one, two = plan.configs
+    return plan, _Runner(plan, ex, cache_dir, progress), one, two
+
+
+def test_runner_worst_seed_runs_seeds_in_turn_and_drops_what_failed():
+    # 3 seeds from the plan's seed 7.  A at 5 req/s passes every seed (95, 92, 99 of 100); B at 5 req/s
+    # passes seed 7 and fails seed 8 (80 of 100); A at 8 req/s fails seed 7 (50).  worst_seed: a failure
+    # ends that (config, rate): seed 8 runs A@5 and B@5, seed 9 only A@5.  Saved: A@8's two seeds and
+    # B@5's last one = 3.  Early stop "both" on every task (worst_seed with early_stop).
+    table = {("A", 5.0): {7: 95, 8: 92, 9: 99}, ("B", 5.0): {7: 96, 8: 80}, ("A", 8.0): {7: 50}}
+    ex = _Script(None)
+    plan, runner, one, two = _runner({"seeds": 3}, ex=ex)
+    name = {one.name: "A", two.name: "B"}
+    ex.answer = lambda c, rate, seed, n: _res(table[name[c], rate][seed], ttft_p=seed / 10,
+                                             early="pass" if seed == 8 else None)
+    a5, b5, a8 = runner.run([(one, 5.0), (two, 5.0), (one, 8.0)])
+    assert [(name[c], r, s, n, e) for c, r, s, n, e in ex.calls] == [
+        ("A", 5.0, 7, 100, "both"), ("B", 5.0, 7, 100, "both"), ("A", 8.0, 7, 100, "both"),
+        ("A", 5.0, 8, 100, "both"), ("B", 5.0, 8, 100, "both"), ("A", 5.0, 9, 100, "both")]
+    assert ex.maps == 3 and runner.skipped["worst_seed"] == 3 and runner.simulated == 6
+    # pooled over the seeds run: sums; the worst seed's attainment judges (pass_att); every seed's own
+    # verdict decides (passes); the percentiles are the worst seed's; the first early stop is reported
+    assert {k: a5[k] for k in ("n", "ok", "ttft_ok", "tpot_ok", "finished")} == {
+        "n": 300, "ok": 286, "ttft_ok": 286, "tpot_ok": 300, "finished": 300}
+    assert (a5["min_att"], a5["pass_att"], a5["passes"], a5["all_met"]) == (0.92, 0.92, True, True)
+    assert (a5["ttft_p"], a5["tpot_p"], a5["early"]) == (0.9, 0.01, "pass")
+    assert (b5["n"], b5["ok"], b5["pass_att"], b5["passes"], b5["ttft_p"]) == (200, 176, 0.8, False, 0.8)
+    assert (a8["n"], a8["ok"], a8["pass_att"], a8["passes"], a8["early"]) == (100, 50, 0.5, False, None)
+    # the early stops counted by kind as they come back (seed 8: A@5 and B@5)
+    assert runner.skipped["early_stop_pass"] == 2 and runner.skipped["early_stop_fail"] == 0
+
+
+def test_runner_pooled_runs_every_seed_without_early_stop_and_judges_the_pool():
+    # pooled: every seed of every (config, rate) runs (a failed seed may be outweighed), no early stop
+    # (pooled sums need exact counts), the rate passes on the pooled attainment, not on the seeds'
+    # verdicts (attainment mode): A@5 passes at 94 + 86 = 180 / 200 = 0.9 though seed 8 alone fails
+    ex = _Script(lambda c, rate, seed, n: _res({7: 94, 8: 86}[seed]))
+    plan, runner, one, two = _runner({"seeds": 2, "aggregate": "pooled"}, ex=ex)
+    (a5,) = runner.run([(one, 5.0)])
+    assert [(s, e) for _, _, s, _, e in ex.calls] == [(7, None), (8, None)]
+    assert (a5["ok"], a5["n"], a5["pass_att"], a5["min_att"], a5["all_met"]) == (180, 200, 0.9, 0.86, False)
+    assert "passes" not in a5 and runner.skipped["worst_seed"] == 0
+    # percentile mode has no pooled form: each seed's own verdict decides, whatever the aggregate
+    ex = _Script(lambda c, rate, seed, n: _res({7: 94, 8: 86}[seed], met=seed == 7))
+    plan, runner, one, two = _runner({"seeds": 2, "aggregate": "pooled"}, slo={"mode": "percentile"}, ex=ex)
+    (a5,) = runner.run([(one, 5.0)])
+    assert len(ex.calls) == 2 and a5["passes"] is False and a5["pass_att"] == 0.9
+    # worst_seed without early stop: the seeds still stop at a failure, the tasks run to the end
+    ex = _Script(lambda c, rate, seed, n: _res(50))
+    plan, runner, one, two = _runner({"seeds": 4, "early_stop": False}, ex=ex)
+    (a5,) = runner.run([(one, 5.0)])
+    assert [(s, e) for _, _, s, _, e in ex.calls] == [(7, None)] and runner.skipped["worst_seed"] == 3
+    assert a5["passes"] is False and a5["n"] == 100
+
+
+def test_runner_results_come_from_the_cache_in_task_order(tmp_path):
+    # a task already answered is read back from the cache dir, not sent; the answers keep the order of
+    # the tasks whatever mix of cached and new; counters: simulated / cached, early stops by kind,
+    # requests simulated (total) and settled, only for tasks simulated now
+    answers = {4.0: _res(90, early="fail", total=200, settled=150), 5.0: _res(95, early="pass", total=200,
+                                                                                 settled=120),
+               6.0: _res(97, total=200, settled=200)}
+    ex = _Script(lambda c, rate, seed, n: answers[rate])
+    plan, runner, one, two = _runner(ex=ex, cache_dir=tmp_path / "cache")
+    t4, t5, t6 = (runner._task(one, r, 7) for r in (4.0, 5.0, 6.0))
+    assert runner._results([t4, t5]) == [answers[4.0], answers[5.0]]
+    assert (runner.simulated, runner.cached, runner.requests_total, runner.requests_settled) == (2, 0, 400, 270)
+    assert runner.skipped == {"worst_seed": 0, "early_stop_pass": 1, "early_stop_fail": 1}
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2
+    ex.answer = lambda c, rate, seed, n: answers[rate] if rate == 6.0 else pytest.fail("sent a cached task")
+    assert runner._results([t6, t5, t4]) == [answers[6.0], answers[5.0], answers[4.0]]
+    assert [r for _, r, _, _, _ in ex.calls] == [4.0, 5.0, 6.0] and ex.maps == 2
+    assert (runner.simulated, runner.cached, runner.requests_total, runner.requests_settled) == (3, 2, 600, 470)
+    assert runner.skipped == {"worst_seed": 0, "early_stop_pass": 1, "early_stop_fail": 1}
+    # all cached: the executor is not called at all
+    assert runner._results([t5]) == [answers[5.0]] and ex.maps == 2 and runner.cached == 3
+    # no cache dir: every task is sent, nothing is stored
+    plan, runner, one, two = _runner(ex=_Script(lambda c, rate, seed, n: answers[rate]))
+    assert runner._results([runner._task(one, 4.0, 7)] * 2) == [answers[4.0]] * 2
+    assert (runner.simulated, runner.cached) == (2, 0)
+
+
+def test_runner_log_line(capsys):
+    plan, runner, one, two = _runner(ex=_Script(None), progress=True)
+    runner.simulated, runner.cached = 12, 3
+    runner.t0 = __import__("time").perf_counter() - 41.6       # 41.6 s ago: printed rounded to 42 s
+    runner.log("round 2: 4 configs")
+    assert capsys.readouterr().err == "pdsim plan: round 2: 4 configs [12 simulated, 3 cached, 42 s]\n"
+    runner.progress = False                                        # --quiet
+    runner.log("round 3")
+    assert capsys.readouterr() == ("", "")
+
+
+def test_runner_confirm_doubles_the_window_while_the_interval_straddles_the_target():
+    # 2 confirm seeds from 7 + 1000; windows from 2x the search's 100 requests up to 8x (200, 400, 800);
+    # a window is doubled while its interval is wider than 2 x 0.02 and holds the target 0.9
+    target = 0.9
+    seen = []
+
+    def answer(c, rate, seed, n):
+        seen.append((c, seed, n))
+        if c.endswith("x1"):      # A
+            if seed == 1007:
+                # 200: wide, holds 0.9 -> 400: upper end exactly 0.9 (still holds it: target <= hi) -> 800: the
+                # next doubling (1600) is past 8x: keep 800 whatever its interval
+                return {200: _res(182, n=200, ci=[0.85, 0.97]), 400: _res(356, n=400, ci=[0.85, 0.9]),
+                        800: _res(736, n=800, ci=[0.88, 0.96])}[n]
+            return _res(190, n=200, ci=[0.92, 0.98])          # 1008: all above 0.9: no doubling
+        # B at 6 req/s, seed 1007: interval 0.05 wide but all below 0.9 (hi < target): no doubling, fails;
+        # its second seed is never run
+        return _res(160, n=200, ci=[0.775, 0.825])
+    ex = _Script(answer)
+    plan, runner, one, two = _runner({"confirm_seeds": 2, "confirm_factor": 2, "confirm_max_factor": 8,
+                                      "ci_halfwidth": 0.02}, ex=ex)
+    a, b = runner.confirm([(one, 4.0), (two, 6.0)])
+    assert [(c[-2:], r, s, n, e) for c, r, s, n, e in ex.calls] == [
+        ("x1", 4.0, 1007, 200, None), ("x2", 6.0, 1007, 200, None), ("x1", 4.0, 1007, 400, None),
+        ("x1", 4.0, 1007, 800, None), ("x1", 4.0, 1008, 200, None)]
+    # A: 736 / 800 = 0.92 and 190 / 200 = 0.95 both pass; the worst seed (0.92) is reported, its interval,
+    # the largest window (8x), the seeds and every request simulated for the verdict kept (800 + 200)
+    want_a = {"passed": True, "attainment": 0.92, "ci": [0.88, 0.96], "early": None, "requests": 1000,
+              "factor": 8, "seeds": [1007, 1008], "ttft_ok": 736, "tpot_ok": 800, "n": 800, "ok": 736,
+              "ttft_p": 0.1, "tpot_p": 0.01}
+    want_b = {"passed": False, "attainment": 0.8, "ci": [0.775, 0.825], "early": None, "requests": 200,
+              "factor": 2, "seeds": [1007], "ttft_ok": 160, "tpot_ok": 200, "n": 200, "ok": 160,
+              "ttft_p": 0.1, "tpot_p": 0.01}
+    assert {k: a[k] for k in want_a} == want_a and {k: b[k] for k in want_b} == want_b
+    assert target == plan.spec.slo.attainment_target and CONFIRM_SEED_OFFSET == 1000
+
+
+@pytest.mark.parametrize("ci, doubles", [
+    # ci_halfwidth 1/32: narrow enough at a width of 2/32 = 0.0625 (values exact in binary)
+    ([0.875, 0.9375], False),   # 0.0625 wide: narrow enough
+    ([0.87, 0.94], True),       # 0.07 wide, holds 0.9
+    ([0.9, 0.97], False),       # lower end at the target: cannot fail on a longer run (ci[0] < target)
+    ([0.899, 0.97], True),
+    ([0.83, 0.9], True),        # upper end at the target: can still pass (target <= ci[1])
+    ([0.83, 0.899], False),     # all below: cannot pass
+    (None, False),              # too few requests for an interval
+])
+def test_runner_confirm_doubling_rule_at_its_edges(ci, doubles):
+    ex = _Script(lambda c, rate, seed, n: _res(int(0.9 * n), n=n, ci=ci))
+    plan, runner, one, two = _runner({"confirm_factor": 3, "confirm_max_factor": 6, "ci_halfwidth": 1 / 32},
+                                     ex=ex)
+    (r,) = runner.confirm([(one, 4.0)])
+    # 3x = 300 requests; doubling once reaches 6x = the maximum (allowed: 6 <= 6), never 12x
+    assert [n for _, _, _, n, _ in ex.calls] == ([300, 600] if doubles else [300])
+    assert r["factor"] == (6 if doubles else 3) and r["passed"] is True and r["seeds"] == [1007]
+
+
+def _rows(plan, goodputs, at_target=None):
+    """The rows run_plan hands to _confirm: each config measured (status ok) at the given goodput."""
+    rows = {}
+    for c, g in zip(plan.configs, goodputs):
+        rows[c.name] = {"config": c.name, "gpus": c.gpus, "usd_per_hour": c.usd_per_hour, "status": "ok",
+                        "goodput": g, "note": "", "bound_rate": c.bound_rate, "points": {}, "topology": c.topology}
+        if at_target is not None:
+            rows[c.name]["at_target"] = {"pass_att": 0.95, "early": None, "ttft_p": 0.2, "tpot_p": 0.02,
+                                         "passes": True}
+    return rows
+
+
+class _Confirmer:
+    """A runner whose long runs pass or fail by ``passes(config, rate)``; records each batch asked."""
+
+    def __init__(self, passes):
+        self.passes, self.batches, self.logged = passes, [], []
+
+    def log(self, msg):
+        self.logged.append(msg)
+
+    def confirm(self, cfg_rates):
+        self.batches.append([(c.name, r) for c, r in cfg_rates])
+        return [dict(_res(190 if self.passes(c.name, r) else 174, n=200, ci=[0.8, 0.88], ttft_p=0.61),
+                     passed=self.passes(c.name, r), attainment=0.95 if self.passes(c.name, r) else 0.87)
+                for c, r in cfg_rates]
+
+
+def _four(**over):
+    # four one-replica configs priced $1 ... $4/h (one device each: a config is named by its device)
+    search = {"devices": [{"name": d, "price_per_hour_usd": p}
+                          for d, p in (("l40s", 1.0), ("a100-80gb-sxm", 2.0), ("h100-sxm", 3.0), ("h200", 4.0))],
+              "colocated": {"replicas": [1]}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    return parse_plan(_raw(search, **over))
+
+
+def test_confirm_target_mode_demotes_a_failure_and_checks_the_next_cheapest():
+    # cheapest at 10 req/s, confirm_top 2: the two cheapest ($1, $2) are run long at the target rate; $1
+    # passes, $2 fails and is demoted ("fails long run"); the top two are then $1 (passed: not run again)
+    # and $3, which is run alone and passes; $4 is never run
+    plan = _four(target={"rate": 10}, goodput={"confirm_top": 2, "confirm_factor": 3, "min_duration_s": 20})
+    names = [c.name for c in plan.configs]
+    assert [c.usd_per_hour for c in plan.configs] == [1.0, 2.0, 3.0, 4.0]
+    rows = _rows(plan, [12.0, 11.0, 13.0, 14.0], at_target=True)
+    runner = _Confirmer(lambda c, r: c != names[1])
+    _confirm(plan, rows, runner)
+    assert runner.batches == [[(names[0], 10), (names[1], 10)], [(names[2], 10)]]
+    failed = rows[names[1]]
+    assert failed["status"] == "fails long run" and failed["long_run_failures"] == 1
+    # the note: the rate, the attainment with its interval, then which SLO misses (174 of 200 within TTFT)
+    assert failed["note"] == ("long run at 10 req/s: attainment 87.0% (95% CI 80.0%-88.0%) < target; "
+                              "TTFT: 87% within 0.5 s (p90 0.61 s)")
+    assert failed["long_run"]["rate"] == 10 and failed["long_run"]["passed"] is False
+    assert failed["goodput"] == 11.0                       # target mode: the goodput is not touched
+    for n in (names[0], names[2]):
+        assert rows[n]["status"] == "ok" and rows[n]["long_run"]["passed"] and "long_run_failures" not in rows[n]
+    assert "long_run" not in rows[names[3]]
+    # each batch is announced with its configs and windows: at 10 req/s the search window is 10 x 20 s =
+    # 200 requests (more than the workload's 100), 3x that for a long run
+    assert runner.logged[0] == (f"long runs: {names[0]}, {names[1]} (3x the search window, [600, 600] requests, "
+                                "fresh seeds)")
+    assert runner.logged[1].startswith(f"long runs: {names[2]} (") and len(runner.logged) == 2
+
+
+def test_confirm_goodput_mode_lowers_a_failed_goodput_by_the_tolerance_then_demotes():
+    # goodput per $/h, tolerance 0.1, confirm_top 1.  $1 at 10 req/s passes long runs only up to 8.5 req/s:
+    # 10 fails -> 9 (10 x 0.9) fails -> 8.1 passes.  $2 at 12 req/s (6 per $/h) stays below: never run.
+    plan = _four(goodput={"confirm_top": 1, "tolerance": 0.1, "min_duration_s": 0})
+    names = [c.name for c in plan.configs]
+    rows = _rows(plan, [10.0, 12.0, 3.0, 4.0])
+    runner = _Confirmer(lambda c, r: r <= 8.5)
+    _confirm(plan, rows, runner)
+    assert [[(c, round(r, 9)) for c, r in b] for b in runner.batches] == [[(names[0], 10.0)], [(names[0], 9.0)],
+                                                                          [(names[0], 8.1)]]
+    row = rows[names[0]]
+    assert row["goodput"] == pytest.approx(8.1) and row["status"] == "ok" and row["long_run_failures"] == 2
+    assert row["long_run"]["passed"] and row["long_run"]["rate"] == pytest.approx(8.1)
+    assert row["note"] == ("goodput lowered: long run at 10 req/s: attainment 87.0% (95% CI 80.0%-88.0%); "
+                           "goodput lowered: long run at 9 req/s: attainment 87.0% (95% CI 80.0%-88.0%)")
+    # lowered below the next config's ratio, the next one is checked instead: $2 at 15 req/s (7.5 per $/h);
+    # $1 failing every long run goes 10 -> 9 -> 8.1 -> 7.29 (below 7.5): $2 is first and checked (passes at
+    # 15), and with confirm_top 1 nothing else is: $1 keeps 7.29, still "ok" (not first, not demoted)
+    rows = _rows(plan, [10.0, 15.0, 3.0, 4.0])
+    runner = _Confirmer(lambda c, r: c != names[0])
+    _confirm(plan, rows, runner)
+    assert [[(c, round(r, 9)) for c, r in b] for b in runner.batches] == [
+        [(names[0], 10.0)], [(names[0], 9.0)], [(names[0], 8.1)], [(names[1], 15.0)]]
+    assert rows[names[0]]["goodput"] == pytest.approx(7.29) and rows[names[0]]["long_run_failures"] == 3
+    assert rows[names[0]]["status"] == "ok" and rows[names[1]]["long_run"]["passed"]
+
+
+def test_confirm_goodput_mode_demotes_after_max_confirm_steps_failures():
+    # one config that fails every long run: its goodput is lowered 4 times (10, 9, 8.1, 7.29, 6.561 tried),
+    # the 5th failure (> MAX_CONFIRM_STEPS) demotes it; nothing is left to confirm
+    plan = _four(goodput={"confirm_top": 3, "tolerance": 0.1, "min_duration_s": 0})
+    names = [c.name for c in plan.configs]
+    rows = _rows(plan, [10.0])
+    del plan.configs[1:]
+    runner = _Confirmer(lambda c, r: False)
+    _confirm(plan, rows, runner)
+    rates = [r for ((_, r),) in runner.batches]
+    assert rates == pytest.approx([10.0, 9.0, 8.1, 7.29, 6.561])
+    row = rows[names[0]]
+    assert row["status"] == "fails long run" and row["long_run_failures"] == 5
+    assert row["goodput"] == pytest.approx(6.561)          # the last lowering stays; the row no longer meets
+    assert MAX_CONFIRM_STEPS == 4
+    assert row["note"].startswith("long run at 6.56 req/s: attainment 87.0% (95% CI 80.0%-88.0%) < target; ")
+    # confirm_top 0: no long run at all
+    plan = _four(goodput={"confirm_top": 0})
+    runner = _Confirmer(lambda c, r: False)
+    rows = _rows(plan, [10.0, 9.0, 8.0, 7.0])
+    _confirm(plan, rows, runner)
+    assert runner.batches == [] and runner.logged == [] and all("long_run" not in r for r in rows.values())
+
+
+def test_plan_table_by_hand_through_a_scripted_executor():
+    # One and two batch-1 replicas of a constant 0.1 s step ($1 per GPU-hour), 8-token prompts, 1 output
+    # token: a request is one 0.1 s step, so the analytic bound is 10 req/s per replica.  The script says a
+    # search run passes up to 3.3 req/s on one replica and 7 on two (95% of the requests meet the SLO, else
+    # 50%; a failing one stops early with 60 of 100 settled).  Goodput per $/h, tolerance 5%, one seed, the
+    # best config run long (2x: 200 requests), where two replicas pass only up to 6.8 req/s.
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}], "colocated": {"replicas": [1, 2]},
+              "pool": {"max_running": 1, "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.1}}}
+    raw = _raw(search, workload={"arrival": "poisson", "num_requests": 100, "prompt_tokens": 8, "output_tokens": 1},
+               goodput={"min_duration_s": 0, "seeds": 1, "tolerance": 0.05, "confirm_top": 1, "confirm_factor": 2})
+    plan = parse_plan(raw)
+    x1, x2 = "colo-h100-sxm-tp1x1", "colo-h100-sxm-tp1x2"
+    assert [(c.name, c.bound_rate) for c in plan.configs] == [(x1, pytest.approx(10.0)), (x2, pytest.approx(20.0))]
+    cap = {x1: 3.3, x2: 7.0}
+
+    def answer(c, rate, seed, n):
+        if n == 200:              # a long run: to the end
+            return _res(190 if rate <= 6.8 else 100, n=200)
+        # a search run that fails stops early, 60 of its 100 requests settled
+        return _res(95, n=100) if rate <= cap[c] else _res(50, n=100, early="fail", settled=60)
+    ex = _Script(answer)
+    res = run_plan(plan, ex)
+    # the searches, by the rules of test_goodput_search_sequence_by_hand: half the bound, then down by 4
+    # after a failure, then bisection until the bracket is within 5% of its failing end
+    # one replica: 5 F, 1.25 P, 3.125 P, 4.0625 F, 3.59375 F, 3.359375 F, 3.2421875 P (0.117 <= 0.168): 3.2421875
+    # two: 10 F, 2.5 P, 6.25 P, 8.125 F, 7.1875 F, 6.71875 P, 6.953125 P (0.234 <= 0.359): 6.953125
+    search_calls = [(c, r) for c, r, s, n, e in ex.calls if n == 100]
+    assert [r for c, r in search_calls if c == x1] == [5.0, 1.25, 3.125, 4.0625, 3.59375, 3.359375, 3.2421875]
+    assert [r for c, r in search_calls if c == x2] == [10.0, 2.5, 6.25, 8.125, 7.1875, 6.71875, 6.953125]
+    assert {s for _, _, s, n, _ in ex.calls if n == 100} == {7}
+    # two replicas first (6.953125 / $2 = 3.48 per $/h > 3.24): long run at 6.953125 fails, the goodput is
+    # lowered 5% to 6.60546875 (3.30 per $/h, still first), which passes; seeds 1007
+    long = [(c, r, s) for c, r, s, n, e in ex.calls if n == 200]
+    assert long == [(x2, 6.953125, 1007), (x2, 6.953125 * 0.95, 1007)]
+    assert res["winner"] == x2 and res["simulations"] == 16 and res["cached"] == 0
+    two, one = res["rows"]
+    assert (two["config"], two["rank"], one["config"], one["rank"]) == (x2, 1, x1, 2)
+    assert (two["goodput"], two["bracket"], two["gpus"], two["usd_per_hour"]) == (6.953125 * 0.95, [6.953125, 7.1875],
+                                                                                 2, 2.0)
+    assert two["goodput_per_gpu"] == two["goodput_per_usd_hour"] == 6.953125 * 0.95 / 2
+    assert (one["goodput"], one["bracket"], one["goodput_per_usd_hour"]) == (3.2421875, [3.2421875, 3.359375],
+                                                                             3.2421875)
+    assert two["meets"] and one["meets"] and two["status"] == one["status"] == "ok"
+    assert two["long_run_attainment"] == 0.95 and one["long_run_attainment"] is None and two["margin"] is None
+    assert two["note"] == "goodput lowered: long run at 6.95 req/s: attainment 50.0%"
+    # both on the $/h-goodput frontier ($1: 3.24; $2: 6.6 > 3.24); points keyed by rate, their attainments
+    assert res["frontier"] == [x1, x2] and one["pareto"] and two["pareto"]
+    assert list(one["points"]) == ["1.25", "3.125", "3.24219", "3.35938", "3.59375", "4.0625", "5"]
+    assert one["points"]["5"] == {"attainment": 0.5, "worst_seed_attainment": 0.5, "ttft_p": 0.1, "tpot_p": 0.01,
+                                  "early_stop": "fail"}
+    assert one["points"]["1.25"]["worst_seed_attainment"] == 0.95 and one["points"]["1.25"]["early_stop"] is None
+    # 7 search runs failed (4 + 3), each stopped with 40 of its requests not simulated
+    assert res["skipped"] == {"pruned_by_bound": 0, "dominated": 0, "worst_seed": 0, "early_stop_pass": 0,
+                              "early_stop_fail": 7, "cached": 0, "requests_not_simulated": 7 * 40,
+                              "requests_total": 14 * 100 + 2 * 200}
+
+
+def test_runner_without_the_runs_own_verdict_judges_each_seed_by_the_attainment():
+    # a result without slo_met (the run's own SLO rule) is judged by its attainment against the target 0.9:
+    # the search's worst-seed rule drops 89% after seed 7; on the long runs (10x: 1000 requests) 90% passes,
+    # 89% fails (and its second seed is not run)
+    def bare(ok, n=100):
+        r = _res(ok, n=n)
+        del r["slo_met"]
+        return r
+    ex = _Script(lambda c, rate, seed, n: bare({4.0: 90, 5.0: 89}[rate] * n // 100, n))
+    plan, runner, one, two = _runner({"seeds": 2, "confirm_seeds": 2}, ex=ex)
+    a4, a5 = runner.run([(one, 4.0), (one, 5.0)])
+    assert [(r, s) for _, r, s, _, _ in ex.calls] == [(4.0, 7), (5.0, 7), (4.0, 8)]
+    assert (a4["all_met"], a4["pass_att"], a5["pass_att"]) == (None, 0.9, 0.89) and "passes" not in a4
+    ex.calls.clear()
+    p4, p5 = runner.confirm([(one, 4.0), (one, 5.0)])
+    assert [(r, s) for _, r, s, _, _ in ex.calls] == [(4.0, 1007), (5.0, 1007), (4.0, 1008)]
+    assert (p4["passed"], p4["seeds"], p5["passed"], p5["seeds"]) == (True, [1007, 1008], False, [1007])
+
+
+def test_runner_shows_a_progress_bar_of_its_simulations_on_a_terminal(monkeypatch):
+    # on a terminal (faked), the simulations of a batch tick a bar named "plan" counted in "sim", one tick
+    # per simulation, only for the tasks not cached; --quiet (progress False) makes no bar.  tqdm itself is
+    # replaced by a recorder (a real bar starts a monitor thread, which deadlocks mutmut's forked children).
+    import tqdm
+
+    import pdsim.progress
+    bars = []
+
+    class Recorder:
+        def __init__(self, total=None, desc=None, unit="it", **_):
+            self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def clear(self):
+            pass
+
+        def close(self):
+            pass
+    monkeypatch.setattr(tqdm, "tqdm", Recorder)
+    monkeypatch.setattr(pdsim.progress, "is_tty", lambda stream=None: True)
+    plan, runner, one, two = _runner(ex=_Script(lambda *a: _res(95)), progress=True)
+    runner._results([runner._task(one, r, 7) for r in (4.0, 5.0)])
+    assert [(b.desc, b.unit, b.total, b.n) for b in bars] == [("plan", "sim", 2, 2)]
+    plan, runner, one, two = _runner(ex=_Script(lambda *a: _res(95)), progress=False)
+    runner._results([runner._task(one, r, 7) for r in (4.0, 5.0)])
+    assert len(bars) == 1
+
+
+def test_two_device_choices_of_one_name_are_refused_not_merged():
+    # the same preset at two prices gave two configs of one name: run_plan's rows (a dict by name) kept one,
+    # so the $2/h config vanished from the table and its search mixed with the $3/h one's
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0},
+                          {"name": "h100-sxm", "price_per_hour_usd": 3.0}],
+              "colocated": {"replicas": [1]}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(search), "p.yaml")
+    assert str(e.value).startswith("p.yaml: search.devices: two configurations of the search space are both named "
+                                   "colo-h100-sxm-tp1x1")
+    # a decode device listed twice under one name: the same
+    search = {"devices": ["h100-sxm"], "disaggregated": {"decode_devices": ["a100-80gb-sxm",
+                                                                           {"name": "a100-80gb-sxm",
+                                                                            "price_per_hour_usd": 1.0}]},
+              "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    with pytest.raises(ConfigError, match="both named pd-h100-sxm-1p1-1d1-a100-80gb-sxm-infiniband"):
+        parse_plan(_raw(search))
+    # distinct device names: two configs
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}, "a100-80gb-sxm"],
+              "colocated": {"replicas": [1]}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    assert len(parse_plan(_raw(search)).configs) == 2
