@@ -304,12 +304,17 @@ def kv_cache_totals(topo) -> dict:
 def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
     out = {}
     for res in results:
-        d_all = d = df[df.topology == res.name]
+        # the frame itself when every row is this topology's (one topology, no warm-up): not a copy of it
+        mine = (df.topology == res.name).to_numpy()
+        d_all = d = df if mine.all() else df[mine]
         if "warmup" in d:
             # client.warmup_requests: counted in `requests`, left out of latency, SLO and throughput figures
-            d = d[~d.warmup.astype(bool)]
+            warm = d.warmup.astype(bool).to_numpy()
+            if warm.any():
+                d = d[~warm]
         topo = res.topology
-        fin = d[d.status == FINISHED]
+        # the finished rows of the columns read from them (not a copy of every column)
+        fin = d.loc[d.status == FINISHED, ["output_tokens", "tpot_s", "e2e_s", "kv_transfer_s"]]
         elapsed = res.sim_end_s           # 0 when every request was settled (rejected) at t = 0
         span = elapsed or 1.0             # a divisor only: with nothing elapsed the rates are 0 (nothing done)
         counts = {"total": len(d_all), "finished": int((d_all.status == FINISHED).sum()),
