@@ -138,7 +138,13 @@ def _commit(staged: Path, out: Path) -> None:
 
 
 def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = False,
-                  report: bool = True) -> dict:
+                  report: bool = True, release: bool = False) -> dict:
+    """Write requests.csv, timeseries.csv, summary.json (and report.html) into ``out``; returns the summary.
+
+    ``release=True`` (``pdsim run``, which needs the results no further): where nothing after the requests
+    frame reads the Request objects (``metrics.releasable``), they are dropped as their rows are built and
+    every ``results[i].requests`` is left empty; a million requests then never sit in memory as objects
+    and as a frame at once.  The files are the same either way."""
     out = Path(out)
     fresh = not out.exists()
     # Stage inside OUT when it exists (same file system, os.replace per file), else beside it and rename the
@@ -149,7 +155,7 @@ def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = 
     try:
         staged = staging / out.name
         staged.mkdir()
-        summary = _write_files(results, sc, staged, wall_s, progress, report)
+        summary = _write_files(results, sc, staged, wall_s, progress, report, release)
         if fresh and not out.exists():
             os.rename(staged, out)
         else:
@@ -160,8 +166,9 @@ def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = 
     return summary
 
 
-def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: bool) -> dict:
-    df = metrics.requests_frame(results, sc.client)
+def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: bool,
+                 release: bool = False) -> dict:
+    df = metrics.requests_frame(results, sc.client, release=release and metrics.releasable(results))
     write_csv(df, out / "requests.csv", "%.9g")
     ts = metrics.timeseries_frame(results)
     write_csv(ts, out / "timeseries.csv", "%.6g")
