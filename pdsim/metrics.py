@@ -173,8 +173,11 @@ def requests_frame(results, client=None, release: bool = False) -> pd.DataFrame:
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(fin & (streamed > 1), (finish - first) / np.maximum(streamed - 1, 1), np.nan)
             dq = np.where(np.isnan(dstart), np.nan, dstart - pend - kv_wait - kv_xfer)
+        # one str object n times (np.full(n, name, dtype=object) makes a new str per row: ~60 MB at 1 M)
+        topology = np.empty(n, object)
+        topology.fill(res.name)
         parts.append(pd.DataFrame({
-            "topology": np.full(n, res.name, dtype=object), "request_id": icols["id"],
+            "topology": topology, "request_id": icols["id"],
             "arrival_s": arrival, "prompt_tokens": icols["prompt_tokens"], "output_tokens": output, "status": status,
             "first_token_s": first, "finish_s": finish, "ttft_s": first - arrival + rtt, "tpot_s": tpot,
             "e2e_s": np.where(fin, finish - arrival + rtt, np.nan), "queue_s": pstart - arrival,
