@@ -69,7 +69,7 @@ MUTANTS: list[Mutant] = [
            (SEM + "test_rejected_and_abandoned_requests_stay_out_of_latency_statistics",),
            "an abandoned request (finish_s = when its client gave up) given an end-to-end latency"),
     Mutant("unfinished-only-unserved", "pdsim/metrics.py",
-           "fin = d[d.status == FINISHED]", "fin = d[d.status != UNFINISHED]",
+           "fin = d.loc[d.status == FINISHED, ", "fin = d.loc[d.status != UNFINISHED, ",
            (SEM + "test_rejected_and_abandoned_requests_stay_out_of_latency_statistics",),
            "rejected and abandoned requests counted as served in the summary's latency and throughput"),
     Mutant("percentile-slo-ignored", "pdsim/metrics.py",

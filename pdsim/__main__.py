@@ -154,7 +154,8 @@ def cmd_run(args) -> int:
         except InputError as exc:   # a key found bad once the run started: name the scenario file
             raise exc.in_file(args.scenario) from None
         wall = time.perf_counter() - t0
-        summary = write_outputs(results, sc, out, wall_s=wall, progress=not args.quiet, report=not args.no_report)
+        summary = write_outputs(results, sc, out, wall_s=wall, progress=not args.quiet, report=not args.no_report,
+                                release=True)
     if args.format == "json":
         print(json.dumps(summary["topologies"], indent=2))
     else:

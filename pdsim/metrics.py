@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -99,13 +100,37 @@ def warmup_mask(finish: np.ndarray, status: np.ndarray, n_warm: int) -> np.ndarr
     return out
 
 
-def requests_frame(results, client=None) -> pd.DataFrame:
+FRAME_CHUNK = 16_384   # requests turned into columns at a time (release=True drops their objects after each)
+_FLOAT_FIELDS = ("arrival_s", "first_token_s", "finish_s", "prefill_start_s", "prefill_end_s", "decode_start_s",
+                 "kv_wait_s", "kv_transfer_s")
+_INT_FIELDS = ("id", "prompt_tokens", "output_tokens", "preemptions", "recomputed_tokens", "fault_hits")
+_TEXT_FIELDS = ("status", "instance", "decode_instance", "reject_reason")
+
+
+def releasable(results) -> bool:
+    """Whether :func:`summarize` needs nothing from the request objects once the frame is built, so
+    ``requests_frame(..., release=True)`` may drop them: no token times recorded (``itl_summary``
+    reads them) and no prefix-cache pool (``prefix_summary`` reads each request's cached tokens)."""
+    for res in results:
+        if res.requests and res.requests[0].token_s is not None:
+            return False
+        if any(p.spec.prefix_on for p in res.topology.pools):
+            return False
+    return True
+
+
+def requests_frame(results, client=None, release: bool = False) -> pd.DataFrame:
     """One row per request per topology (REQUEST_COLUMNS), built column by column with numpy:
     no per-row Python tuples, so a million requests cost arrays, not objects.
 
     ``client`` (Scenario.client; default ClientSpec()) sets the client view: ``ttft_s``,
     ``tpot_s`` and ``e2e_s`` are what the benchmark client measures (first token it sees,
-    network RTT added); ``ttft_prefill_end_s`` keeps the server-side TTFT."""
+    network RTT added); ``ttft_prefill_end_s`` keeps the server-side TTFT.
+
+    The objects are read ``FRAME_CHUNK`` requests at a time.  ``release=True`` (only where
+    :func:`releasable`; ``output.write_outputs`` for ``pdsim run``): each chunk's Request objects are
+    dropped once read and every ``res.requests`` is left empty, so a million requests are never held
+    as objects and as columns at once."""
     if client is None:
         from .config import ClientSpec
         client = ClientSpec()
@@ -113,39 +138,62 @@ def requests_frame(results, client=None) -> pd.DataFrame:
     for res in results:
         rs = res.requests
         n = len(rs)
-
-        def col(attr, dtype=np.float64):
-            return np.fromiter((getattr(r, attr) for r in rs), dtype, n)
-
-        def obj(attr):
-            return np.array([getattr(r, attr) for r in rs], dtype=object)
-
-        arrival, first, finish = col("arrival_s"), col("first_token_s"), col("finish_s")
-        pstart, pend, dstart = col("prefill_start_s"), col("prefill_end_s"), col("decode_start_s")
-        kv_wait, kv_xfer = col("kv_wait_s"), col("kv_transfer_s")
-        prompt, output = col("prompt_tokens", np.int64), col("output_tokens", np.int64)
-        status = obj("status")
+        fcols = {a: np.empty(n, np.float64) for a in _FLOAT_FIELDS}
+        icols = {a: np.empty(n, np.int64) for a in _INT_FIELDS}
+        # text columns as lists until the objects are gone: np.empty(n, object) fills every row with None
+        # at once, 8 MB a column at 1 M requests before a single object has been dropped
+        tcols = {a: [] for a in _TEXT_FIELDS}
+        first, k0 = np.empty(n, np.float64), np.empty(n, np.int64)    # the client's first token, its index
+        itl_mean, itl_p99, itl_max = np.empty(n), np.empty(n), np.empty(n)
+        for lo in range(0, n, FRAME_CHUNK):
+            part = rs[lo:lo + FRAME_CHUNK]
+            m = len(part)
+            hi = lo + m
+            for a, c in fcols.items():
+                c[lo:hi] = np.fromiter(map(attrgetter(a), part), np.float64, m)
+            for a, c in icols.items():
+                c[lo:hi] = np.fromiter(map(attrgetter(a), part), np.int64, m)
+            for a, c in tcols.items():
+                c.extend(map(attrgetter(a), part))
+            # per request, so chunk by chunk gives the same values as all at once
+            first[lo:hi], k0[lo:hi] = client_first_token(part, fcols["first_token_s"][lo:hi], res.topology.kind,
+                                                         client)
+            itl_mean[lo:hi], itl_p99[lo:hi], itl_max[lo:hi] = itl_columns(part, k0[lo:hi])
+            del part
+            if release:
+                rs[lo:hi] = [None] * m
+        if release:
+            rs.clear()
+        tcols = {a: np.array(c, dtype=object) for a, c in tcols.items()}
+        arrival, server_first, finish = fcols["arrival_s"], fcols["first_token_s"], fcols["finish_s"]
+        pstart, pend, dstart = fcols["prefill_start_s"], fcols["prefill_end_s"], fcols["decode_start_s"]
+        kv_wait, kv_xfer = fcols["kv_wait_s"], fcols["kv_transfer_s"]
+        output = icols["output_tokens"]
+        status = tcols["status"]
         fin = status == FINISHED
-        server_first = first
-        first, k0 = client_first_token(rs, first, res.topology.kind, client)
         streamed = output - k0          # tokens the client receives
         rtt = client.network_rtt_s
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(fin & (streamed > 1), (finish - first) / np.maximum(streamed - 1, 1), np.nan)
             dq = np.where(np.isnan(dstart), np.nan, dstart - pend - kv_wait - kv_xfer)
-        itl_mean, itl_p99, itl_max = itl_columns(rs, k0)
+        # one str object n times (np.full(n, name, dtype=object) makes a new str per row: ~60 MB at 1 M)
+        topology = np.empty(n, object)
+        topology.fill(res.name)
         parts.append(pd.DataFrame({
-            "topology": np.full(n, res.name, dtype=object), "request_id": col("id", np.int64),
-            "arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "status": status,
+            "topology": topology, "request_id": icols["id"],
+            "arrival_s": arrival, "prompt_tokens": icols["prompt_tokens"], "output_tokens": output, "status": status,
             "first_token_s": first, "finish_s": finish, "ttft_s": first - arrival + rtt, "tpot_s": tpot,
             "e2e_s": np.where(fin, finish - arrival + rtt, np.nan), "queue_s": pstart - arrival,
             "prefill_s": pend - pstart, "kv_wait_s": kv_wait, "kv_transfer_s": kv_xfer, "decode_queue_s": dq,
-            "preemptions": col("preemptions", np.int64), "recomputed_tokens": col("recomputed_tokens", np.int64),
-            "instance": obj("instance"), "decode_instance": obj("decode_instance"),
-            "reject_reason": obj("reject_reason"), "fault_hits": col("fault_hits", np.int64),
+            "preemptions": icols["preemptions"], "recomputed_tokens": icols["recomputed_tokens"],
+            "instance": tcols["instance"], "decode_instance": tcols["decode_instance"],
+            "reject_reason": tcols["reject_reason"], "fault_hits": icols["fault_hits"],
             "ttft_prefill_end_s": server_first - arrival, "itl_mean_s": itl_mean, "itl_p99_s": itl_p99,
             "itl_max_s": itl_max, "warmup": warmup_mask(finish, status, client.warmup_requests)},
-            columns=REQUEST_COLUMNS))
+            # copy=False: the arrays become the columns as they are (the default copies every numeric
+            # column into one 2-D block per dtype, ~170 MB more at 1 M requests, for the time it takes)
+            columns=REQUEST_COLUMNS, copy=False))
+        del fcols, icols, tcols
     if not parts:
         return pd.DataFrame(columns=REQUEST_COLUMNS)
     return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
@@ -304,12 +352,17 @@ def kv_cache_totals(topo) -> dict:
 def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
     out = {}
     for res in results:
-        d_all = d = df[df.topology == res.name]
+        # the frame itself when every row is this topology's (one topology, no warm-up): not a copy of it
+        mine = (df.topology == res.name).to_numpy()
+        d_all = d = df if mine.all() else df[mine]
         if "warmup" in d:
             # client.warmup_requests: counted in `requests`, left out of latency, SLO and throughput figures
-            d = d[~d.warmup.astype(bool)]
+            warm = d.warmup.astype(bool).to_numpy()
+            if warm.any():
+                d = d[~warm]
         topo = res.topology
-        fin = d[d.status == FINISHED]
+        # the finished rows of the columns read from them (not a copy of every column)
+        fin = d.loc[d.status == FINISHED, ["output_tokens", "tpot_s", "e2e_s", "kv_transfer_s"]]
         elapsed = res.sim_end_s           # 0 when every request was settled (rejected) at t = 0
         span = elapsed or 1.0             # a divisor only: with nothing elapsed the rates are 0 (nothing done)
         counts = {"total": len(d_all), "finished": int((d_all.status == FINISHED).sum()),

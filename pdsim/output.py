@@ -138,7 +138,13 @@ def _commit(staged: Path, out: Path) -> None:
 
 
 def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = False,
-                  report: bool = True) -> dict:
+                  report: bool = True, release: bool = False) -> dict:
+    """Write requests.csv, timeseries.csv, summary.json (and report.html) into ``out``; returns the summary.
+
+    ``release=True`` (``pdsim run``, which needs the results no further): where nothing after the requests
+    frame reads the Request objects (``metrics.releasable``), they are dropped as their rows are built and
+    every ``results[i].requests`` is left empty; a million requests then never sit in memory as objects
+    and as a frame at once.  The files are the same either way."""
     out = Path(out)
     fresh = not out.exists()
     # Stage inside OUT when it exists (same file system, os.replace per file), else beside it and rename the
@@ -149,7 +155,7 @@ def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = 
     try:
         staged = staging / out.name
         staged.mkdir()
-        summary = _write_files(results, sc, staged, wall_s, progress, report)
+        summary = _write_files(results, sc, staged, wall_s, progress, report, release)
         if fresh and not out.exists():
             os.rename(staged, out)
         else:
@@ -160,8 +166,9 @@ def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = 
     return summary
 
 
-def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: bool) -> dict:
-    df = metrics.requests_frame(results, sc.client)
+def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: bool,
+                 release: bool = False) -> dict:
+    df = metrics.requests_frame(results, sc.client, release=release and metrics.releasable(results))
     write_csv(df, out / "requests.csv", "%.9g")
     ts = metrics.timeseries_frame(results)
     write_csv(ts, out / "timeseries.csv", "%.6g")
@@ -199,7 +206,7 @@ def _column_text(a, float_format: str) -> list[str]:
     return ["" if m else str(v) for v, m in zip(a.tolist(), isna(a).tolist())]
 
 
-CSV_CHUNK_ROWS = 65_536      # rows formatted at a time: a million-row requests.csv never holds all its text at once
+CSV_CHUNK_ROWS = 8_192       # rows formatted at a time (~13 MB of text): a big requests.csv never holds all its text
 
 
 def write_csv(df, path: Path, float_format: str, chunk_rows: int = CSV_CHUNK_ROWS) -> None:
@@ -210,13 +217,17 @@ def write_csv(df, path: Path, float_format: str, chunk_rows: int = CSV_CHUNK_ROW
     quoting, "\\n" line ends) joins them, about 4x faster (benchmarks/README.md).  ``chunk_rows`` rows at
     a time, so the text in memory is bounded (27 columns x 1 M rows would be ~27 M strings)."""
     header = [str(c) for c in df.columns]
-    arrays = [df[c].to_numpy() for c in df.columns]
-    text_cols = [a.dtype.kind == "O" for a in arrays]
+    # each chunk's slice is turned into numpy there: a text column (pandas' str dtype) made into Python
+    # strings all at once would be a million new str objects per column
+    series = [df[c] for c in df.columns]
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(header)
         for lo in range(0, len(df), chunk_rows):
-            cols = [_column_text(a[lo:lo + chunk_rows], float_format) for a in arrays]
+            arrays = [s.iloc[lo:lo + chunk_rows].to_numpy() for s in series]
+            text_cols = [a.dtype.kind == "O" for a in arrays]
+            cols = [_column_text(a, float_format) for a in arrays]
+            del arrays
             # no field that needs quoting (only text columns can hold , " or a line break): plain joins, the
             # bytes the csv module would write; else the csv module (minimal quoting, field by field)
             texts = set().union(*(col for col, t in zip(cols, text_cols) if t))

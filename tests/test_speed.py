@@ -168,3 +168,47 @@ def test_arrivals_that_only_queue_do_not_cut_the_window():
     # 30 requests through a batch of 2: a window ends at each finish (a queued request is then admitted),
     # so at most one window per request; arrivals that cut windows (the old behaviour) made it 45
     assert inst.windows <= 30, inst.windows
+
+
+def _disagg_sc(itl: str, seed: int = 2):
+    from pdsim import config
+    return config.parse({
+        "seed": seed, "model": "llama-3.1-8b",
+        "workload": {"arrival": "poisson", "rate": 40, "num_requests": 120,
+                     "prompt_tokens": {"dist": "lognormal", "mean": 400, "cv": 1.0},
+                     "output_tokens": {"dist": "uniform", "low": 1, "high": 60}},
+        "client": {"itl": itl, "warmup_requests": 5, "network_rtt_s": 0.002},
+        "topologies": {"pd": {"kind": "disaggregated", "prefill": {"instances": 1, "device": "h100-sxm"},
+                              "decode": {"instances": 1, "device": "h100-sxm"}, "kv_link": {"preset": "infiniband"}},
+                       "c": {"kind": "colocated", "replicas": 2, "device": "h100-sxm"}}}, "t.yaml")
+
+
+def test_requests_frame_chunk_by_chunk_equals_all_at_once(monkeypatch):
+    """The frame is read from the objects FRAME_CHUNK requests at a time; chunks of 7 (ITL columns, a PD
+    proxy's first token, warm-up, RTT) give the very same frame as one chunk."""
+    from pdsim.simulation import simulate
+    sc = _disagg_sc("on")
+    res = simulate(sc)
+    whole = metrics.requests_frame(res, sc.client)
+    assert whole.itl_mean_s.notna().any() and (whole.warmup.sum() == 10)
+    monkeypatch.setattr(metrics, "FRAME_CHUNK", 7)
+    pd.testing.assert_frame_equal(metrics.requests_frame(res, sc.client), whole, check_exact=True)
+
+
+@pytest.mark.parametrize("itl", ["off", "on"])
+def test_release_drops_the_requests_only_where_nothing_reads_them_after(tmp_path, monkeypatch, itl):
+    """write_outputs(release=True) (pdsim run): the same files and summary as without; the Request objects
+    are dropped only when releasable (no token times, no prefix pool), else left in place."""
+    from pdsim.output import write_outputs
+    from pdsim.simulation import simulate
+    monkeypatch.setattr(metrics, "FRAME_CHUNK", 16)
+    sc = _disagg_sc(itl)
+    kept, freed = simulate(sc), simulate(sc)
+    a = write_outputs(kept, sc, tmp_path / "a", report=False)
+    b = write_outputs(freed, sc, tmp_path / "b", report=False, release=True)
+    assert a == b
+    for name in ("requests.csv", "timeseries.csv", "summary.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert all(len(r.requests) == 120 for r in kept)
+    assert all(len(r.requests) == (0 if itl == "off" else 120) for r in freed)
+    assert metrics.releasable(kept) == (itl == "off")
