@@ -174,3 +174,108 @@ def test_prefix_cache_sizes_at_their_bounds_by_hand():
     with pytest.raises(config.ConfigError) as e:
         _stream(_colo(replicas=1, prefix_cache={"capacity_blocks": 101}), [(0.0, 10, 2)])
     assert e.value.key == "topologies.t.prefix_cache.capacity_blocks"
+
+
+def _stream_ids(topo, rows, faults=None):
+    """As ``_stream``, rows (arrival_s, prompt, output, hash ids) with 16-token hash blocks."""
+    sc = scenario({"t": topo})
+    if faults is not None:
+        sc = sc.model_copy(update={"faults": config.FaultsSpec(**faults)})
+    reqs = [Request(i, a, p, o, hash_ids=ids, hash_block_tokens=16) for i, (a, p, o, ids) in enumerate(rows)]
+    (name, spec), = sc.topologies.items()
+    return run_topology(sc, name, spec, reqs, resolve_model(sc), 0.1)
+
+
+def test_requests_lost_in_a_failure_bypass_the_queue_bound_by_hand():
+    # one replica, max_queue 2, batch up to 4, 0.1 s steps; three requests (prompt 10, output 2) at 0, 0.01, 0.02:
+    #   r0 runs from 0; r1 and r2 queue (0 and 1 waiting < 2).  replica-0 fails at 0.05 for 0.5 s: all three are
+    #   lost and wait in the backlog (3 > the bound of 2 x 1 instance: a lost request is not a new arrival, it is
+    #   never refused); at 0.55 all three go back to replica-0 (again past its queue bound of 2), one step
+    #   prefills the three (0.55 - 0.65), the next gives each its second token: all finish at 0.75
+    topo = {"kind": "colocated", "kv_blocks": 100, "max_running": 4, "max_queue": 2, "cost_model": CONST(0.1)}
+    res = _stream(topo, [(0.0, 10, 2), (0.01, 10, 2), (0.02, 10, 2)],
+                  faults={"instances": [{"at_s": 0.05, "instance": "replica-0", "down_s": 0.5}]})
+    assert [r.status for r in res.requests] == ["finished"] * 3
+    assert [r.finish_s for r in res.requests] == pytest.approx([0.75] * 3, abs=1e-9)
+    assert [r.fault_hits for r in res.requests] == [1, 1, 1]
+
+
+def test_a_prefill_copy_lost_on_the_wire_bypasses_the_backlog_bound_by_hand():
+    # prefill: linear 0.05 s + 1e-4 s per token, max_queue 1; 1 GB/s link, no latency; decode 0.01 s steps.
+    #   r0 (800 + 3) at 0: prefill 0 - 0.13, its KV on the wire 0.13 - 0.2348576 (800 x 131072 B / 1e9)
+    #   0.2: prefill-0 fails for 0.5 s; r1 (100 + 2) arrives at 0.21: backlog 0 < 1 x 1: it waits there
+    #   0.2348576: r0's copy is gone (recomputed 800, fault hit 1): back in the backlog past its bound (1 >= 1)
+    #   0.7: both to prefill-0 (r1 then r0, past the queue bound of 1); one step prefills 100 + 801 tokens
+    #        (0.05 + 0.0901 = 0.1401 s): 0.8401.  On the link r1 first: 13,107,200 B = 0.0131072 s, decode one
+    #        step: 0.8632072; r0 after it: 801 x 131072 = 104,988,672 B = 0.104988672 s, one step: 0.968195872
+    topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.05, "per_token_s": 1e-4}, "max_queue": 1},
+                kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 800, 3), (0.21, 100, 2)],
+                  faults={"instances": [{"at_s": 0.2, "instance": "prefill-0", "down_s": 0.5}]})
+    r0, r1 = res.requests
+    assert (r0.status, r1.status) == ("finished", "finished")
+    assert (r0.recomputed_tokens, r0.fault_hits, r1.fault_hits) == (800, 1, 0)
+    assert r1.finish_s == pytest.approx(0.8632072, abs=1e-9)
+    assert r0.finish_s == pytest.approx(0.968195872, abs=1e-9)
+
+
+def test_overlapping_link_outages_release_the_waiting_transfer_at_the_first_end_by_hand():
+    # prefill 0.05 s steps, decode 0.01 s, 1 GB/s link.  The link goes down at 0.02 for 0.5 s and again at 0.1
+    # for 0.5 s (the two overlap); r0 (100 + 2) is prefilled by 0.05 and its KV waits for the link.  The first
+    # outage's end (0.52) sets the link back to full speed (the latest call wins: ASSUMPTION of faults.py), the
+    # waiting transfer goes: 0.52 + 100 x 131072 / 1e9 = 0.5331072, one decode step: 0.5431072
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 2)], faults={"links": [{"at_s": 0.02, "duration_s": 0.5},
+                                                           {"at_s": 0.1, "duration_s": 0.5}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(0.5431072, abs=1e-9)
+    assert r.kv_wait_s == pytest.approx(0.47, abs=1e-9)
+
+
+def test_a_link_that_goes_down_twice_holds_each_transfer_until_it_is_back_by_hand():
+    # as above; outages 0.02 - 0.12 and 1.0 - 1.2.  r0 (100 + 2) at 0: prefilled at 0.05, on the wire at 0.12,
+    # 0.1331072, decode step 0.1431072.  r1 (100 + 2) at 1.0: prefilled at 1.05, waits for the link's second
+    # return (1.2): 1.2131072, 1.2231072.  (A link whose "restored" event stays triggered after the first
+    # outage would spin forever at 1.05: a mutant of KVLink.degrade hangs this test; mutmut times it out.)
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 2), (1.0, 100, 2)], faults={"links": [{"at_s": 0.02, "duration_s": 0.1},
+                                                                          {"at_s": 1.0, "duration_s": 0.2}]})
+    r0, r1 = res.requests
+    assert (r0.finish_s, r1.finish_s) == pytest.approx((0.1431072, 1.2231072), abs=1e-9)
+    assert (r0.kv_wait_s, r1.kv_wait_s) == pytest.approx((0.07, 0.15), abs=1e-9)
+
+
+@pytest.mark.parametrize("weight, b_on", [(0.0, "replica-1"), (1.0, "replica-0")])
+def test_kv_aware_reads_the_configured_overlap_weight_by_hand(weight, b_on):
+    # two replicas with prefix caching, 0.1 s steps.  A (64 + 20, ids 1-4) at 0 goes to replica-0 (a tie);
+    # after its first step replica-0 caches its 4 pages.  B (same 64-token prompt, output 2) at 0.15:
+    #   replica-0: weight x (64 - 48 cached: the hit stops below the last token, (64 - 1) // 16 = 3 blocks)
+    #              + A's outstanding tokens (at most 64 + 20 - 1 - 64 = 19);  replica-1: weight x 64 + 0.
+    #   weight 1 (the default): at most 16 + 19 = 35 < 64: replica-0.  weight 0: at least 1 (A still has tokens
+    #   to compute) > 0: replica-1.
+    ids = [1, 2, 3, 4]
+    topo = _colo(router="kv_aware", prefix_cache={"enabled": True},
+                 prefix_routing={"overlap_weight": weight})
+    res = _stream_ids(topo, [(0.0, 64, 20, ids), (0.15, 64, 2, ids)])
+    assert [r.instance for r in res.requests] == ["replica-0", b_on]
+
+
+@pytest.mark.parametrize("router", ["kv_aware", "prefix_aware"])
+def test_cache_aware_routers_ask_no_cache_of_a_pool_without_prefix_caching(router):
+    # requests carry hash ids but the pool caches no prefixes: every cached count is 0, the first (tied) replica
+    # takes the first request, the least loaded (replica-1, idle) the second at 0.05 while the first runs
+    topo = _colo(router=router)
+    res = _stream_ids(topo, [(0.0, 64, 2, [1, 2, 3, 4]), (0.05, 64, 2, [1, 2, 3, 4])])
+    assert [r.instance for r in res.requests] == ["replica-0", "replica-1"]
+    assert [r.finish_s for r in res.requests] == pytest.approx([0.2, 0.25], abs=1e-9)
+
+
+def test_prefix_cache_capacity_bounds_the_cached_blocks_by_hand():
+    # one replica, 100 blocks, cache capacity 2 blocks.  A request of 64 prompt tokens (ids 1-4: 4 one-block
+    # pages) + 2 out leaves its 4 prompt pages to the cache when it finishes; only 2 blocks may stay cached:
+    # 2 evictable blocks left, all 100 blocks free (evictable blocks count as free)
+    topo = _colo(replicas=1, prefix_cache={"enabled": True, "capacity_blocks": 2})
+    res = _stream_ids(topo, [(0.0, 64, 2, [1, 2, 3, 4])])
+    (inst,) = res.topology.instances
+    assert res.requests[0].status == "finished"
+    assert (inst.kv.lru_blocks, inst.kv.free_blocks) == (2, 100)
