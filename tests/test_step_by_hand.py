@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
 import simpy
 
 from pdsim.costmodel import ConstantCost
 from pdsim.instance import Instance
-from pdsim.kvcache import KVCache
+from pdsim.kvcache import KVCache, PrefixKVCache
 from pdsim.scheduler import Limits, SlidingStepPlan, chunked, fcfs, inflight
 from pdsim.workload import Request
 
@@ -182,6 +183,23 @@ def test_full_reservation_takes_the_whole_final_kv_at_admission():
         plan = policy([], deque([r]), kv, Limits(max_running=8, max_batched_tokens=100, reserve_full=True))
         assert [(x.id, n) for x, n in plan.items] == [(8, 16)], policy
         assert (r.blocks, kv.free_blocks) == (2, 0), policy
+
+
+@pytest.mark.parametrize("policy", [fcfs, chunked, inflight])
+def test_a_prefix_pool_never_evicts_a_request_already_in_the_step(policy):
+    # the prefix pool's own path (every running request goes through grow): 5 blocks of 4 tokens; A and B (no
+    # hash ids) hold 2 full blocks each (8 tokens computed, prompt 7 + 2 generated = 9 known) and need a third;
+    # one block is free.  A (oldest) takes it; B finds no victim outside the step (A is in it) and gives up its
+    # own 2 blocks: 8 tokens lost, 2 blocks free, B back in the queue
+    kv = PrefixKVCache(5, 4, 0.0)
+    a, b = Request(0, 0.0, 7, 100), Request(1, 1.0, 7, 100)
+    for r in (a, b):
+        r.computed, r.generated = 8, 2
+        assert kv.grow(r, 8)
+    running, waiting = [a, b], deque()
+    plan = policy(running, waiting, kv, Limits(max_running=8, max_batched_tokens=64))
+    assert [(r.id, n) for r, n in plan.items] == [(0, 1)] and plan.preempted == [b] and plan.lost_tokens == 8
+    assert (a.computed, a.blocks, b.blocks, kv.free_blocks) == (8, 3, 0, 2) and list(waiting) == [b]
 
 
 class _Sink:
