@@ -198,6 +198,48 @@ def test_requests_lost_in_a_failure_bypass_the_queue_bound_by_hand():
     assert [r.status for r in res.requests] == ["finished"] * 3
     assert [r.finish_s for r in res.requests] == pytest.approx([0.75] * 3, abs=1e-9)
     assert [r.fault_hits for r in res.requests] == [1, 1, 1]
+    assert res.topology.fault_log == [{"instance": "replica-0", "at_s": 0.05, "until_s": 0.55, "requests_lost": 3}]
+
+
+def test_arrivals_while_every_instance_is_down_wait_up_to_max_queue_per_instance_by_hand():
+    # two replicas, max_queue 1, both down 0 - 1.0 s: the backlog takes 1 x 2 instances = 2 arrivals (0.1, 0.2);
+    # the third (0.3) finds 2 waiting and is rejected with the reason below.  At 1.0 both come back; the two
+    # backlogged requests start at once (least outstanding: one on each replica), prompt then second token in
+    # two 0.1 s steps: both finish at 1.2
+    topo = {"kind": "colocated", "replicas": 2, "kv_blocks": 100, "max_queue": 1, "cost_model": CONST(0.1)}
+    res = _stream(topo, [(0.1, 10, 2), (0.2, 10, 2), (0.3, 10, 2)],
+                  faults={"instances": [{"at_s": 0.0, "instance": "replica-0", "down_s": 1.0},
+                                        {"at_s": 0.0, "instance": "replica-1", "down_s": 1.0}]})
+    r0, r1, r2 = res.requests
+    assert (r0.status, r1.status, r2.status) == ("finished", "finished", "rejected")
+    assert r2.finish_s == 0.3
+    assert r2.reject_reason == "admission: every replica instance is down and 2 requests wait (max_queue 1 per instance)"
+    assert (r0.finish_s, r1.finish_s) == pytest.approx((1.2, 1.2), abs=1e-9)
+    # one replica: its bound is 1 x 1; the second arrival is rejected
+    topo["replicas"] = 1
+    res = _stream(topo, [(0.1, 10, 2), (0.2, 10, 2)],
+                  faults={"instances": [{"at_s": 0.0, "instance": "replica-0", "down_s": 1.0}]})
+    assert [r.status for r in res.requests] == ["finished", "rejected"]
+    assert res.requests[1].reject_reason == ("admission: every replica instance is down and 1 requests wait "
+                                             "(max_queue 1 per instance)")
+
+
+def test_abandonment_from_the_queue_and_from_the_backlog_by_hand():
+    # one replica, batch 1, 0.1 s steps, clients give up 0.15 s after sending without a first token.
+    #   r0 (10 + 5) at 0: tokens at 0.1 .. 0.5: it has its first token at 0.15, so it stays: finishes 0.5
+    #   r1 (10 + 2) at 0: queued behind r0 (batch 1), no token at 0.15: abandoned then
+    #   and is out of the queue: r3 (10 + 2) at 0.48 runs next, 0.5 - 0.7 (first token at 0.6, before its 0.63)
+    #   replica-0 down 0.8 - 1.8; r2 (10 + 2) at 0.9 waits in the backlog: abandoned at 1.05, the backlog empty
+    topo = {"kind": "colocated", "kv_blocks": 100, "max_running": 1, "cost_model": CONST(0.1)}
+    res = _stream(topo, [(0.0, 10, 5), (0.0, 10, 2), (0.48, 10, 2), (0.9, 10, 2)], timeout_s=0.15,
+                  faults={"instances": [{"at_s": 0.8, "instance": "replica-0", "down_s": 1.0}]})
+    r0, r1, r3, r2 = res.requests
+    assert (r0.status, r1.status, r2.status, r3.status) == ("finished", "abandoned", "abandoned", "finished")
+    assert r3.token_s == pytest.approx([0.6, 0.7], abs=1e-9)
+    assert (r0.finish_s, r1.finish_s, r2.finish_s) == pytest.approx((0.5, 0.15, 1.05), abs=1e-9)
+    assert (r1.generated, r1.token_s, r0.token_s) == (0, [], pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5]))
+    (inst,) = res.topology.instances
+    assert res.topology.backlog == [] and len(inst.waiting) == 0
 
 
 def test_a_prefill_copy_lost_on_the_wire_bypasses_the_backlog_bound_by_hand():
