@@ -185,6 +185,15 @@ def test_full_reservation_takes_the_whole_final_kv_at_admission():
         assert (r.blocks, kv.free_blocks) == (2, 0), policy
 
 
+def test_a_preempted_request_readmitted_recomputes_its_generated_tokens_and_samples():
+    # P was preempted after 2 output tokens: back in the queue with 0 computed, it knows 10 + 2 = 12 tokens.
+    # Readmitted, it recomputes all 12 (work 12 x 6 = 72, read 12) and that step samples its third token
+    p = _req(9, 10, 5, generated=2)
+    _, _, kv = _batch()
+    plan = fcfs([], deque([p]), kv, Limits(max_running=8, max_batched_tokens=100))
+    assert [(r.id, n) for r, n in plan.items] == [(9, 12)] and _sums(plan) == (12, 72.0, 12, 1)
+
+
 @pytest.mark.parametrize("policy", [fcfs, chunked, inflight])
 def test_a_prefix_pool_never_evicts_a_request_already_in_the_step(policy):
     # the prefix pool's own path (every running request goes through grow): 5 blocks of 4 tokens; A and B (no
