@@ -65,6 +65,17 @@ def test_capacity_rejections_at_the_boundary_by_hand():
     assert r3.reject_reason == "kv_capacity: prompt+output needs 19 KV blocks, a decode instance has 18"
 
 
+def test_capacity_rejection_names_the_blocks_at_a_block_boundary_by_hand():
+    # the rejection text counts the blocks of prompt + output - 1 tokens: 100 + 61 - 1 = 160 = exactly 10 blocks
+    # of 16 (colocated, 9 usable); disaggregated decode: 100 + 221 - 1 = 320 = exactly 20 blocks (18 usable)
+    topo = {"kind": "colocated", "kv_blocks": 10, "watermark": 0.1, "cost_model": CONST(0.1)}
+    (r,) = _stream(topo, [(0.0, 100, 61)]).requests
+    assert r.reject_reason == "kv_capacity: prompt+output needs 10 KV blocks, an instance has 9"
+    topo = _dis(decode={"kv_blocks": 20, "watermark": 0.1})
+    (r,) = _stream(topo, [(0.0, 100, 221)]).requests
+    assert r.reject_reason == "kv_capacity: prompt+output needs 20 KV blocks, a decode instance has 18"
+
+
 def test_admission_queue_bound_by_hand():
     # one replica (instance "replica-0"), batch 1, max_queue 1, steps of 0.1 s; requests at 0, 0.01, 0.02, 0.03 (prompt 10, output 2):
     #   r0 starts at once (waiting empty); r1 queues (waiting 0 < 1); r2 finds 1 waiting >= 1: rejected;
