@@ -332,3 +332,65 @@ def test_prefix_cache_capacity_bounds_the_cached_blocks_by_hand():
     (inst,) = res.topology.instances
     assert res.requests[0].status == "finished"
     assert (inst.kv.lru_blocks, inst.kv.free_blocks) == (2, 100)
+
+
+def test_a_hand_off_waits_for_a_decode_instance_to_come_back_by_hand():
+    # decode-0 is down 0 - 0.5; r0 (100 + 2) is prefilled by 0.05 and waits with its KV on the prefill side.
+    # At 0.5 decode-0 is back and picked: 100 x 131072 B at 1 GB/s = 0.0131072 s, one decode step:
+    # 0.5 + 0.0131072 + 0.01 = 0.5231072; held 0.45 s on the prefill side
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 2)], faults={"instances": [{"at_s": 0.0, "instance": "decode-0", "down_s": 0.5}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(0.5231072, abs=1e-9)
+    assert r.kv_wait_s == pytest.approx(0.45, abs=1e-9) and r.decode_instance == "decode-0"
+
+
+def test_reservations_in_flight_count_toward_the_decode_batch_limit_by_hand():
+    # decode max_running 2; three requests (100 + 3) prefilled together by 0.05 (0.05 s steps); 1 GB/s link,
+    # 0.0131072 s per transfer.  r0 and r1 reserve (2 in flight = the limit), r2 waits for room:
+    #   r0 on the wire 0.05 - 0.0631072, decode steps end 0.0731072, 0.0831072 (r0 done: 3 tokens)
+    #   r1 on the wire to 0.0762144, joins at 0.0831072: tokens 0.0931072, 0.1031072
+    #   r2 reserves when r0 leaves (0.0831072), wire to 0.0962144, joins at 0.1031072: 0.1131072, 0.1231072
+    topo = _dis(decode={"max_running": 2}, kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 3)] * 3)
+    r0, r1, r2 = res.requests
+    assert [r.finish_s for r in res.requests] == pytest.approx([0.0831072, 0.1031072, 0.1231072], abs=1e-9)
+    assert r2.kv_wait_s == pytest.approx(0.0831072 - 0.05, abs=1e-9)
+
+
+def test_a_degraded_link_moves_kv_at_its_fraction_of_the_bandwidth_by_hand():
+    # the link at half speed 0 - 1 s: 100 x 131072 B / (1e9 x 0.5) = 0.0262144 s; finish 0.05 + 0.0262144 + 0.01
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 2)], faults={"links": [{"at_s": 0.0, "duration_s": 1.0,
+                                                            "bandwidth_fraction": 0.5}]})
+    (r,) = res.requests
+    assert r.kv_transfer_s == pytest.approx(0.0262144, abs=1e-12)
+    assert r.finish_s == pytest.approx(0.0862144, abs=1e-9)
+
+
+def test_a_decode_failure_mid_transfer_forgets_its_reservation_by_hand():
+    # decode max_running 1.  r0 (800 + 2): prefill 0 - 0.05, reserves decode-0 (1 of 1) and goes on the wire
+    # (800 x 131072 B = 0.1048576 s at 1 GB/s).  decode-0 fails at 0.1 (down 0.2): its reservation vanished with
+    # its memory.  The transfer ends at 0.1548576 into a dead instance: r0 waits for a decode instance; at 0.3
+    # decode-0 is back, with no reservation left (1 would block it for ever), takes r0 again:
+    # 0.3 + 0.1048576 + one step 0.01 = 0.4148576.  Two transfers on the link
+    topo = _dis(decode={"max_running": 1}, kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 800, 2)], faults={"instances": [{"at_s": 0.1, "instance": "decode-0", "down_s": 0.2}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(0.4148576, abs=1e-9)
+    (link,) = res.topology.links
+    assert link.transfers == 2
+    (d,) = res.topology.decode.instances
+    assert (d.reserved_count, d.reserved_blocks) == (0, 0)
+
+
+def test_requests_lost_on_decode_go_back_to_prefill_past_its_queue_bound_by_hand():
+    # prefill batch 1, max_queue 1 (0.05 s steps); decode 0.01 s steps; a link of ~0 s.
+    #   r0 (10 + 50) decodes from 0.05 (tokens every 0.01 s); r1 (10 + 2) at 0.2 prefills 0.2 - 0.25;
+    #   r2 (10 + 2) at 0.21 queues behind it (0 < 1).  decode-0 fails at 0.22 (down 0.1): r0's KV is gone;
+    #   it goes back to prefill although 1 request already waits there (a lost request is not an arrival)
+    topo = _dis(prefill={"max_running": 1, "max_queue": 1}, kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    res = _stream(topo, [(0.0, 10, 50), (0.2, 10, 2), (0.21, 10, 2)],
+                  faults={"instances": [{"at_s": 0.22, "instance": "decode-0", "down_s": 0.1}]})
+    assert [r.status for r in res.requests] == ["finished"] * 3
+    assert res.requests[0].fault_hits == 1
