@@ -394,3 +394,15 @@ def test_requests_lost_on_decode_go_back_to_prefill_past_its_queue_bound_by_hand
                   faults={"instances": [{"at_s": 0.22, "instance": "decode-0", "down_s": 0.1}]})
     assert [r.status for r in res.requests] == ["finished"] * 3
     assert res.requests[0].fault_hits == 1
+
+
+def test_full_reservation_on_a_prefix_caching_decode_pool_reserves_the_whole_sequence_by_hand():
+    # decode: 9 blocks, prefix caching, kv_reservation full.  Two requests (16 + 100) prefilled together by 0.05;
+    # a link of ~0 s.  r0 reserves its whole sequence, 16 + 100 - 1 = 115 tokens = 8 blocks, at the hand-off;
+    # r1 cannot (1 free) and waits until r0 finishes: 99 decode steps of 0.01 s each, 0.05 + 0.99 = 1.04 and
+    # 1.04 + 0.99 = 2.03 (reserving only the 16 transferred tokens, 1 block each, both would decode at once)
+    topo = _dis(decode={"kv_blocks": 9, "prefix_cache": {"enabled": True}, "kv_reservation": "full"},
+                kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    res = _stream(topo, [(0.0, 16, 100), (0.0, 16, 100)])
+    assert [r.finish_s for r in res.requests] == pytest.approx([1.04, 2.03], abs=1e-6)
+    assert [r.preemptions for r in res.requests] == [0, 0]
