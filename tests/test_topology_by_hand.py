@@ -406,3 +406,17 @@ def test_full_reservation_on_a_prefix_caching_decode_pool_reserves_the_whole_seq
     res = _stream(topo, [(0.0, 16, 100), (0.0, 16, 100)])
     assert [r.finish_s for r in res.requests] == pytest.approx([1.04, 2.03], abs=1e-6)
     assert [r.preemptions for r in res.requests] == [0, 0]
+
+
+def test_two_prefix_hits_admitted_in_one_step_leave_no_outstanding_tokens_by_hand():
+    # one replica with prefix caching, 0.1 s steps.  r0 (64 + 2, ids 1-4) runs 0 - 0.2 and caches its 4 pages.
+    # r1 and r2 (the same 64-token prompt, + 2) arrive at 0.15 and 0.16 and are admitted together at 0.2, each
+    # with a hit of (64 - 1) // 16 = 3 blocks = 48 tokens: the step computes 16 + 16 tokens; both finish at 0.4.
+    # The instance's outstanding tokens count both hits off (48 + 48): 0 left at the end
+    ids = [1, 2, 3, 4]
+    topo = _colo(replicas=1, prefix_cache={"enabled": True})
+    res = _stream_ids(topo, [(0.0, 64, 2, ids), (0.15, 64, 2, ids), (0.16, 64, 2, ids)])
+    assert [r.finish_s for r in res.requests] == pytest.approx([0.2, 0.4, 0.4], abs=1e-9)
+    (inst,) = res.topology.instances
+    assert (inst.outstanding_tokens, inst.decode_work) == (0, 0)
+    assert inst.kv.stats.gpu_hit_tokens == 96
