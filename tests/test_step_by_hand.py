@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
 import simpy
 
 from pdsim.costmodel import ConstantCost
 from pdsim.instance import Instance
-from pdsim.kvcache import KVCache
-from pdsim.scheduler import Limits, chunked, fcfs
+from pdsim.kvcache import KVCache, PrefixKVCache
+from pdsim.scheduler import Limits, SlidingStepPlan, chunked, fcfs, inflight
 from pdsim.workload import Request
 
 
@@ -117,6 +118,97 @@ def test_chunked_cuts_a_chunk_one_token_short_of_the_prompt_to_the_budget():
     plan = chunked([a, b], deque(), kv, Limits(max_running=8, max_batched_tokens=136))
     assert [(r.id, n) for r, n in plan.items] == [(1, 1), (2, 135)]
     assert _sums(plan) == (136, 12.5 + 17752.5, 13 + 199, 1)
+
+
+def test_inflight_admits_whole_prompts_after_the_decodes_while_they_fit():
+    # TRT-LLM in-flight batching: A decodes first (1 token: 12.5 work, 13 read, sampled), budget 100 - 1 = 99 left;
+    # C's whole prompt of 50 fits (work 50 x 25 = 1250, read 50, sampled its first token), 49 left; D's 60 does
+    # not fit and is not chunked: admission stops there.  C takes ceil(50 / 16) = 4 blocks of the 100 free
+    a, _, kv = _batch()
+    c, d = _req(3, 50, 5), _req(4, 60, 5)
+    running, waiting = [a], deque([c, d])
+    plan = inflight(running, waiting, kv, Limits(max_running=8, max_batched_tokens=100))
+    assert [(r.id, n) for r, n in plan.items] == [(1, 1), (3, 50)]
+    assert _sums(plan) == (51, 12.5 + 1250, 13 + 50, 2)
+    assert running == [a, c] and list(waiting) == [d] and (c.blocks, kv.free_blocks) == (4, 96)
+    # a budget of 2: A takes 1, the 1 token left still admits a one-token prompt (work 0.5, read 1, sampled)
+    a, _, kv = _batch()
+    e = _req(5, 1, 3)
+    plan = inflight([a], deque([e]), kv, Limits(max_running=8, max_batched_tokens=2))
+    assert [(r.id, n) for r, n in plan.items] == [(1, 1), (5, 1)] and _sums(plan) == (2, 13.0, 14, 2)
+
+
+def test_inflight_preempts_the_newest_decode_and_admits_nothing_that_step():
+    # a 3-block pool, all held: A (prompt 16, 1 out, 16 computed: its 17th token needs a 2nd block) and D
+    # (prompt 20, 1 out, 20 computed, 2 blocks).  A cannot grow: D, the newest, gives back its 2 blocks (20 tokens
+    # lost) and goes to the queue's front; A takes one (work 16.5, read 17, sampled), 1 block free; no admission
+    a = _req(1, 16, 4, generated=1, computed=16, blocks=1)
+    d = _req(4, 20, 4, generated=1, computed=20, blocks=2)
+    kv = KVCache(total_blocks=3, block_size=16)
+    kv.free_blocks = 0
+    c = _req(3, 5, 5)
+    running, waiting = [a, d], deque([c])
+    plan = inflight(running, waiting, kv, Limits(max_running=8, max_batched_tokens=100))
+    assert [(r.id, n) for r, n in plan.items] == [(1, 1)] and _sums(plan) == (1, 16.5, 17, 1)
+    assert plan.preempted == [d] and plan.lost_tokens == 20
+    assert running == [a] and list(waiting) == [d, c] and (a.blocks, d.blocks, kv.free_blocks) == (2, 0, 1)
+
+
+def test_inflight_runs_a_prompt_larger_than_the_budget_alone():
+    # nothing running: E's 200-token prompt exceeds the 100-token budget and runs whole, alone (work 200 x 100),
+    # F waits for the next step
+    _, _, kv = _batch()
+    e, f = _req(5, 200, 2), _req(6, 10, 2)
+    running, waiting = [], deque([e, f])
+    plan = inflight(running, waiting, kv, Limits(max_running=8, max_batched_tokens=100))
+    assert [(r.id, n) for r, n in plan.items] == [(5, 200)] and _sums(plan) == (200, 20000.0, 200, 1)
+    assert running == [e] and list(waiting) == [f]
+
+
+def test_inflight_step_of_a_sliding_window_model_sums_the_window_by_hand():
+    # window W = 4, a 6-token prompt from c = 0: positions 1..6, min(p, 4) = 1, 2, 3, 4, 4, 4: sum 18, work
+    # 18 - 6 / 2 = 15; the sliding layers read min(6, 6 + 4 - 1) = 6 KV tokens
+    _, _, kv = _batch()
+    plan = inflight([], deque([_req(7, 6, 2)]), kv, Limits(max_running=8, max_batched_tokens=100, window=4))
+    assert isinstance(plan, SlidingStepPlan) and plan.swa == (15.0, 6)
+    assert _sums(plan) == (6, 18.0, 6, 1)
+
+
+def test_full_reservation_takes_the_whole_final_kv_at_admission():
+    # kv_reservation full: a request's KV at the end is prompt + output - 1 = 16 + 2 - 1 = 17 tokens (the last
+    # token is never cached) = 2 blocks of 16, taken at admission from a 2-block pool; one block more, none left
+    for policy in (fcfs, chunked, inflight):
+        kv = KVCache(total_blocks=2, block_size=16)
+        r = _req(8, 16, 2)
+        plan = policy([], deque([r]), kv, Limits(max_running=8, max_batched_tokens=100, reserve_full=True))
+        assert [(x.id, n) for x, n in plan.items] == [(8, 16)], policy
+        assert (r.blocks, kv.free_blocks) == (2, 0), policy
+
+
+def test_a_preempted_request_readmitted_recomputes_its_generated_tokens_and_samples():
+    # P was preempted after 2 output tokens: back in the queue with 0 computed, it knows 10 + 2 = 12 tokens.
+    # Readmitted, it recomputes all 12 (work 12 x 6 = 72, read 12) and that step samples its third token
+    p = _req(9, 10, 5, generated=2)
+    _, _, kv = _batch()
+    plan = fcfs([], deque([p]), kv, Limits(max_running=8, max_batched_tokens=100))
+    assert [(r.id, n) for r, n in plan.items] == [(9, 12)] and _sums(plan) == (12, 72.0, 12, 1)
+
+
+@pytest.mark.parametrize("policy", [fcfs, chunked, inflight])
+def test_a_prefix_pool_never_evicts_a_request_already_in_the_step(policy):
+    # the prefix pool's own path (every running request goes through grow): 5 blocks of 4 tokens; A and B (no
+    # hash ids) hold 2 full blocks each (8 tokens computed, prompt 7 + 2 generated = 9 known) and need a third;
+    # one block is free.  A (oldest) takes it; B finds no victim outside the step (A is in it) and gives up its
+    # own 2 blocks: 8 tokens lost, 2 blocks free, B back in the queue
+    kv = PrefixKVCache(5, 4, 0.0)
+    a, b = Request(0, 0.0, 7, 100), Request(1, 1.0, 7, 100)
+    for r in (a, b):
+        r.computed, r.generated = 8, 2
+        assert kv.grow(r, 8)
+    running, waiting = [a, b], deque()
+    plan = policy(running, waiting, kv, Limits(max_running=8, max_batched_tokens=64))
+    assert [(r.id, n) for r, n in plan.items] == [(0, 1)] and plan.preempted == [b] and plan.lost_tokens == 8
+    assert (a.computed, a.blocks, b.blocks, kv.free_blocks) == (8, 3, 0, 2) and list(waiting) == [b]
 
 
 class _Sink:

@@ -65,6 +65,17 @@ def test_capacity_rejections_at_the_boundary_by_hand():
     assert r3.reject_reason == "kv_capacity: prompt+output needs 19 KV blocks, a decode instance has 18"
 
 
+def test_capacity_rejection_names_the_blocks_at_a_block_boundary_by_hand():
+    # the rejection text counts the blocks of prompt + output - 1 tokens: 100 + 61 - 1 = 160 = exactly 10 blocks
+    # of 16 (colocated, 9 usable); disaggregated decode: 100 + 221 - 1 = 320 = exactly 20 blocks (18 usable)
+    topo = {"kind": "colocated", "kv_blocks": 10, "watermark": 0.1, "cost_model": CONST(0.1)}
+    (r,) = _stream(topo, [(0.0, 100, 61)]).requests
+    assert r.reject_reason == "kv_capacity: prompt+output needs 10 KV blocks, an instance has 9"
+    topo = _dis(decode={"kv_blocks": 20, "watermark": 0.1})
+    (r,) = _stream(topo, [(0.0, 100, 221)]).requests
+    assert r.reject_reason == "kv_capacity: prompt+output needs 20 KV blocks, a decode instance has 18"
+
+
 def test_admission_queue_bound_by_hand():
     # one replica (instance "replica-0"), batch 1, max_queue 1, steps of 0.1 s; requests at 0, 0.01, 0.02, 0.03 (prompt 10, output 2):
     #   r0 starts at once (waiting empty); r1 queues (waiting 0 < 1); r2 finds 1 waiting >= 1: rejected;
@@ -174,3 +185,238 @@ def test_prefix_cache_sizes_at_their_bounds_by_hand():
     with pytest.raises(config.ConfigError) as e:
         _stream(_colo(replicas=1, prefix_cache={"capacity_blocks": 101}), [(0.0, 10, 2)])
     assert e.value.key == "topologies.t.prefix_cache.capacity_blocks"
+
+
+def _stream_ids(topo, rows, faults=None):
+    """As ``_stream``, rows (arrival_s, prompt, output, hash ids) with 16-token hash blocks."""
+    sc = scenario({"t": topo})
+    if faults is not None:
+        sc = sc.model_copy(update={"faults": config.FaultsSpec(**faults)})
+    reqs = [Request(i, a, p, o, hash_ids=ids, hash_block_tokens=16) for i, (a, p, o, ids) in enumerate(rows)]
+    (name, spec), = sc.topologies.items()
+    return run_topology(sc, name, spec, reqs, resolve_model(sc), 0.1)
+
+
+def test_requests_lost_in_a_failure_bypass_the_queue_bound_by_hand():
+    # one replica, max_queue 2, batch up to 4, 0.1 s steps; three requests (prompt 10, output 2) at 0, 0.01, 0.02:
+    #   r0 runs from 0; r1 and r2 queue (0 and 1 waiting < 2).  replica-0 fails at 0.05 for 0.5 s: all three are
+    #   lost and wait in the backlog (3 > the bound of 2 x 1 instance: a lost request is not a new arrival, it is
+    #   never refused); at 0.55 all three go back to replica-0 (again past its queue bound of 2), one step
+    #   prefills the three (0.55 - 0.65), the next gives each its second token: all finish at 0.75
+    topo = {"kind": "colocated", "kv_blocks": 100, "max_running": 4, "max_queue": 2, "cost_model": CONST(0.1)}
+    res = _stream(topo, [(0.0, 10, 2), (0.01, 10, 2), (0.02, 10, 2)],
+                  faults={"instances": [{"at_s": 0.05, "instance": "replica-0", "down_s": 0.5}]})
+    assert [r.status for r in res.requests] == ["finished"] * 3
+    assert [r.finish_s for r in res.requests] == pytest.approx([0.75] * 3, abs=1e-9)
+    assert [r.fault_hits for r in res.requests] == [1, 1, 1]
+    assert res.topology.fault_log == [{"instance": "replica-0", "at_s": 0.05, "until_s": 0.55, "requests_lost": 3}]
+
+
+def test_arrivals_while_every_instance_is_down_wait_up_to_max_queue_per_instance_by_hand():
+    # two replicas, max_queue 1, both down 0 - 1.0 s: the backlog takes 1 x 2 instances = 2 arrivals (0.1, 0.2);
+    # the third (0.3) finds 2 waiting and is rejected with the reason below.  At 1.0 both come back; the two
+    # backlogged requests start at once (least outstanding: one on each replica), prompt then second token in
+    # two 0.1 s steps: both finish at 1.2
+    topo = {"kind": "colocated", "replicas": 2, "kv_blocks": 100, "max_queue": 1, "cost_model": CONST(0.1)}
+    res = _stream(topo, [(0.1, 10, 2), (0.2, 10, 2), (0.3, 10, 2)],
+                  faults={"instances": [{"at_s": 0.0, "instance": "replica-0", "down_s": 1.0},
+                                        {"at_s": 0.0, "instance": "replica-1", "down_s": 1.0}]})
+    r0, r1, r2 = res.requests
+    assert (r0.status, r1.status, r2.status) == ("finished", "finished", "rejected")
+    assert r2.finish_s == 0.3
+    assert r2.reject_reason == "admission: every replica instance is down and 2 requests wait (max_queue 1 per instance)"
+    assert (r0.finish_s, r1.finish_s) == pytest.approx((1.2, 1.2), abs=1e-9)
+    # one replica: its bound is 1 x 1; the second arrival is rejected
+    topo["replicas"] = 1
+    res = _stream(topo, [(0.1, 10, 2), (0.2, 10, 2)],
+                  faults={"instances": [{"at_s": 0.0, "instance": "replica-0", "down_s": 1.0}]})
+    assert [r.status for r in res.requests] == ["finished", "rejected"]
+    assert res.requests[1].reject_reason == ("admission: every replica instance is down and 1 requests wait "
+                                             "(max_queue 1 per instance)")
+
+
+def test_abandonment_from_the_queue_and_from_the_backlog_by_hand():
+    # one replica, batch 1, 0.1 s steps, clients give up 0.15 s after sending without a first token.
+    #   r0 (10 + 5) at 0: tokens at 0.1 .. 0.5: it has its first token at 0.15, so it stays: finishes 0.5
+    #   r1 (10 + 2) at 0: queued behind r0 (batch 1), no token at 0.15: abandoned then
+    #   and is out of the queue: r3 (10 + 2) at 0.48 runs next, 0.5 - 0.7 (first token at 0.6, before its 0.63)
+    #   replica-0 down 0.8 - 1.8; r2 (10 + 2) at 0.9 waits in the backlog: abandoned at 1.05, the backlog empty
+    topo = {"kind": "colocated", "kv_blocks": 100, "max_running": 1, "cost_model": CONST(0.1)}
+    res = _stream(topo, [(0.0, 10, 5), (0.0, 10, 2), (0.48, 10, 2), (0.9, 10, 2)], timeout_s=0.15,
+                  faults={"instances": [{"at_s": 0.8, "instance": "replica-0", "down_s": 1.0}]})
+    r0, r1, r3, r2 = res.requests
+    assert (r0.status, r1.status, r2.status, r3.status) == ("finished", "abandoned", "abandoned", "finished")
+    assert r3.token_s == pytest.approx([0.6, 0.7], abs=1e-9)
+    assert (r0.finish_s, r1.finish_s, r2.finish_s) == pytest.approx((0.5, 0.15, 1.05), abs=1e-9)
+    assert (r1.generated, r1.token_s, r0.token_s) == (0, [], pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5]))
+    (inst,) = res.topology.instances
+    assert res.topology.backlog == [] and len(inst.waiting) == 0
+
+
+def test_a_prefill_copy_lost_on_the_wire_bypasses_the_backlog_bound_by_hand():
+    # prefill: linear 0.05 s + 1e-4 s per token, max_queue 1; 1 GB/s link, no latency; decode 0.01 s steps.
+    #   r0 (800 + 3) at 0: prefill 0 - 0.13, its KV on the wire 0.13 - 0.2348576 (800 x 131072 B / 1e9)
+    #   0.2: prefill-0 fails for 0.5 s; r1 (100 + 2) arrives at 0.21: backlog 0 < 1 x 1: it waits there
+    #   0.2348576: r0's copy is gone (recomputed 800, fault hit 1): back in the backlog past its bound (1 >= 1)
+    #   0.7: both to prefill-0 (r1 then r0, past the queue bound of 1); one step prefills 100 + 801 tokens
+    #        (0.05 + 0.0901 = 0.1401 s): 0.8401.  On the link r1 first: 13,107,200 B = 0.0131072 s, decode one
+    #        step: 0.8632072; r0 after it: 801 x 131072 = 104,988,672 B = 0.104988672 s, one step: 0.968195872
+    topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.05, "per_token_s": 1e-4}, "max_queue": 1},
+                kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 800, 3), (0.21, 100, 2)],
+                  faults={"instances": [{"at_s": 0.2, "instance": "prefill-0", "down_s": 0.5}]})
+    r0, r1 = res.requests
+    assert (r0.status, r1.status) == ("finished", "finished")
+    assert (r0.recomputed_tokens, r0.fault_hits, r1.fault_hits) == (800, 1, 0)
+    assert r1.finish_s == pytest.approx(0.8632072, abs=1e-9)
+    assert r0.finish_s == pytest.approx(0.968195872, abs=1e-9)
+
+
+def test_overlapping_link_outages_release_the_waiting_transfer_at_the_first_end_by_hand():
+    # prefill 0.05 s steps, decode 0.01 s, 1 GB/s link.  The link goes down at 0.02 for 0.5 s and again at 0.1
+    # for 0.5 s (the two overlap); r0 (100 + 2) is prefilled by 0.05 and its KV waits for the link.  The first
+    # outage's end (0.52) sets the link back to full speed (the latest call wins: ASSUMPTION of faults.py), the
+    # waiting transfer goes: 0.52 + 100 x 131072 / 1e9 = 0.5331072, one decode step: 0.5431072
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 2)], faults={"links": [{"at_s": 0.02, "duration_s": 0.5},
+                                                           {"at_s": 0.1, "duration_s": 0.5}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(0.5431072, abs=1e-9)
+    assert r.kv_wait_s == pytest.approx(0.47, abs=1e-9)
+
+
+def test_a_link_that_goes_down_twice_holds_each_transfer_until_it_is_back_by_hand():
+    # as above; outages 0.02 - 0.12 and 1.0 - 1.2.  r0 (100 + 2) at 0: prefilled at 0.05, on the wire at 0.12,
+    # 0.1331072, decode step 0.1431072.  r1 (100 + 2) at 1.0: prefilled at 1.05, waits for the link's second
+    # return (1.2): 1.2131072, 1.2231072.  (A link whose "restored" event stays triggered after the first
+    # outage would spin forever at 1.05: a mutant of KVLink.degrade hangs this test; mutmut times it out.)
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 2), (1.0, 100, 2)], faults={"links": [{"at_s": 0.02, "duration_s": 0.1},
+                                                                          {"at_s": 1.0, "duration_s": 0.2}]})
+    r0, r1 = res.requests
+    assert (r0.finish_s, r1.finish_s) == pytest.approx((0.1431072, 1.2231072), abs=1e-9)
+    assert (r0.kv_wait_s, r1.kv_wait_s) == pytest.approx((0.07, 0.15), abs=1e-9)
+
+
+@pytest.mark.parametrize("weight, b_on", [(0.0, "replica-1"), (1.0, "replica-0")])
+def test_kv_aware_reads_the_configured_overlap_weight_by_hand(weight, b_on):
+    # two replicas with prefix caching, 0.1 s steps.  A (64 + 20, ids 1-4) at 0 goes to replica-0 (a tie);
+    # after its first step replica-0 caches its 4 pages.  B (same 64-token prompt, output 2) at 0.15:
+    #   replica-0: weight x (64 - 48 cached: the hit stops below the last token, (64 - 1) // 16 = 3 blocks)
+    #              + A's outstanding tokens (at most 64 + 20 - 1 - 64 = 19);  replica-1: weight x 64 + 0.
+    #   weight 1 (the default): at most 16 + 19 = 35 < 64: replica-0.  weight 0: at least 1 (A still has tokens
+    #   to compute) > 0: replica-1.
+    ids = [1, 2, 3, 4]
+    topo = _colo(router="kv_aware", prefix_cache={"enabled": True},
+                 prefix_routing={"overlap_weight": weight})
+    res = _stream_ids(topo, [(0.0, 64, 20, ids), (0.15, 64, 2, ids)])
+    assert [r.instance for r in res.requests] == ["replica-0", b_on]
+
+
+@pytest.mark.parametrize("router", ["kv_aware", "prefix_aware"])
+def test_cache_aware_routers_ask_no_cache_of_a_pool_without_prefix_caching(router):
+    # requests carry hash ids but the pool caches no prefixes: every cached count is 0, the first (tied) replica
+    # takes the first request, the least loaded (replica-1, idle) the second at 0.05 while the first runs
+    topo = _colo(router=router)
+    res = _stream_ids(topo, [(0.0, 64, 2, [1, 2, 3, 4]), (0.05, 64, 2, [1, 2, 3, 4])])
+    assert [r.instance for r in res.requests] == ["replica-0", "replica-1"]
+    assert [r.finish_s for r in res.requests] == pytest.approx([0.2, 0.25], abs=1e-9)
+
+
+def test_prefix_cache_capacity_bounds_the_cached_blocks_by_hand():
+    # one replica, 100 blocks, cache capacity 2 blocks.  A request of 64 prompt tokens (ids 1-4: 4 one-block
+    # pages) + 2 out leaves its 4 prompt pages to the cache when it finishes; only 2 blocks may stay cached:
+    # 2 evictable blocks left, all 100 blocks free (evictable blocks count as free)
+    topo = _colo(replicas=1, prefix_cache={"enabled": True, "capacity_blocks": 2})
+    res = _stream_ids(topo, [(0.0, 64, 2, [1, 2, 3, 4])])
+    (inst,) = res.topology.instances
+    assert res.requests[0].status == "finished"
+    assert (inst.kv.lru_blocks, inst.kv.free_blocks) == (2, 100)
+
+
+def test_a_hand_off_waits_for_a_decode_instance_to_come_back_by_hand():
+    # decode-0 is down 0 - 0.5; r0 (100 + 2) is prefilled by 0.05 and waits with its KV on the prefill side.
+    # At 0.5 decode-0 is back and picked: 100 x 131072 B at 1 GB/s = 0.0131072 s, one decode step:
+    # 0.5 + 0.0131072 + 0.01 = 0.5231072; held 0.45 s on the prefill side
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 2)], faults={"instances": [{"at_s": 0.0, "instance": "decode-0", "down_s": 0.5}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(0.5231072, abs=1e-9)
+    assert r.kv_wait_s == pytest.approx(0.45, abs=1e-9) and r.decode_instance == "decode-0"
+
+
+def test_reservations_in_flight_count_toward_the_decode_batch_limit_by_hand():
+    # decode max_running 2; three requests (100 + 3) prefilled together by 0.05 (0.05 s steps); 1 GB/s link,
+    # 0.0131072 s per transfer.  r0 and r1 reserve (2 in flight = the limit), r2 waits for room:
+    #   r0 on the wire 0.05 - 0.0631072, decode steps end 0.0731072, 0.0831072 (r0 done: 3 tokens)
+    #   r1 on the wire to 0.0762144, joins at 0.0831072: tokens 0.0931072, 0.1031072
+    #   r2 reserves when r0 leaves (0.0831072), wire to 0.0962144, joins at 0.1031072: 0.1131072, 0.1231072
+    topo = _dis(decode={"max_running": 2}, kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 3)] * 3)
+    r0, r1, r2 = res.requests
+    assert [r.finish_s for r in res.requests] == pytest.approx([0.0831072, 0.1031072, 0.1231072], abs=1e-9)
+    assert r2.kv_wait_s == pytest.approx(0.0831072 - 0.05, abs=1e-9)
+
+
+def test_a_degraded_link_moves_kv_at_its_fraction_of_the_bandwidth_by_hand():
+    # the link at half speed 0 - 1 s: 100 x 131072 B / (1e9 x 0.5) = 0.0262144 s; finish 0.05 + 0.0262144 + 0.01
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 2)], faults={"links": [{"at_s": 0.0, "duration_s": 1.0,
+                                                            "bandwidth_fraction": 0.5}]})
+    (r,) = res.requests
+    assert r.kv_transfer_s == pytest.approx(0.0262144, abs=1e-12)
+    assert r.finish_s == pytest.approx(0.0862144, abs=1e-9)
+
+
+def test_a_decode_failure_mid_transfer_forgets_its_reservation_by_hand():
+    # decode max_running 1.  r0 (800 + 2): prefill 0 - 0.05, reserves decode-0 (1 of 1) and goes on the wire
+    # (800 x 131072 B = 0.1048576 s at 1 GB/s).  decode-0 fails at 0.1 (down 0.2): its reservation vanished with
+    # its memory.  The transfer ends at 0.1548576 into a dead instance: r0 waits for a decode instance; at 0.3
+    # decode-0 is back, with no reservation left (1 would block it for ever), takes r0 again:
+    # 0.3 + 0.1048576 + one step 0.01 = 0.4148576.  Two transfers on the link
+    topo = _dis(decode={"max_running": 1}, kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 800, 2)], faults={"instances": [{"at_s": 0.1, "instance": "decode-0", "down_s": 0.2}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(0.4148576, abs=1e-9)
+    (link,) = res.topology.links
+    assert link.transfers == 2
+    (d,) = res.topology.decode.instances
+    assert (d.reserved_count, d.reserved_blocks) == (0, 0)
+
+
+def test_requests_lost_on_decode_go_back_to_prefill_past_its_queue_bound_by_hand():
+    # prefill batch 1, max_queue 1 (0.05 s steps); decode 0.01 s steps; a link of ~0 s.
+    #   r0 (10 + 50) decodes from 0.05 (tokens every 0.01 s); r1 (10 + 2) at 0.2 prefills 0.2 - 0.25;
+    #   r2 (10 + 2) at 0.21 queues behind it (0 < 1).  decode-0 fails at 0.22 (down 0.1): r0's KV is gone;
+    #   it goes back to prefill although 1 request already waits there (a lost request is not an arrival)
+    topo = _dis(prefill={"max_running": 1, "max_queue": 1}, kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    res = _stream(topo, [(0.0, 10, 50), (0.2, 10, 2), (0.21, 10, 2)],
+                  faults={"instances": [{"at_s": 0.22, "instance": "decode-0", "down_s": 0.1}]})
+    assert [r.status for r in res.requests] == ["finished"] * 3
+    assert res.requests[0].fault_hits == 1
+
+
+def test_full_reservation_on_a_prefix_caching_decode_pool_reserves_the_whole_sequence_by_hand():
+    # decode: 9 blocks, prefix caching, kv_reservation full.  Two requests (16 + 100) prefilled together by 0.05;
+    # a link of ~0 s.  r0 reserves its whole sequence, 16 + 100 - 1 = 115 tokens = 8 blocks, at the hand-off;
+    # r1 cannot (1 free) and waits until r0 finishes: 99 decode steps of 0.01 s each, 0.05 + 0.99 = 1.04 and
+    # 1.04 + 0.99 = 2.03 (reserving only the 16 transferred tokens, 1 block each, both would decode at once)
+    topo = _dis(decode={"kv_blocks": 9, "prefix_cache": {"enabled": True}, "kv_reservation": "full"},
+                kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    res = _stream(topo, [(0.0, 16, 100), (0.0, 16, 100)])
+    assert [r.finish_s for r in res.requests] == pytest.approx([1.04, 2.03], abs=1e-6)
+    assert [r.preemptions for r in res.requests] == [0, 0]
+
+
+def test_two_prefix_hits_admitted_in_one_step_leave_no_outstanding_tokens_by_hand():
+    # one replica with prefix caching, 0.1 s steps.  r0 (64 + 2, ids 1-4) runs 0 - 0.2 and caches its 4 pages.
+    # r1 and r2 (the same 64-token prompt, + 2) arrive at 0.15 and 0.16 and are admitted together at 0.2, each
+    # with a hit of (64 - 1) // 16 = 3 blocks = 48 tokens: the step computes 16 + 16 tokens; both finish at 0.4.
+    # The instance's outstanding tokens count both hits off (48 + 48): 0 left at the end
+    ids = [1, 2, 3, 4]
+    topo = _colo(replicas=1, prefix_cache={"enabled": True})
+    res = _stream_ids(topo, [(0.0, 64, 2, ids), (0.15, 64, 2, ids), (0.16, 64, 2, ids)])
+    assert [r.finish_s for r in res.requests] == pytest.approx([0.2, 0.4, 0.4], abs=1e-9)
+    (inst,) = res.topology.instances
+    assert (inst.outstanding_tokens, inst.decode_work) == (0, 0)
+    assert inst.kv.stats.gpu_hit_tokens == 96
