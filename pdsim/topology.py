@@ -37,9 +37,11 @@ def least_outstanding():
 
 
 def least_loaded():
-    # one candidate (a single decode instance): nothing to compare, so no window is settled for it
+    # the fewest KV blocks in use, those reserved for KV still on the wire included (a reservation takes its
+    # blocks from the pool: kv.used_blocks counts them already), then the smallest batch.  One candidate (a
+    # single decode instance): nothing to compare, so no window is settled for it
     return lambda insts, req: insts[0] if len(insts) == 1 else min(
-        _synced(insts), key=lambda i: (i.kv.used_blocks + i.reserved_blocks, len(i.running)))
+        _synced(insts), key=lambda i: (i.kv.used_blocks, len(i.running)))
 
 
 def least_decode_work():

@@ -420,3 +420,17 @@ def test_two_prefix_hits_admitted_in_one_step_leave_no_outstanding_tokens_by_han
     (inst,) = res.topology.instances
     assert (inst.outstanding_tokens, inst.decode_work) == (0, 0)
     assert inst.kv.stats.gpu_hit_tokens == 96
+
+
+def test_least_loaded_counts_reserved_blocks_once():
+    # decode-0 holds 10 blocks, all reserved for KV still on the wire (a reservation takes its blocks from the
+    # pool: they are in kv.used_blocks); decode-1 holds 15 for two running requests.  The least loaded is
+    # decode-0 (10 < 15); adding reserved_blocks on top would count them twice (20 > 15) and pick decode-1
+    from types import SimpleNamespace as NS
+    from pdsim.topology import least_loaded
+    d0 = NS(name="decode-0", kv=NS(used_blocks=10), reserved_blocks=10, running=[], sync=lambda: None)
+    d1 = NS(name="decode-1", kv=NS(used_blocks=15), reserved_blocks=0, running=[1, 2], sync=lambda: None)
+    assert least_loaded()([d1, d0], None) is d0
+    # ties on blocks: the smaller batch
+    d0.kv.used_blocks = 15
+    assert least_loaded()([d1, d0], None) is d0
