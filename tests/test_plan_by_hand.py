@@ -269,24 +269,31 @@ def test_sweep_syncs_the_decode_instance_before_reading_a_first_decode_token():
     assert synced == [1] and s.miss == 0 and s.decoding == [(0.375 + 0.05 * 9, 0, 0.375, 10)]
 
 
+def _one_colo_one_pd(kv_blocks: int, num_requests: int):
+    """A plan of one colocated replica and a 1P1D pair (linear steps, TTFT <= 0.3 s, TPOT <= 20 ms): the parsed
+    plan and a runner whose tasks evaluate() runs."""
+    from pdsim.plan import LocalExecutor, _Runner, parse_plan
+    from test_plan import LINEAR, small_plan
+    raw = small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                             "colocated": {"replicas": [1]},
+                             "disaggregated": {"prefill_instances": [1], "decode_instances": [1]},
+                             "pool": {"kv_blocks": kv_blocks, "cost_model": LINEAR}},
+                     slo={"ttft_s": 0.3, "tpot_s": 0.02, "attainment_target": 0.9},
+                     workload={"arrival": "poisson", "num_requests": num_requests,
+                               "prompt_tokens": {"dist": "uniform", "low": 50, "high": 600},
+                               "output_tokens": {"dist": "uniform", "low": 2, "high": 60}})
+    plan = parse_plan(raw)
+    return plan, _Runner(plan, LocalExecutor(1), None, False)
+
+
 def test_counting_certain_misses_early_gives_the_same_counts_as_the_whole_run(monkeypatch):
     # the sweep on, verdicts never taken (so the runs go to the end): every request the sweep counted as a
     # miss misses at the end (finished() asserts it), and the counts equal those of the run without it
     from pdsim import plan as P
-    from pdsim.plan import LocalExecutor, _Runner, evaluate, parse_plan
-    from test_plan import LINEAR, small_plan
+    from pdsim.plan import evaluate
     sinks = []
     monkeypatch.setattr(P._JudgeSink, "_decide", lambda self: sinks.append(self) if self not in sinks else None)
-    raw = small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
-                             "colocated": {"replicas": [1]},
-                             "disaggregated": {"prefill_instances": [1], "decode_instances": [1]},
-                             "pool": {"kv_blocks": 600, "cost_model": LINEAR}},
-                     slo={"ttft_s": 0.3, "tpot_s": 0.02, "attainment_target": 0.9},
-                     workload={"arrival": "poisson", "num_requests": 150,
-                               "prompt_tokens": {"dist": "uniform", "low": 50, "high": 600},
-                               "output_tokens": {"dist": "uniform", "low": 2, "high": 60}})
-    plan = parse_plan(raw)
-    runner = _Runner(plan, LocalExecutor(1), None, False)
+    plan, runner = _one_colo_one_pd(kv_blocks=600, num_requests=150)
     early_counted = 0
     for cfg in plan.configs:
         for rate in (10.0, 40.0):
@@ -306,21 +313,11 @@ def test_percentiles_of_a_run_stopped_at_a_fail_are_lower_bounds(monkeypatch):
     # the notes of a fail-stopped run give p90 >= X: X must not exceed the p90 the same requests (those that
     # had arrived when it stopped) show once the whole run is simulated, colocated and behind a PD proxy
     from pdsim import metrics
-    from pdsim.plan import LocalExecutor, _Runner, evaluate, parse_plan
-    from test_plan import LINEAR, small_plan
+    from pdsim.plan import evaluate
     frames = []
     real = metrics.requests_frame
     monkeypatch.setattr(metrics, "requests_frame", lambda *a, **k: frames.append(real(*a, **k)) or frames[-1])
-    raw = small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
-                             "colocated": {"replicas": [1]},
-                             "disaggregated": {"prefill_instances": [1], "decode_instances": [1]},
-                             "pool": {"kv_blocks": 300, "cost_model": LINEAR}},
-                     slo={"ttft_s": 0.3, "tpot_s": 0.02, "attainment_target": 0.9},
-                     workload={"arrival": "poisson", "num_requests": 300,
-                               "prompt_tokens": {"dist": "uniform", "low": 50, "high": 600},
-                               "output_tokens": {"dist": "uniform", "low": 2, "high": 60}})
-    plan = parse_plan(raw)
-    runner = _Runner(plan, LocalExecutor(1), None, False)
+    plan, runner = _one_colo_one_pd(kv_blocks=300, num_requests=300)
     stopped = 0
     for cfg in plan.configs:
         for rate in (30.0, 60.0, 120.0):
