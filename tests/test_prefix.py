@@ -203,6 +203,12 @@ def test_cache_aware_transfer_sends_only_missing_blocks():
     assert res.topology.transfer_bytes_saved == 10 * block_bytes
     off = _run({**topo, "decode": {**pool, "prefix_cache": None}}, [r.clone() for r in (a, b)])
     assert off.requests[1].kv_transfer_s == pytest.approx(14 * block_bytes / 10e9, rel=1e-12)
+    # a third request sharing b's first 12 blocks (a's 10 + 2 of b's new ones) sends its 4 others: the saved
+    # bytes add up over the transfers, 10 + 12 blocks
+    c = _req(2, 10.0, 256, 2, list(range(1, 11)) + [50, 51, 60, 61, 62, 63])
+    res = _run(topo, [r.clone() for r in (a, b)] + [c])
+    assert res.requests[2].kv_transfer_s == pytest.approx(4 * block_bytes / 10e9, rel=1e-12)
+    assert res.topology.transfer_bytes_saved == 22 * block_bytes
 
 
 # --- workloads -------------------------------------------------------------------------------------
