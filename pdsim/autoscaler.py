@@ -275,9 +275,10 @@ class Autoscaler:
         if sw is None:
             delay = down_s + self.spec.provisioning_s + sc.load_s
         else:
-            repaired = max(now + down_s + warmup_s, sw.get("failed_until_s", now))
+            pending = max(now, sw.get("failed_until_s", now))      # a repair still under way
+            repaired = max(now + down_s + warmup_s, pending)
             delay = max(repaired, now + self.spec.switch_s) - now
-            inst.down_s += max(0.0, repaired - max(now, sw.get("failed_until_s", now)))   # the outage's new part
+            inst.down_s += repaired - pending                        # the outage's new part
             sw["failed_until_s"] = repaired
             sw["serves_at_s"] = now + delay
         self.env.process(self._provision(sc, inst, g, delay))

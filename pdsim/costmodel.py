@@ -644,16 +644,18 @@ class RooflineCost(CostModel):
             # attention summed first: with equal full and sliding ops this is the full-attention sum, bit for bit
             return (t_s + (t_f * full.count + t_w * sl.count), f_s + (full.flops * full.count + sl.flops * sl.count),
                     b_s + (full.bytes * full.count + sl.bytes * sl.count))
-        if self.attn_dp > 1:
-            Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
-            t_s, f_s, b_s = self._static(tokens, sampled, (Ta, Sa))
-            att = self._attention_op(Ta, aw, kv, rb, prefill)
-        else:
-            t_s, f_s, b_s = self._static(tokens, sampled)
-            att = self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill)
+        t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill)
         t_a = self.op_time(att)[0]
         L = att.count
         return t_s + t_a * L, f_s + att.flops * L, b_s + att.bytes * L
+
+    def _parts(self, tokens, attn_work, kv_read_tokens, sampled, batch, prefill: bool):
+        """A step without sliding layers in two parts: the cached static sum (time_s, flops, bytes) and the
+        attention op, under DP attention the busiest rank's (:meth:`_rank`)."""
+        if self.attn_dp > 1:
+            Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
+            return (*self._static(tokens, sampled, (Ta, Sa)), self._attention_op(Ta, aw, kv, rb, prefill))
+        return (*self._static(tokens, sampled), self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill))
 
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
         if swa is not None:

@@ -547,6 +547,16 @@ class _JudgeSink:
             elif self.early == "both" and self.ok >= self.need:   # can no longer miss it
                 self.decided = "pass"
 
+    def _premiss(self, rid: int, bound: str) -> None:
+        """Request ``rid`` certainly misses ``bound`` ("ttft" or "tpot"): one miss now, none when it settles."""
+        self.premissed[rid] = bound
+        self.miss += 1
+        if bound == "ttft":
+            self.ttft_miss += 1
+        else:
+            self.tpot_miss += 1
+        self.swept_misses += 1
+
     def sweep(self, topo, stream: list, every_s: float):
         """A process (early stopping only): every ``every_s`` it counts as misses, before they settle, the
         judged requests whose miss is already certain, which in an overloaded run can be long before they
@@ -586,10 +596,7 @@ class _JudgeSink:
                 else:
                     first = r.first_token_s
                 if first != first or not first - r.arrival_s + rtt <= ttft_s:
-                    self.premissed[r.id] = "ttft"
-                    self.miss += 1
-                    self.ttft_miss += 1
-                    self.swept_misses += 1
+                    self._premiss(r.id, "ttft")
                 elif streamed > 1:
                     heapq.heappush(heap, (first + tpot_s * (streamed - 1), r.id, first, streamed))
             later = []
@@ -600,10 +607,7 @@ class _JudgeSink:
                 if r.status in settled:
                     continue
                 if (now - first) / (streamed - 1) > tpot_s:
-                    self.premissed[rid] = "tpot"
-                    self.miss += 1
-                    self.tpot_miss += 1
-                    self.swept_misses += 1
+                    self._premiss(rid, "tpot")
                 else:                           # its deadline rounded below now: look again next time
                     later.append(item)
             for item in later:
@@ -663,8 +667,9 @@ def evaluate(task: dict) -> dict:
     ttft_ok = (df.status == FINISHED) & (df.ttft_s <= slo.ttft_s)
     tpot_ok = (df.status == FINISHED) & (df.tpot_s.isna() | (df.tpot_s <= slo.tpot_s))
 
-    def q(x, p):
-        x = x.dropna()
+    def q(x, p):                    # a percentile of the known values (NaN left out), or None
+        x = np.asarray(x, float)
+        x = x[~np.isnan(x)]
         return float(np.percentile(x, p)) if len(x) else None
     n = len(df)
     out = {"n": n, "ok": int((ttft_ok & tpot_ok).sum()), "ttft_ok": int(ttft_ok.sum()),
@@ -695,12 +700,8 @@ def evaluate(task: dict) -> dict:
         with np.errstate(invalid="ignore", divide="ignore"):     # no first token yet: its TPOT can still be ~0
             tpot = np.where(decoding, np.where(has_first, (now - first) / np.maximum(streamed - 1, 1), 0.0),
                             df.tpot_s.to_numpy(float))
-
-        def qa(x, p):
-            x = x[~np.isnan(x)]
-            return float(np.percentile(x, p)) if len(x) else None
-        out.update(ttft_p=qa(ttft[settled.to_numpy() | open_], slo.ttft_percentile),
-                   tpot_p=qa(tpot[(df.status == FINISHED).to_numpy() | decoding], slo.tpot_percentile),
+        out.update(ttft_p=q(ttft[settled.to_numpy() | open_], slo.ttft_percentile),
+                   tpot_p=q(tpot[(df.status == FINISHED).to_numpy() | decoding], slo.tpot_percentile),
                    p_so_far=True)
     elif sink.decided is None:
         ci = batch_means_ci((ttft_ok & tpot_ok).to_numpy(float))

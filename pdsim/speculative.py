@@ -31,8 +31,8 @@ pipeline iteration of the verify aggregates (pdsim/pipeline.py) and the drafts r
 last stage's GPUs, added to the iteration: exact for a lone request and for a saturated pipeline of
 uniform stages (the last stage carries the drafts), pessimistic when another stage binds.  Not
 modelled: the draft model's prefill of the prompt and its catch-up on the accepted tokens (a few
-tokens per step), and tree or dynamic-k speculation.  When every item of a step is a verify, attention is priced with the decode kernel
-(KV read once; compute at the decode kernel's efficiency for the d + 1 queries); in a step that
+tokens per step), and tree or dynamic-k speculation.  When every item of a step is a verify,
+attention is priced with the decode kernel (KV read once; compute at the decode kernel's efficiency for the d + 1 queries); in a step that
 also holds prefill chunks the mixed-batch rule of the cost model applies, as without speculation.
 
 KV: before the step each verifying request holds blocks for its d lookahead slots (vLLM
@@ -53,6 +53,7 @@ import numpy as np
 from .costmodel import RooflineCost, StepCost
 from .errors import ConfigError
 from .kernels import attention_roofline
+from .pipeline import PipelineCost
 from .workload import FINISHED, UNFINISHED
 
 SALT = 0x5BEC        # keeps these streams apart from the workload's and the faults' seeds
@@ -223,13 +224,8 @@ class Speculator:
             inner = inner.inner
         if not (pure and isinstance(inner, RooflineCost)):
             return cost.step(T, attn, kvr, S, B)
-        if inner.attn_dp > 1:     # DP attention: the busiest rank's attention, as RooflineCost._sum deals it
-            Ta, aw, kv, Sa, rb = inner._rank(T, float(attn), float(kvr), S, B)
-            t_s, f_s, b_s = inner._static(T, S, (Ta, Sa))
-            att = inner._attention_op(Ta, aw, kv, rb, False)
-        else:
-            t_s, f_s, b_s = inner._static(T, S)
-            att = inner._attention_op(T, float(attn), float(kvr), B, False)
+        # (under DP attention the busiest rank's attention: RooflineCost._parts deals the batch as for any step)
+        t_s, f_s, b_s, att = inner._parts(T, float(attn), float(kvr), S, B, False)
         # decode kernel: the KV is read once; the d + 1 queries' FLOPs at the decode kernel's efficiency
         t_a = max(float(inner.op_time(att)[0]), float(attention_roofline(inner.device, att.flops, 0.0, False)))
         L = att.count
@@ -347,7 +343,7 @@ def build(spec, pool_spec, target_cost, model, weight_dtype: str, kv_dtype: str,
             # skew, DP attention, the measured tables it uses)
             inner = target_cost
             while not isinstance(inner, RooflineCost):   # EngineCost / CappedCost / PipelineCost of a roofline pool
-                inner = inner.stages if hasattr(type(inner), "iteration") else inner.inner
+                inner = inner.stages if isinstance(inner, PipelineCost) else inner.inner
             # (under pipeline parallelism it sits on the last stage, one stage's tp GPUs)
             draft = dataclasses.replace(inner, model=shape, pp=1, pp_layers=None, _static_cache={})
         elif pool_spec.dp_attention:
