@@ -95,8 +95,15 @@ class Sink:
         self.expected = expected
         self.all_done = env.event()        # every request finished, rejected or abandoned
         self.waiters: dict[int, simpy.Event] = {}
+        self._ints: dict[int, int] = {}    # one object per distinct final count (memory, see finished)
 
     def finished(self, req: Request) -> None:
+        # a finished request's counts are its output length and its last KV position: values shared by
+        # many requests, but each reached by its own additions, so each is a 32-byte int object of its own
+        # (above 256); pointing them at one object per value saves 64 B a request (1 M requests: 64 MB)
+        ints = self._ints
+        c, g = req.computed, req.generated
+        req.computed, req.generated = ints.setdefault(c, c), ints.setdefault(g, g)
         self.done += 1
         if self.done == self.expected:
             self.all_done.succeed()

@@ -191,14 +191,23 @@ def uniform_lengths(rng: np.random.Generator, low: int, high: int, n: int) -> np
     return rng.integers(low, high + 1, n, dtype=np.int64)
 
 
+def shared_ints(x: np.ndarray) -> list[int]:
+    """``x.tolist()`` with one int object per distinct value: token counts repeat (a few thousand
+    distinct lengths in a million requests), and each int above 256 is a 32-byte object of its own,
+    so sharing them saves 64 B a request (prompt and output) at no cost in time."""
+    values, index = np.unique(np.asarray(x, dtype=np.int64), return_inverse=True)
+    objs = values.tolist()
+    return [objs[i] for i in index.tolist()]
+
+
 def make_requests(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                   hash_ids: list | None = None, hash_block_tokens: int = 0) -> list[Request]:
+    arrivals, prompts, outputs = np.asarray(arrival_s, dtype=np.float64).tolist(), shared_ints(prompt), \
+        shared_ints(output)
     if hash_ids is not None:
-        return [Request(i, float(a), int(p), int(o), hash_ids=h, hash_block_tokens=hash_block_tokens)
-                for i, (a, p, o, h) in enumerate(zip(arrival_s.tolist(), prompt.tolist(), output.tolist(),
-                                                     hash_ids))]
-    return [Request(i, float(a), int(p), int(o))
-            for i, (a, p, o) in enumerate(zip(arrival_s.tolist(), prompt.tolist(), output.tolist()))]
+        return [Request(i, a, p, o, hash_ids=h, hash_block_tokens=hash_block_tokens)
+                for i, (a, p, o, h) in enumerate(zip(arrivals, prompts, outputs, hash_ids))]
+    return [Request(i, a, p, o) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
 
 
 # --- the stream a scenario produces -----------------------------------------------------
