@@ -287,8 +287,7 @@ class Pool:
                      fast=ctx.fast)
             for i in range(max(count, max_count or 0))]
         for inst in self.instances:
-            inst.reserved_blocks = 0       # decode side: blocks held for KV still on the wire
-            inst.reserved_count = 0
+            inst.reserved_count = 0        # decode side: reservations for KV still on the wire
             inst.block_bytes = self.block_bytes
             inst.pool_spec = spec
             if self.power is not None:
@@ -550,7 +549,6 @@ class Disaggregated(_Serving):
                     dec = self._pick_decode(req)
             dec_epoch = dec.epoch
             dec.reserved_count += 1
-            dec.reserved_blocks += req.blocks if self.window is None else dec.kv.held(req)
             with link.res.request() as slot:
                 yield slot
                 while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
@@ -591,7 +589,6 @@ class Disaggregated(_Serving):
         src.wake()
         req.blocks = held
         dec.reserved_count -= 1
-        dec.reserved_blocks -= req.blocks if self.window is None else dec.kv.held(req)
         req.status = UNFINISHED
         req.decode_start_s = env.now
         dec.accept(req)
@@ -601,7 +598,6 @@ class Disaggregated(_Serving):
         if dec.epoch == dec_epoch:
             dec.cut()                  # blocks come back: the next plan may change (sync first)
             dec.reserved_count -= 1
-            dec.reserved_blocks -= req.blocks if self.window is None else dec.kv.held(req)
             dec.kv.release(req)
             dec.wake()
             self.on_decode_freed(dec)
@@ -618,7 +614,7 @@ class Disaggregated(_Serving):
 
     def _after_failure(self, inst, lost) -> None:
         if inst.role == "decode":
-            inst.reserved_count = inst.reserved_blocks = 0   # reservations vanished with its memory
+            inst.reserved_count = 0          # reservations vanished with its memory
             self.on_decode_freed(inst)                       # waiting hand-offs pick another instance
         else:
             # hand-offs from this instance waiting for decode blocks: wake them to see their KV is gone
