@@ -369,6 +369,11 @@ MUTANTS: list[Mutant] = [
            "per_layer = (t_f * full.count + t_w * sl.count) / L", "per_layer = t_f",
            (SWA + "test_pipeline_stages_share_full_and_sliding_attention_evenly",),
            "pipeline stages price every layer's attention as a full layer's"),
+    Mutant("grouped-fp8-efficiency-ignored", "pdsim/kernels.py",
+           'fc, fm = (e.grouped_fp8_compute, e.grouped_fp8_memory) if dtype == "fp8" else (1.0, 1.0)',
+           "fc, fm = (1.0, 1.0)",
+           ("tests/test_costmodel_by_hand.py::test_fp8_grouped_gemm_efficiencies_by_hand",),
+           "fp8 MoE grouped GEMMs priced at the dense GEMMs' efficiency (the fitted MoE efficiencies unused)"),
 ]
 
 

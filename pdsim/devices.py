@@ -55,6 +55,10 @@ class EfficiencySpec(_Strict):
     elementwise_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
     allreduce_base_us: float = Field(3, ge=0, allow_inf_nan=False)   # custom one-shot all-reduce launch
     allreduce_per_peer_us: float = Field(0, ge=0, allow_inf_nan=False)  # and its growth per extra GPU
+    # fp8 grouped GEMMs (an MoE layer's routed experts with fp8 weights) reach this fraction of the dense
+    # GEMM roofline's compute (gemm_max) and memory (memory) efficiency; 1 = as dense GEMMs (older profiles)
+    grouped_fp8_compute: float = Field(1.0, gt=0, le=1)
+    grouped_fp8_memory: float = Field(1.0, gt=0, le=1)
 
 
 # --- the measured section written by ``pdsim calibrate`` --------------------

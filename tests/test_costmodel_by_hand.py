@@ -787,3 +787,28 @@ def test_a_step_with_no_token_launches_no_gemm_and_costs_only_the_step_overhead(
     b = cm.breakdown(0, 0.0, 0, 0, 0)
     assert {k: v["time_s"] for k, v in b.items() if v["time_s"] != 0} == {"step_overhead": dev.step_overhead_s}
     assert cm.step(0, 0, 0, 0, 0).time_s == dev.step_overhead_s
+
+
+def test_fp8_grouped_gemm_efficiencies_by_hand():
+    # one grouped GEMM of 8 token-expert pairs over 2 experts (m = 4), N = 4, K = 8: FLOPs 2*8*4*8 = 512;
+    # bytes: weights 2*4*8 = 64 experts' weights at 1 B (fp8) + activations 8*(4+8)*2 = 192 -> 256.
+    # Unit device: bf16 1e6 FLOP/s, fp8 2e6, 1e6 B/s, every efficiency 1, no overheads.
+    from pdsim.kernels import grouped_gemm_roofline
+    dev = _dev(grouped_fp8_compute=0.25, grouped_fp8_memory=0.5)
+    # fp8: compute 512 / (2e6 * 0.25) = 1024 us, memory 256 / (1e6 * 0.5) = 512 us -> 1024 us
+    assert grouped_gemm_roofline(dev, 8, 2, 4, 8, 1.0, "fp8") == pytest.approx(1024e-6, rel=1e-12)
+    # 1 pair per expert (m = 1), 2 experts: FLOPs 2*2*4*8 = 128 -> 128 / (2e6 * 0.25) = 256 us;
+    # bytes 64 + 2*12*2 = 112 -> 112 / (1e6 * 0.5) = 224 us: 256 us
+    assert grouped_gemm_roofline(dev, 2, 2, 4, 8, 1.0, "fp8") == pytest.approx(256e-6, rel=1e-12)
+    dev_m = _dev(grouped_fp8_compute=1.0, grouped_fp8_memory=0.25)
+    # memory-bound at fp8 with 1 / 0.25: FLOPs 128 / 2e6 = 64 us, bytes 112 / 2.5e5 = 448 us
+    assert grouped_gemm_roofline(dev_m, 2, 2, 4, 8, 1.0, "fp8") == pytest.approx(448e-6, rel=1e-12)
+    # other dtypes keep the dense efficiencies: bf16 weights (2 B): FLOPs 512 / 1e6 = 512 us, bytes
+    # 64*2 + 192 = 320 us -> 512 us, whatever the fp8 factors are
+    assert grouped_gemm_roofline(dev, 8, 2, 4, 8, 2.0, "bf16") == pytest.approx(512e-6, rel=1e-12)
+    # and the presets carry the factors fitted to the TRT-LLM fp8_block MoE tables (benchmarks/check_moe.py --refit)
+    from pdsim.devices import get_device
+    for name in ("h100-sxm", "h200"):
+        e = get_device(name).spec.efficiency
+        assert 0.3 < e.grouped_fp8_compute < 0.6 and 0.7 < e.grouped_fp8_memory < 1.0
+    assert get_device("a100-80gb-sxm").spec.efficiency.grouped_fp8_compute == 1.0   # no fp8 tensor cores: unused
