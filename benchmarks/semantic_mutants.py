@@ -374,6 +374,11 @@ MUTANTS: list[Mutant] = [
            "fc, fm = (1.0, 1.0)",
            ("tests/test_costmodel_by_hand.py::test_fp8_grouped_gemm_efficiencies_by_hand",),
            "fp8 MoE grouped GEMMs priced at the dense GEMMs' efficiency (the fitted MoE efficiencies unused)"),
+    Mutant("grouped-overhead-ignored", "pdsim/kernels.py",
+           "return t + (e.kernel_overhead_us if e.grouped_overhead_us is None else e.grouped_overhead_us) * 1e-6",
+           "return t + e.kernel_overhead_us * 1e-6",
+           ("tests/test_costmodel_by_hand.py::test_fp8_grouped_gemm_efficiencies_by_hand",),
+           "a grouped GEMM (MoE layer) launched at an ordinary GEMM's overhead, the fitted grouped overhead unused"),
 ]
 
 

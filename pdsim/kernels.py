@@ -121,7 +121,7 @@ def grouped_gemm_roofline(dev, pairs: float, groups: float, n: int, k: int, weig
             bytes_ / (dev.mem_bw_Bps * e.memory * fm))
     if weight_only is not None:
         t = max(t, groups * n * k * DEQUANT_OPS[weight_only] * math.ceil(m / DEQUANT_M_TILE) / dev.peak_flops("fp32"))
-    return t + e.kernel_overhead_us * 1e-6
+    return t + (e.kernel_overhead_us if e.grouped_overhead_us is None else e.grouped_overhead_us) * 1e-6
 
 
 def alltoall_roofline(dev, bytes_: float, ep: int) -> float:
