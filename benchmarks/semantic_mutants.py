@@ -370,15 +370,15 @@ MUTANTS: list[Mutant] = [
            (SWA + "test_pipeline_stages_share_full_and_sliding_attention_evenly",),
            "pipeline stages price every layer's attention as a full layer's"),
     Mutant("grouped-fp8-efficiency-ignored", "pdsim/kernels.py",
-           'fc, fm = (e.grouped_fp8_compute, e.grouped_fp8_memory) if dtype == "fp8" else (1.0, 1.0)',
-           "fc, fm = (1.0, 1.0)",
+           'fc, fm, ov = (e.grouped_fp8_compute, e.grouped_fp8_memory, e.grouped_fp8_overhead_us) if dtype == "fp8"',
+           'fc, fm, ov = (1.0, 1.0, e.grouped_fp8_overhead_us) if dtype == "fp8"',
            ("tests/test_costmodel_by_hand.py::test_fp8_grouped_gemm_efficiencies_by_hand",),
            "fp8 MoE grouped GEMMs priced at the dense GEMMs' efficiency (the fitted MoE efficiencies unused)"),
     Mutant("grouped-overhead-ignored", "pdsim/kernels.py",
-           "return t + (e.kernel_overhead_us if e.grouped_overhead_us is None else e.grouped_overhead_us) * 1e-6",
+           "return t + (e.kernel_overhead_us if ov is None else ov) * 1e-6",
            "return t + e.kernel_overhead_us * 1e-6",
            ("tests/test_costmodel_by_hand.py::test_fp8_grouped_gemm_efficiencies_by_hand",),
-           "a grouped GEMM (MoE layer) launched at an ordinary GEMM's overhead, the fitted grouped overhead unused"),
+           "an fp8 grouped GEMM (MoE layer) launched at an ordinary GEMM's overhead, the fitted overhead unused"),
 ]
 
 

@@ -59,9 +59,9 @@ class EfficiencySpec(_Strict):
     # GEMM roofline's compute (gemm_max) and memory (memory) efficiency; 1 = as dense GEMMs (older profiles)
     grouped_fp8_compute: float = Field(1.0, gt=0, le=1)
     grouped_fp8_memory: float = Field(1.0, gt=0, le=1)
-    # launch and setup cost of one grouped GEMM (a fused MoE kernel's expert offsets and scheduling); None:
-    # kernel_overhead_us, as any GEMM
-    grouped_overhead_us: float | None = Field(None, ge=0, allow_inf_nan=False)
+    # and the launch and setup cost of one fp8 grouped GEMM (a fused MoE kernel's expert offsets and
+    # scheduling); None: kernel_overhead_us, as any GEMM
+    grouped_fp8_overhead_us: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 # --- the measured section written by ``pdsim calibrate`` --------------------

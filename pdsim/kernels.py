@@ -116,12 +116,13 @@ def grouped_gemm_roofline(dev, pairs: float, groups: float, n: int, k: int, weig
     flops = 2.0 * pairs * n * k
     bytes_ = groups * n * k * weight_bytes + pairs * (n + k) * act_bytes
     m_half = e.gemm_m_half if weight_only is None else min(e.gemm_m_half, WEIGHT_ONLY_M_HALF)
-    fc, fm = (e.grouped_fp8_compute, e.grouped_fp8_memory) if dtype == "fp8" else (1.0, 1.0)
+    fc, fm, ov = (e.grouped_fp8_compute, e.grouped_fp8_memory, e.grouped_fp8_overhead_us) if dtype == "fp8" \
+        else (1.0, 1.0, None)
     t = max(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max * fc),
             bytes_ / (dev.mem_bw_Bps * e.memory * fm))
     if weight_only is not None:
         t = max(t, groups * n * k * DEQUANT_OPS[weight_only] * math.ceil(m / DEQUANT_M_TILE) / dev.peak_flops("fp32"))
-    return t + (e.kernel_overhead_us if e.grouped_overhead_us is None else e.grouped_overhead_us) * 1e-6
+    return t + (e.kernel_overhead_us if ov is None else ov) * 1e-6
 
 
 def alltoall_roofline(dev, bytes_: float, ep: int) -> float:

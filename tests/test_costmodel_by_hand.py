@@ -806,14 +806,20 @@ def test_fp8_grouped_gemm_efficiencies_by_hand():
     # other dtypes keep the dense efficiencies: bf16 weights (2 B): FLOPs 512 / 1e6 = 512 us, bytes
     # 64*2 + 192 = 320 us -> 512 us, whatever the fp8 factors are
     assert grouped_gemm_roofline(dev, 8, 2, 4, 8, 2.0, "bf16") == pytest.approx(512e-6, rel=1e-12)
-    # a grouped GEMM's own launch cost replaces the kernel overhead when given (any dtype): 512 + 7 us
-    dev_o = _dev(kernel_overhead_us=3.0, grouped_overhead_us=7.0)
-    assert grouped_gemm_roofline(dev_o, 8, 2, 4, 8, 2.0, "bf16") == pytest.approx(519e-6, rel=1e-12)
-    assert grouped_gemm_roofline(_dev(kernel_overhead_us=3.0), 8, 2, 4, 8, 2.0, "bf16") == pytest.approx(515e-6, rel=1e-12)
+    # an fp8 grouped GEMM's own launch cost replaces the kernel overhead when given: 1024 + 7 us at fp8;
+    # bf16 keeps the kernel overhead: 512 + 3 us
+    dev_o = _dev(kernel_overhead_us=3.0, grouped_fp8_overhead_us=7.0, grouped_fp8_compute=0.25,
+                 grouped_fp8_memory=0.5)
+    assert grouped_gemm_roofline(dev_o, 8, 2, 4, 8, 1.0, "fp8") == pytest.approx(1031e-6, rel=1e-12)
+    assert grouped_gemm_roofline(dev_o, 8, 2, 4, 8, 2.0, "bf16") == pytest.approx(515e-6, rel=1e-12)
+    assert grouped_gemm_roofline(_dev(kernel_overhead_us=3.0, grouped_fp8_compute=0.25), 8, 2, 4, 8, 1.0, "fp8") \
+        == pytest.approx(1027e-6, rel=1e-12)
     # and the presets carry the values fitted to the TRT-LLM fp8_block MoE tables (benchmarks/check_moe.py --refit)
     from pdsim.devices import get_device
     for name in ("h100-sxm", "h200"):
         e = get_device(name).spec.efficiency
         assert 0.3 < e.grouped_fp8_compute < 0.6 and 0.7 < e.grouped_fp8_memory <= 1.0
-        assert e.grouped_overhead_us > e.kernel_overhead_us
+        assert e.grouped_fp8_overhead_us > e.kernel_overhead_us
+    # B200's fit is not applied (end to end it made its MoE rows worse: calibration/README.md)
+    assert get_device("b200").spec.efficiency.grouped_fp8_overhead_us is None
     assert get_device("a100-80gb-sxm").spec.efficiency.grouped_fp8_compute == 1.0   # no fp8 tensor cores: unused
