@@ -482,6 +482,8 @@ def test_disaggregated_summary_by_hand():
     assert (df.itl_mean_s[0], df.itl_p99_s[0], df.itl_max_s[0]) == pytest.approx((0.1, 0.1, 0.1))
     s = metrics.summarize([res], df, sc)["pd"]
     assert s["kind"] == "disaggregated" and s["gpus"] == 2
+    # KV over both pools: 2 blocks at most on each instance (20 and 22 tokens); 100 + 100 blocks of capacity
+    assert s["kv_cache"] == {"peak_bytes": 4 * BLOCK_BYTES, "capacity_bytes": 200 * BLOCK_BYTES}
     # KV transfer over the finished: {x, 0}: mean x / 2, linear percentiles x q
     assert (s["kv_transfer_s"]["mean"], s["kv_transfer_s"]["p90"], s["kv_transfer_s"]["p99"]) == \
         pytest.approx((x / 2, 0.9 * x, 0.99 * x))
@@ -772,3 +774,113 @@ def test_speculative_summary_by_hand():
     # a pool without speculation reports none
     sc, res = _run([(0.0, 20, 3)])
     assert "speculative" not in metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]
+
+
+def test_autoscaled_peak_gpus_are_the_most_alive_at_once_by_hand():
+    # PD, 1 + 1 instances; a second prefill instance paid 1.0-3.0, a second decode instance paid 4.0-6.0
+    # (each decided 0.5 s provisioning + 0.5 s loading before it serves). Requests at 0.0 and 7.0; end 7.1
+    topo = {**PD, "autoscaler": {"policy": "schedule", "provisioning_s": 0.5, "load_s": 0.5,
+                                 "schedule": [{"at_s": 1.0, "prefill": 2, "decode": 1},
+                                              {"at_s": 3.0, "prefill": 1, "decode": 1},
+                                              {"at_s": 4.0, "prefill": 1, "decode": 2},
+                                              {"at_s": 6.0, "prefill": 1, "decode": 1}]}}
+    sc, res = _run([(0.0, 20, 3), (7.0, 20, 1)], topo=topo, name="pd")
+    s = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["pd"]
+    # each pool peaks at 2 GPUs, but never together: at most 2 + 1 GPUs were alive at once (not 2 + 2)
+    assert s["gpus"] == 3 and [p["gpus"] for p in s["pools"].values()] == [2, 2]
+    # paid: 7.1 + 7.1 + 2 + 2 = 18.2 GPU-seconds; the mean over the run 18.2 / 7.1
+    assert s["gpu_hours"] == pytest.approx(18.2 / 3600) and s["mean_gpus"] == pytest.approx(18.2 / 7.1)
+
+
+def _slo_frame():
+    """r0 exactly at both bounds (TTFT 1.0, TPOT 0.5); r1 a one-token reply (no TPOT); r2 TTFT 2.0 too late;
+    r3 rejected (5 tokens asked); r4 two tokens asked, TPOT 0.2."""
+    return pd.DataFrame({"status": ["finished", "finished", "finished", "rejected", "finished"],
+                         "ttft_s": [1.0, 0.5, 2.0, np.nan, 0.25], "tpot_s": [0.5, np.nan, 0.2, np.nan, 0.2],
+                         "output_tokens": [4, 1, 3, 5, 2]})
+
+
+def test_slo_verdict_attainment_mode_by_hand():
+    df = _slo_frame()
+    slo = config.SLOSpec(ttft_s=1.0, tpot_s=0.5, attainment_target=0.6, ttft_percentile=25, tpot_percentile=50)
+    # within TTFT (<= 1.0, finished): r0 (at the bound), r1, r4: 3 of 5; within TPOT (none or <= 0.5): r0
+    # (at the bound), r1, r2, r4: 4 of 5; both: r0, r1, r4: 3 of 5 = 0.6 = the target
+    assert metrics.slo_attainment(df, slo) == pytest.approx(0.6)
+    # samples: TTFT of every arrival, the rejected one +inf; TPOT of those asking > 1 token (r0, r2, r3, r4),
+    # the unfinished one +inf
+    ttft, tpot = metrics.slo_samples(df)
+    assert ttft.tolist() == [1.0, 0.5, 2.0, math.inf, 0.25] and tpot.tolist() == [0.5, 0.2, math.inf, 0.2]
+    v = metrics.slo_verdict(df, slo)
+    # TTFT p25 by nearest rank: ceil(0.25 x 5) = rank 2 of 0.25, 0.5, 1, 2, inf = 0.5, margin 0.5
+    # TPOT p50: rank 2 of 0.2, 0.2, 0.5, inf = 0.2, margin 0.3
+    assert v["bounds"]["ttft"] == {"bound_s": 1.0, "percentile": 25, "measured_s": 0.5, "unserved": False,
+                                   "margin_s": 0.5, "met": True, "share_within": 0.6}
+    assert v["bounds"]["tpot"] == {"bound_s": 0.5, "percentile": 50, "measured_s": 0.2, "unserved": False,
+                                   "margin_s": pytest.approx(0.3), "met": True, "share_within": 0.8}
+    # attainment mode: 0.6 >= 0.6 met, margin 0; TTFT binds (fewer within), though its headroom (0.5 / 1.0)
+    # is larger than TPOT's (0.3 / 0.5)
+    assert (v["mode"], v["met"], v["binding"], v["margin"], v["margin_unit"]) == \
+        ("attainment", True, "ttft", pytest.approx(0.0), "fraction")
+    assert v["attainment"] == pytest.approx(0.6) and v["attainment_target"] == 0.6
+    # a measured percentile equal to its bound meets it: TPOT p75 = rank 3 of 4 = 0.5
+    v = metrics.slo_verdict(df, config.SLOSpec(ttft_s=1.0, tpot_s=0.5, attainment_target=0.6, ttft_percentile=25,
+                                               tpot_percentile=75))
+    assert v["bounds"]["tpot"]["measured_s"] == 0.5 and v["bounds"]["tpot"]["met"] is True
+    # TPOT's headroom is now 0 (< TTFT's 0.5), yet TTFT still binds: 3 of 5 within it against 4 of 5
+    assert v["binding"] == "ttft"
+    # an SLO object without a mode (duck-typed) is judged in attainment mode
+    duck = NS(ttft_s=1.0, tpot_s=0.5, attainment_target=0.6, ttft_percentile=25, tpot_percentile=50)
+    assert metrics.slo_verdict(df, duck)["mode"] == "attainment" and metrics.slo_passes(duck, 0.6, 9.0, 9.0)
+
+
+def test_slo_verdict_percentile_mode_by_hand():
+    df = _slo_frame()
+    # TTFT p25 = 0.5 (margin 0.5, headroom 0.5 / 1.0 = 0.5); TPOT bound 0.25, p50 = 0.2: margin 0.05,
+    # headroom 0.05 / 0.25 = 0.2 -> TPOT binds (by margin x bound it would be TTFT: 0.5 vs 0.0125)
+    v = metrics.slo_verdict(df, config.SLOSpec(mode="percentile", ttft_s=1.0, tpot_s=0.25, ttft_percentile=25,
+                                               tpot_percentile=50))
+    assert (v["met"], v["binding"], v["margin_unit"]) == (True, "tpot", "s") and v["margin"] == pytest.approx(0.05)
+    # TTFT bound 0.6: margin 0.1, headroom 0.1 / 0.6 = 0.167 < TPOT's 0.2 with bound 0.25: TTFT binds
+    v = metrics.slo_verdict(df, config.SLOSpec(mode="percentile", ttft_s=0.6, tpot_s=0.25, ttft_percentile=25,
+                                               tpot_percentile=50))
+    assert v["binding"] == "ttft" and v["margin"] == pytest.approx(0.1)
+    # TPOT p90: rank ceil(3.6) = 4 of 4 = +inf (the rejected request): unserved, shown as None, fails the SLO
+    # and binds whatever the TTFT margin
+    v = metrics.slo_verdict(df, config.SLOSpec(mode="percentile", ttft_s=1.0, tpot_s=0.5, ttft_percentile=25,
+                                               tpot_percentile=90))
+    t = v["bounds"]["tpot"]
+    assert (t["measured_s"], t["unserved"], t["margin_s"], t["met"]) == (None, True, None, False)
+    assert (v["met"], v["binding"], v["margin"]) == (False, "tpot", None)
+    # TTFT p90: rank ceil(4.5) = 5 of 5 = +inf (the rejected request): unserved fails the SLO too
+    v = metrics.slo_verdict(df, config.SLOSpec(mode="percentile", ttft_s=1.0, tpot_s=0.5, ttft_percentile=90,
+                                               tpot_percentile=50))
+    assert v["bounds"]["ttft"]["unserved"] is True and (v["met"], v["binding"]) == (False, "ttft")
+    # nothing arrived: no attainment, no margin, no share; nothing to measure meets its bound
+    empty = df.iloc[:0]
+    v = metrics.slo_verdict(empty, config.SLOSpec(ttft_s=1.0, tpot_s=0.5))
+    assert (v["attainment"], v["margin"], v["met"]) == (None, None, False)
+    assert v["bounds"]["ttft"]["share_within"] is None and v["bounds"]["ttft"]["met"] is True
+    assert metrics._stats(empty.ttft_s) == {"mean": None, "p50": None, "p90": None, "p99": None}
+
+
+def test_releasable_and_expected_error_by_hand():
+    plain = NS(requests=[_req(0, 0.0, 10, 2)], topology=NS(pools=[NS(spec=NS(prefix_on=False))]))
+    timed = NS(requests=[_req(0, 0.0, 10, 2, token_s=[0.1, 0.2])], topology=plain.topology)
+    prefix = NS(requests=[_req(0, 0.0, 10, 2)], topology=NS(pools=[NS(spec=NS(prefix_on=True))]))
+    assert metrics.releasable([plain]) is True
+    assert metrics.releasable([plain, timed]) is False and metrics.releasable([prefix]) is False
+    # the stored bands (pdsim/data/validation_error.json) by engine|device; an overhead set on an engine
+    # preset is not what its band was measured with
+    import json
+    from pathlib import Path
+    bands = json.loads((Path(metrics.__file__).parent / "data" / "validation_error.json").read_text())["bands"]
+    topo = NS(pools=[NS(name="a", spec=NS(engine="sglang", step_overhead=0.001, device="h100-sxm", tp=1)),
+                     NS(name="b", spec=NS(engine="sglang", step_overhead=None, device="h100-sxm", tp=2)),
+                     NS(name="c", spec=NS(engine=None, device="h100-sxm", tp=1)),
+                     NS(name="d", spec=NS(engine=None, step_overhead=0.001, device="a100-80gb-sxm", tp=1))])
+    e = metrics.expected_error(topo)
+    assert e["a"] == ("unvalidated: step_overhead set on the sglang preset, whose band was measured with its own "
+                      "(a `pdsim calibrate --from-benchmark` file states its held-out error)")
+    assert e["b"]["engine"] == "sglang" and e["b"]["ttft_mape_pct"] == bands["sglang|h100-sxm"]["ttft_mape_pct"]
+    assert e["c"]["engine"] == "none" and e["c"]["rows"] == bands["none|h100-sxm"]["rows"]
+    assert e["d"] == "unvalidated"                # nobody measured an A100; no engine preset to override
