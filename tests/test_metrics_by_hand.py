@@ -297,7 +297,7 @@ def test_timeseries_skips_an_instance_that_never_ran_and_keeps_a_one_bin_one():
     assert list(ts.busy_fraction) == pytest.approx([0.3])
 
 
-def test_mfu_of_an_fp8_run_is_over_the_fp8_peak():
+def test_mfu_of_an_fp8_run_is_over_the_fp8_peak_in_bins_and_in_the_summary():
     # fp8 weights compute in fp8: the same FLOPs (the formula above) over the datasheet's 1979 TFLOP/s
     hid, nh, kvh, d, f, L, V, P = 4096, 32, 8, 128, 14336, 32, 128256, 1024
     params = hid * nh * d + 2 * hid * kvh * d + nh * d * hid + 3 * hid * f
