@@ -884,3 +884,22 @@ def test_releasable_and_expected_error_by_hand():
     assert e["b"]["engine"] == "sglang" and e["b"]["ttft_mape_pct"] == bands["sglang|h100-sxm"]["ttft_mape_pct"]
     assert e["c"]["engine"] == "none" and e["c"]["rows"] == bands["none|h100-sxm"]["rows"]
     assert e["d"] == "unvalidated"                # nobody measured an A100; no engine preset to override
+
+
+def test_an_autoscaled_run_that_ends_at_t0_has_no_mean_gpus(tmp_path):
+    """One request rejected on arrival at t = 0 (beyond the context) in an autoscaled topology: nothing elapsed,
+    nothing paid; the mean GPUs over no time is undefined (None, where a static topology reports its GPUs),
+    the peak is the one replica alive at the start, and no token gives 0 per GPU (not 0 / 0 GPU-hours)."""
+    from pdsim.simulation import simulate
+    trace = tmp_path / "t0.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,200000,10\n")
+    sc = config.parse({"model": "llama-3.1-8b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "topologies": {"a": {"kind": "colocated", "replicas": 1, "device": "h100-sxm",
+                                            "price_per_gpu_hour_usd": 2.5,
+                                            "autoscaler": {"policy": "schedule",
+                                                           "schedule": [{"at_s": 5.0, "replicas": 2}]}}}}, "t.yaml")
+    res = simulate(sc)
+    s = metrics.summarize(res, metrics.requests_frame(res, sc.client), sc)["a"]
+    assert s["sim_end_s"] == 0 and s["gpu_hours"] == 0.0 and s["cost_usd"] == 0.0
+    assert s["mean_gpus"] is None and s["gpus"] == 1 and s["cost_per_hour_usd"] == 0.0
+    assert s["throughput"]["output_tokens_per_s_per_gpu"] == 0.0
