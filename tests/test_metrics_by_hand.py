@@ -744,7 +744,8 @@ def test_roofline_pool_summary_by_hand():
     # Llama-3.1-8B bf16 weights: 2 B x (32 x (q, o: 2 x 4096^2; k, v: 2 x 4096 x 1024; MLP 3 x 4096 x 14336)
     # + embeddings and LM head 2 x 128256 x 4096)
     weights = 2 * (L * (2 * hid * nh * d + 2 * hid * kvh * d + 3 * hid * f) + 2 * V * hid)
-    sc, res = _run([(0.0, 1024, 1)], topo={"kind": "colocated", "device": "h100-sxm", "kv_blocks": 1000})
+    sc, res = _run([(0.0, 1024, 1)], topo={"kind": "colocated", "device": "h100-sxm", "kv_blocks": 1000},
+                   bin_s=0.01)
     p = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["pools"]["replica"]
     assert p["weights_bytes_per_gpu"] == weights
     assert p["device_source"].startswith("datasheet: NVIDIA H100 SXM5")
@@ -752,6 +753,9 @@ def test_roofline_pool_summary_by_hand():
     inst = res.topology.pools[0].instances[0]
     assert p["mbu"] == pytest.approx(inst.bytes / (res.sim_end_s * 3350e9), rel=1e-12)
     assert weights / (res.sim_end_s * 3350e9) <= p["mbu"] <= 1.0
+    # per 10 ms bin: MBU = the bin's bytes / (10 ms x 3350 GB/s); summed back over the bins, the instance's bytes
+    ts = metrics.timeseries_frame([res])
+    assert ts.mbu.sum() * 0.01 * 3350e9 == pytest.approx(inst.bytes, rel=1e-9) and 0.0 < ts.mbu.max() <= 1.0
     # energy (the H100 preset: 70 W idle, 700 W max per GPU): between idle and max power over the run; the one
     # request and the one output token each cost all of it
     e = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["energy"]
