@@ -297,7 +297,7 @@ def test_timeseries_skips_an_instance_that_never_ran_and_keeps_a_one_bin_one():
     assert list(ts.busy_fraction) == pytest.approx([0.3])
 
 
-def test_mfu_of_an_fp8_run_is_over_the_fp8_peak():
+def test_mfu_of_an_fp8_run_is_over_the_fp8_peak_in_bins_and_in_the_summary():
     # fp8 weights compute in fp8: the same FLOPs (the formula above) over the datasheet's 1979 TFLOP/s
     hid, nh, kvh, d, f, L, V, P = 4096, 32, 8, 128, 14336, 32, 128256, 1024
     params = hid * nh * d + 2 * hid * kvh * d + nh * d * hid + 3 * hid * f
@@ -306,6 +306,8 @@ def test_mfu_of_an_fp8_run_is_over_the_fp8_peak():
                    weight_dtype="fp8")
     ts = metrics.timeseries_frame([res])
     assert ts.mfu.sum() * 0.01 * 1979e12 == pytest.approx(want, rel=1e-9)
+    s = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]
+    assert s["pools"]["replica"]["mfu"] * res.sim_end_s * 1979e12 == pytest.approx(want, rel=1e-9)
 
 
 def test_busy_fraction_is_never_above_one():
@@ -436,10 +438,472 @@ def test_a_run_that_ends_at_t0_paid_nothing(tmp_path):
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
                      "2023-11-16 18:15:46.6805900,200000,10\n2023-11-16 18:15:46.6805900,200000,10\n")
     sc = config.parse({"model": "llama-3.1-8b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
-                       "topologies": {"a": {"kind": "colocated", "replicas": 2, "device": "h100-sxm"}}}, "t.yaml")
+                       "topologies": {"a": {"kind": "colocated", "replicas": 2, "device": "h100-sxm",
+                                            "price_per_gpu_hour_usd": 2.5}}}, "t.yaml")
     res = simulate(sc)
     s = metrics.summarize(res, metrics.requests_frame(res, sc.client), sc)["a"]
     assert s["sim_end_s"] == 0 and s["requests"]["rejected"] == 2
     assert s["gpu_hours"] == 0.0 and s["cost_usd"] == 0.0 and s["pools"]["replica"]["gpu_hours"] == 0.0
     assert s["mean_gpus"] == 2 and s["throughput"]["requests_per_s"] == 0.0
     assert s["cost_per_million_output_tokens_usd"] is None
+    # nothing elapsed: a static cluster's price per hour is still its GPUs' (2 x $2.50), not $0 over a 1 s span;
+    # no token: 0 per GPU too. Both rejected for the context: "context: prompt+output = ... exceed ..."
+    assert s["cost_per_hour_usd"] == 5.0 and s["throughput"]["output_tokens_per_s_per_gpu"] == 0.0
+    assert s["rejected_by_reason"] == {"context": 2}
+
+
+# --- written against the survivors of the summarize / requests_frame run (branch mutmet2) ----------------
+PD = {"kind": "disaggregated",
+      "prefill": {"instances": 1, "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.1}},
+      "decode": {"instances": 1, "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.1}},
+      "kv_link": {"bandwidth_GBps": 1, "latency_us": 0}}
+KV_TOKEN_BYTES = BLOCK_BYTES // 16     # 131,072 B of KV per token (llama-3.1-8b bf16)
+
+
+def test_disaggregated_summary_by_hand():
+    # 1 prefill + 1 decode instance, every step 0.1 s, a 1 GB/s link without latency:
+    #   r0 (0.0, 20 prompt, 3 output): prefill 0-0.1 (token 1 at 0.1); its 20 tokens' KV, 20 x 131,072 B =
+    #      2,621,440 B, take x = 2.62144 ms on the wire; decode steps from 0.1 + x: token 2 at 0.2 + x (the first
+    #      the client sees behind a PD proxy), token 3 at 0.3 + x = finish
+    #   r1 (1.0, 20, 1): prefill 1.0-1.1, its only token; nothing decoded, nothing sent. End of run 1.1
+    x = 20 * KV_TOKEN_BYTES / 1e9
+    sc, res = _run([(0.0, 20, 3), (1.0, 20, 1)], topo=PD, name="pd")
+    df = metrics.requests_frame([res], sc.client)
+    assert list(df.first_token_s) == pytest.approx([0.2 + x, 1.1])
+    assert list(df.ttft_s) == pytest.approx([0.2 + x, 0.1]) and list(df.ttft_prefill_end_s) == pytest.approx([0.1, 0.1])
+    # the client streams 2 tokens of r0 after the first it sees: TPOT (0.3 + x - (0.2 + x)) / (2 - 1) = 0.1
+    assert df.tpot_s[0] == pytest.approx(0.1) and math.isnan(df.tpot_s[1])
+    assert list(df.e2e_s) == pytest.approx([0.3 + x, 0.1])
+    assert list(df.kv_transfer_s) == pytest.approx([x, 0.0]) and list(df.kv_wait_s) == [0.0, 0.0]
+    # decode queue: decode start (0.1 + x) - prefill end 0.1 - wait 0 - transfer x = 0; r1 never decoded: NaN
+    assert df.decode_queue_s[0] == pytest.approx(0.0, abs=1e-12) and math.isnan(df.decode_queue_s[1])
+    assert list(df.instance) == ["prefill-0", "prefill-0"] and list(df.decode_instance) == ["decode-0", ""]
+    # ITL after the client's first token (index 1): one gap, 0.1
+    assert (df.itl_mean_s[0], df.itl_p99_s[0], df.itl_max_s[0]) == pytest.approx((0.1, 0.1, 0.1))
+    s = metrics.summarize([res], df, sc)["pd"]
+    assert s["kind"] == "disaggregated" and s["gpus"] == 2
+    # KV over both pools: 2 blocks at most on each instance (20 and 22 tokens); 100 + 100 blocks of capacity
+    assert s["kv_cache"] == {"peak_bytes": 4 * BLOCK_BYTES, "capacity_bytes": 200 * BLOCK_BYTES}
+    # KV transfer over the finished: {x, 0}: mean x / 2, linear percentiles x q
+    assert (s["kv_transfer_s"]["mean"], s["kv_transfer_s"]["p90"], s["kv_transfer_s"]["p99"]) == \
+        pytest.approx((x / 2, 0.9 * x, 0.99 * x))
+    assert s["links"] == [{"name": "kv-link-prefill-0", "transfers": 1, "bytes": 20 * KV_TOKEN_BYTES,
+                           "busy_fraction": pytest.approx(x / 1.1)}]
+    # 3 + 1 output tokens in 1.1 s on 2 GPUs
+    assert s["throughput"]["output_tokens_per_s_per_gpu"] == pytest.approx(4 / 1.1 / 2)
+    # each pool: 1 instance busy 2 steps (0.2 s) of 1.1 s
+    for pool in ("prefill", "decode"):
+        p = s["pools"][pool]
+        assert p["busy_fraction"] == pytest.approx(0.2 / 1.1)
+        assert (p["dp_attention"], p["pp_layers"], p["micro_batches"]) == (False, None, None)
+        assert p["device"] == "h100-sxm" and p["device_source"] == "n/a (constant/linear cost model)"
+        assert p["mbu"] is None and p["weights_bytes_per_gpu"] is None
+    # ITL over the measured finished requests: r0's one gap
+    itl = s["itl_s"]
+    assert (itl["mean"], itl["p50"], itl["p99"], itl["gaps"]) == pytest.approx((0.1, 0.1, 0.1, 1))
+    assert len(itl["quantiles"]) == 201 and itl["quantiles"] == pytest.approx([0.1] * 201)
+    assert s["slo"]["bounds"]["ttft"]["bound_s"] == 0.15 and s["expected_error"]["prefill"]["engine"] == "none"
+    # server-side TTFT (ttft_at: prefill_end): the prefill's token is the first; r0 streams 3 tokens:
+    # TPOT (0.3 + x - 0.1) / 2, ITL gaps 0.1 + x and 0.1
+    sc, res = _run([(0.0, 20, 3), (1.0, 20, 1)], topo=PD, name="pd", client={"ttft_at": "prefill_end"})
+    df = metrics.requests_frame([res], sc.client)
+    assert list(df.ttft_s) == pytest.approx([0.1, 0.1]) and df.tpot_s[0] == pytest.approx((0.2 + x) / 2)
+    assert df.itl_mean_s[0] == pytest.approx((0.2 + x) / 2) and df.itl_max_s[0] == pytest.approx(0.1 + x)
+    itl = metrics.summarize([res], df, sc)["pd"]["itl_s"]
+    assert itl["gaps"] == 2 and itl["mean"] == pytest.approx((0.2 + x) / 2)
+
+
+def test_autoscaled_summary_by_hand():
+    # one replica ($3.60 per GPU-hour = $0.001 per GPU-second), a second one decided at 1.0 (0.5 s provisioning
+    # + 0.5 s loading, paid, serving at 2.0) and drained at 3.0. Steps 0.1 s:
+    #   r0 at 0.0 (3 tokens) on replica-0: 0-0.3; r1, r2 at 2.5: one per replica, 2.5-2.8; r3 at 4.0 (1 token):
+    #   4.0-4.1 = end of run
+    topo = {"kind": "colocated", "replicas": 1, "kv_blocks": 100, "price_per_gpu_hour_usd": 3.6,
+            "cost_model": {"kind": "constant", "step_s": 0.1},
+            "autoscaler": {"policy": "schedule", "provisioning_s": 0.5, "load_s": 0.5,
+                           "schedule": [{"at_s": 1.0, "replicas": 2}, {"at_s": 3.0, "replicas": 1}]}}
+    sc, res = _run([(0.0, 20, 3), (2.5, 20, 3), (2.5, 20, 3), (4.0, 20, 1)], topo=topo, name="a")
+    s = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["a"]
+    assert res.sim_end_s == pytest.approx(4.1) and [r.instance for r in res.requests] == \
+        ["replica-0", "replica-0", "replica-1", "replica-0"]
+    # paid: replica-0 4.1 s + replica-1 1.0-3.0 = 6.1 GPU-s: $0.0061; the peak is 2 GPUs, the mean 6.1 / 4.1
+    assert s["gpus"] == 2 and s["gpu_hours"] == pytest.approx(6.1 / 3600) and s["cost_usd"] == pytest.approx(0.0061)
+    assert s["mean_gpus"] == pytest.approx(6.1 / 4.1)
+    # an autoscaled cluster's price per hour is its mean over the run: $0.0061 / (4.1 / 3600) h
+    assert s["cost_per_hour_usd"] == pytest.approx(0.0061 * 3600 / 4.1)
+    # 3 + 3 + 3 + 1 = 10 output tokens: $610 per million; per GPU alive on average: 10 / 4.1 / (6.1 / 4.1)
+    assert s["cost_per_million_output_tokens_usd"] == pytest.approx(610.0)
+    assert s["throughput"]["output_tokens_per_s_per_gpu"] == pytest.approx(10 / 6.1)
+    # busy 0.3 + 0.3 + 0.1 (replica-0) + 0.3 (replica-1) = 1.0 s over the 6.1 instance-seconds paid
+    assert s["pools"]["replica"]["busy_fraction"] == pytest.approx(1.0 / 6.1)
+    assert s["pools"]["replica"]["instances"] == 2
+    a = s["autoscaling"]["pools"]["replicas"]
+    assert a["gpu_hours"] == pytest.approx(6.1 / 3600) and a["cost_usd"] == pytest.approx(0.0061)
+    assert (a["scale_outs"], a["scale_ins"], a["peak_instances"]) == (1, 1, 2)
+
+
+def _req(i, arrival, prompt, output, status="finished", **kw):
+    r = Request(i, arrival, prompt, output)
+    r.status = status
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+def _pd_requests():
+    """Five hand-made records of a disaggregated run (client default: first token = the decode side's)."""
+    return [
+        # prefill 1.2-1.5, held 0.1 s, 0.2 s on the wire, decode start 1.9, tokens 1.5 | 2.0, 2.2, 2.6
+        _req(0, 1.0, 100, 4, first_token_s=1.5, finish_s=2.6, prefill_start_s=1.2, prefill_end_s=1.5,
+             decode_start_s=1.9, kv_wait_s=0.1, kv_transfer_s=0.2, decode_first_s=2.0,
+             token_s=[1.5, 2.0, 2.2, 2.6], preemptions=1, recomputed_tokens=10, fault_hits=2,
+             instance="p-0", decode_instance="d-0"),
+        # a one-token reply: done at the prefill's end, nothing decoded
+        _req(1, 2.0, 50, 1, first_token_s=2.3, finish_s=2.3, prefill_start_s=2.1, prefill_end_s=2.3,
+             token_s=[2.3], instance="p-0"),
+        # rejected on arrival
+        _req(2, 3.0, 9000, 5, status="rejected", reject_reason="kv: prompt beyond the pool", token_s=[]),
+        # two tokens: the client sees the second as its first, so it streams only one: no TPOT, no ITL
+        _req(3, 3.0, 10, 2, first_token_s=3.2, finish_s=3.5, prefill_start_s=3.0, prefill_end_s=3.2,
+             decode_start_s=3.3, decode_first_s=3.5, token_s=[3.2, 3.5], instance="p-0", decode_instance="d-0"),
+        # abandoned after its prefill (client gave up): a TTFT, no E2E, no TPOT
+        _req(4, 4.0, 30, 8, status="abandoned", first_token_s=4.4, prefill_start_s=4.1, prefill_end_s=4.4,
+             decode_start_s=4.6, decode_first_s=4.7, token_s=[4.4, 4.7, 4.9], instance="p-0", decode_instance="d-0"),
+    ]
+
+
+def test_requests_frame_of_hand_made_records(monkeypatch):
+    # FRAME_CHUNK = 2: the five records are read in chunks [0, 2), [2, 4), [4, 5); each column is per request
+    monkeypatch.setattr(metrics, "FRAME_CHUNK", 2)
+    res = NS(name="pd", topology=NS(kind="disaggregated"), requests=_pd_requests())
+    df = metrics.requests_frame([res], config.ClientSpec(network_rtt_s=0.01))
+    nan = float("nan")
+    assert list(df.columns) == metrics.REQUEST_COLUMNS and list(df.index) == [0, 1, 2, 3, 4]
+    assert list(df.topology) == ["pd"] * 5 and list(df.request_id) == [0, 1, 2, 3, 4]
+    assert list(df.status) == ["finished", "finished", "rejected", "finished", "abandoned"]
+    assert list(df.prompt_tokens) == [100, 50, 9000, 10, 30] and list(df.output_tokens) == [4, 1, 5, 2, 8]
+    assert list(df.arrival_s) == [1.0, 2.0, 3.0, 3.0, 4.0]
+    # the client's first token: decode side where it decoded (2.0, 3.5, 4.7), else the prefill's (2.3)
+    assert df.first_token_s.tolist() == pytest.approx([2.0, 2.3, nan, 3.5, 4.7], nan_ok=True)
+    assert df.finish_s.tolist() == pytest.approx([2.6, 2.3, nan, 3.5, nan], nan_ok=True)
+    # TTFT = first seen - arrival + RTT 0.01: 1.01, 0.31, -, 0.51, 0.71; server side (prefill end) without RTT
+    assert df.ttft_s.tolist() == pytest.approx([1.01, 0.31, nan, 0.51, 0.71], nan_ok=True)
+    assert df.ttft_prefill_end_s.tolist() == pytest.approx([0.5, 0.3, nan, 0.2, 0.4], nan_ok=True)
+    # TPOT: r0 streams 4 - 1 = 3 tokens: (2.6 - 2.0) / 2 = 0.3; r1 one token, r3 one streamed, r4 unfinished
+    assert df.tpot_s.tolist() == pytest.approx([0.3, nan, nan, nan, nan], nan_ok=True)
+    # E2E (finished only) = finish - arrival + RTT
+    assert df.e2e_s.tolist() == pytest.approx([1.61, 0.31, nan, 0.51, nan], nan_ok=True)
+    assert df.queue_s.tolist() == pytest.approx([0.2, 0.1, nan, 0.0, 0.1], nan_ok=True)
+    assert df.prefill_s.tolist() == pytest.approx([0.3, 0.2, nan, 0.2, 0.3], nan_ok=True)
+    assert df.kv_wait_s.tolist() == [0.1, 0.0, 0.0, 0.0, 0.0] and df.kv_transfer_s.tolist() == [0.2, 0, 0, 0, 0]
+    # decode queue = decode start - prefill end - wait - transfer: 1.9 - 1.5 - 0.1 - 0.2 = 0.1; 0.1; 0.2
+    assert df.decode_queue_s.tolist() == pytest.approx([0.1, nan, nan, 0.1, 0.2], nan_ok=True)
+    assert df.preemptions.tolist() == [1, 0, 0, 0, 0] and df.recomputed_tokens.tolist() == [10, 0, 0, 0, 0]
+    assert df.fault_hits.tolist() == [2, 0, 0, 0, 0]
+    assert df.instance.tolist() == ["p-0", "p-0", "", "p-0", "p-0"]
+    assert df.decode_instance.tolist() == ["d-0", "", "", "d-0", "d-0"]
+    assert df.reject_reason.tolist() == ["", "", "kv: prompt beyond the pool", "", ""]
+    # ITL after the first seen token: r0 gaps 0.2, 0.4 (mean 0.3, p99 0.2 + 0.99 x 0.2, max 0.4);
+    # r4 one gap 0.2 (unfinished requests keep their columns); r1, r2, r3 none
+    assert df.itl_mean_s.tolist() == pytest.approx([0.3, nan, nan, nan, 0.2], nan_ok=True)
+    assert df.itl_p99_s.tolist() == pytest.approx([0.398, nan, nan, nan, 0.2], nan_ok=True)
+    assert df.itl_max_s.tolist() == pytest.approx([0.4, nan, nan, nan, 0.2], nan_ok=True)
+    assert df.warmup.tolist() == [False] * 5 and df.warmup.dtype == bool
+    # numeric columns keep their types (requests.csv writes ints as ints)
+    assert df.request_id.dtype == np.int64 and df.preemptions.dtype == np.int64 and df.arrival_s.dtype == np.float64
+    # warm-up: the first 2 to finish are r1 (2.3) and r0 (2.6)
+    df = metrics.requests_frame([res], config.ClientSpec(warmup_requests=2))
+    assert df.warmup.tolist() == [True, True, False, False, False]
+    # two topologies: one frame, numbered on; release=True empties each topology's list of objects
+    res2 = NS(name="co", topology=NS(kind="colocated"), requests=_pd_requests()[:2])
+    assert metrics.releasable([NS(requests=[], topology=NS(pools=[]))])
+    df = metrics.requests_frame([res, res2], release=True)
+    assert list(df.index) == list(range(7)) and df.topology.tolist() == ["pd"] * 5 + ["co"] * 2
+    assert res.requests == [] and res2.requests == []
+    # colocated: the first token is the prefill's (1.5 for r0), TPOT (2.6 - 1.5) / 3, ITL gaps 0.5, 0.2, 0.4
+    assert df.ttft_s[5] == pytest.approx(0.5) and df.tpot_s[5] == pytest.approx(1.1 / 3)
+    assert df.itl_mean_s[5] == pytest.approx(1.1 / 3) and df.itl_max_s[5] == pytest.approx(0.5)
+    assert df.request_id.tolist() == [0, 1, 2, 3, 4, 0, 1]
+    # nothing at all: an empty frame with the columns
+    assert list(metrics.requests_frame([]).columns) == metrics.REQUEST_COLUMNS
+
+
+def test_itl_summary_of_hand_made_records():
+    # the measured finished requests are r0 and r3 (d's rows); gaps after the client's first token (the decode
+    # side's): r0 0.2, 0.4; r3 none (one streamed token); r4 unfinished and r1 not in d: left out
+    rs = _pd_requests()
+    res = NS(requests=rs, topology=NS(kind="disaggregated"))
+    d = pd.DataFrame({"request_id": [0, 3, 4], "status": ["finished", "finished", "abandoned"]})
+    s = metrics.itl_summary(res, d, config.ClientSpec())
+    assert s["gaps"] == 2 and (s["mean"], s["p50"], s["p90"], s["p99"]) == pytest.approx((0.3, 0.3, 0.38, 0.398))
+    assert s["quantiles"][0] == pytest.approx(0.2) and s["quantiles"][-1] == pytest.approx(0.4)
+    assert s["quantiles"][100] == pytest.approx(0.3) and len(s["quantiles"]) == 201
+    # server-side first token: r0's gaps 0.5, 0.2, 0.4 and r3's 0.3
+    s = metrics.itl_summary(res, d, config.ClientSpec(ttft_at="prefill_end"))
+    assert s["gaps"] == 4 and s["mean"] == pytest.approx(1.4 / 4)
+    # colocated: also from the first token
+    s = metrics.itl_summary(NS(requests=rs, topology=NS(kind="colocated")), d, config.ClientSpec())
+    assert s["gaps"] == 4 and s["mean"] == pytest.approx(1.4 / 4)
+    # only r3 measured: no gap at all -> None (not a summary of an empty or made-up sample)
+    d3 = d[d.request_id == 3]
+    assert metrics.itl_summary(res, d3, config.ClientSpec()) is None
+    assert metrics.itl_gaps(rs, np.ones(5, np.int64), np.array([False, True, True, True, False])).size == 0
+    # token times not recorded: None
+    res0 = NS(requests=[_req(0, 0.0, 10, 3, first_token_s=0.1, finish_s=0.3)], topology=NS(kind="colocated"))
+    assert metrics.itl_summary(res0, d, config.ClientSpec()) is None
+    assert metrics.itl_summary(NS(requests=[], topology=NS(kind="colocated")), d, config.ClientSpec()) is None
+
+
+def test_warmup_ties_by_order_beyond_a_small_sort():
+    # 20 finished requests, finish times 0.2, 0.1, 0.2, 0.1, ... (ten of each): the 5 warm-up requests are the
+    # first five to finish at 0.1 in request order: indices 1, 3, 5, 7, 9 (an unstable sort of 20 picks others)
+    finish = np.array([0.2, 0.1] * 10)
+    status = np.array(["finished"] * 20, dtype=object)
+    m = metrics.warmup_mask(finish, status, 5)
+    assert m.dtype == bool and np.nonzero(m)[0].tolist() == [1, 3, 5, 7, 9]
+
+
+def test_p99_of_more_than_101_gaps_and_numpys_rounding_by_hand():
+    # 201 tokens, gap k = k for k = 1..200: p99 at index 199 x 0.99 = 197.01 of the sorted gaps: between the
+    # 198th and 199th gap (198 and 199): 198 + 0.01 x 1 = 198.01 (the next gap, 200, is not the neighbour)
+    t = np.concatenate([[0.0], np.cumsum(np.arange(1.0, 201.0))]).tolist()
+    _, p99, mx = metrics.itl_columns([_tok(t)], np.zeros(1, np.int64))
+    assert p99[0] == pytest.approx(198.01, rel=1e-9) and mx[0] == 200.0
+    # numpy's linear rule interpolates down from the upper neighbour when the fraction is >= 0.5:
+    # gaps 0.3 and 1.2 (tokens 0, 0.3, 1.5): 1.2 - 0.9 x (1 - 0.99) = 1.191 exactly as a float, where
+    # 0.3 + 0.9 x 0.99 rounds to 1.1909999999999998 (the column is bit-for-bit np.percentile's)
+    _, p99, _ = metrics.itl_columns([_tok([0.0, 0.3, 1.5])], np.zeros(1, np.int64))
+    assert p99[0] == 1.191
+
+
+def test_a_topology_without_requests_gives_an_empty_frame_and_a_summary():
+    res = NS(name="e", topology=NS(kind="colocated"), requests=[])
+    df = metrics.requests_frame([res])
+    assert len(df) == 0 and list(df.columns) == metrics.REQUEST_COLUMNS
+    assert metrics.requests_frame([res], release=True).empty
+
+
+def test_summary_of_faults_and_of_two_replicas_by_hand():
+    # two replicas (0.1 s steps), replica-0 down from t = 0 for 100 s: the request (arrival 0, 20 prompt,
+    # 3 output) is routed to replica-0 at 0, lost there (1 fault hit) and served on replica-1, 0-0.3 s
+    topo = {"kind": "colocated", "replicas": 2, "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.1}}
+    sc, res = _run([(0.0, 20, 3)], topo=topo, faults={"instances": [{"at_s": 0.0, "instance": "replica-0",
+                                                                      "down_s": 100}]})
+    s = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]
+    f = s["faults"]
+    assert f["requests_affected"] == 1 and f["requests_arriving_in_fault_windows"] == 1
+    # TPOT 0.1 > 0.05: the one request, inside the window [0, 100), misses; none outside
+    assert f["slo_attainment_inside_fault_windows"] == 0.0 and f["slo_attainment_outside_fault_windows"] is None
+    assert f["recovery"] == [{"fault_start_s": 0, "fault_end_s": 100.0, "time_to_recover_s": None}]
+    # still down when the run ends at 0.3: counted to the end
+    assert f["instance_down_s"] == {"replica-0": pytest.approx(0.3)}
+    assert [e["instance"] for e in f["events"]] == ["replica-0"]
+    # busy 3 steps (0.3 s) over 2 instances x 0.3 s paid
+    assert s["pools"]["replica"]["busy_fraction"] == pytest.approx(0.5)
+    assert s["gpus"] == 2 and s["throughput"]["output_tokens_per_s_per_gpu"] == pytest.approx(3 / 0.3 / 2)
+
+
+def test_two_topologies_in_one_frame_are_summarised_apart():
+    # "x": the two-request run of test_summary_of_two_requests_by_hand; "y": one request (0.0, 20, 5) alone,
+    # 5 steps: E2E 0.5 s, run 0.5 s
+    sc, rx = _run([(0.0, 20, 3), (1.0, 30, 1)], name="x")
+    _, ry = _run([(0.0, 20, 5)], name="y")
+    df = metrics.requests_frame([rx, ry], sc.client)
+    s = metrics.summarize([rx, ry], df, sc)
+    assert s["x"]["requests"]["total"] == 2 and s["y"]["requests"]["total"] == 1
+    assert s["x"]["e2e_s"]["mean"] == pytest.approx(0.2) and s["y"]["e2e_s"]["mean"] == pytest.approx(0.5)
+    assert s["y"]["throughput"]["output_tokens_per_s"] == pytest.approx(5 / 0.5)
+
+
+def test_request_counts_partition_the_statuses():
+    # the two-request run's frame with r1 marked abandoned, then unfinished: every arrived request is
+    # counted once, in its own status
+    sc, res = _run([(0.0, 20, 3), (1.0, 30, 1)])
+    for status in ("abandoned", "unfinished"):
+        df = metrics.requests_frame([res], sc.client)
+        df.loc[1, "status"] = status
+        c = metrics.summarize([res], df, sc)["c"]["requests"]
+        assert c == {"total": 2, "finished": 1, "rejected": 0, "abandoned": 0, "unfinished": 0, status: 1}
+
+
+def test_pipeline_pool_summary_by_hand():
+    # pp 2 of Llama-3.1-8B's 32 layers: 16 + 16, micro-batches default to pp, 2 GPUs
+    topo = {"kind": "colocated", "pp": 2, "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.1}}
+    sc, res = _run([(0.0, 20, 3)], topo=topo)
+    p = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["pools"]["replica"]
+    assert (p["pp"], p["micro_batches"], p["pp_layers"], p["gpus"]) == (2, 2, [16, 16], 2)
+    topo["micro_batches"] = 4
+    sc, res = _run([(0.0, 20, 3)], topo=topo)
+    p = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["pools"]["replica"]
+    assert p["micro_batches"] == 4
+
+
+def test_roofline_pool_summary_by_hand():
+    # one 1024-token prompt, one output token on an H100 (datasheet: 3350 GB/s)
+    hid, nh, kvh, d, f, L, V = 4096, 32, 8, 128, 14336, 32, 128256
+    # Llama-3.1-8B bf16 weights: 2 B x (32 x (q, o: 2 x 4096^2; k, v: 2 x 4096 x 1024; MLP 3 x 4096 x 14336)
+    # + embeddings and LM head 2 x 128256 x 4096)
+    weights = 2 * (L * (2 * hid * nh * d + 2 * hid * kvh * d + 3 * hid * f) + 2 * V * hid)
+    sc, res = _run([(0.0, 1024, 1)], topo={"kind": "colocated", "device": "h100-sxm", "kv_blocks": 1000},
+                   bin_s=0.01)
+    p = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["pools"]["replica"]
+    assert p["weights_bytes_per_gpu"] == weights
+    assert p["device_source"].startswith("datasheet: NVIDIA H100 SXM5")
+    # MBU: the bytes the instance moved over (run x 3350 GB/s); a prefill reads at least every weight once
+    inst = res.topology.pools[0].instances[0]
+    assert p["mbu"] == pytest.approx(inst.bytes / (res.sim_end_s * 3350e9), rel=1e-12)
+    assert weights / (res.sim_end_s * 3350e9) <= p["mbu"] <= 1.0
+    # per 10 ms bin: MBU = the bin's bytes / (10 ms x 3350 GB/s); summed back over the bins, the instance's bytes
+    ts = metrics.timeseries_frame([res])
+    assert ts.mbu.sum() * 0.01 * 3350e9 == pytest.approx(inst.bytes, rel=1e-9) and 0.0 < ts.mbu.max() <= 1.0
+    # energy (the H100 preset: 70 W idle, 700 W max per GPU): between idle and max power over the run; the one
+    # request and the one output token each cost all of it
+    e = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["energy"]
+    assert 70.0 * res.sim_end_s <= e["energy_J"] <= 700.0 * res.sim_end_s
+    assert e["J_per_request"] == e["energy_J"] and e["J_per_output_token"] == e["energy_J"]
+
+
+def test_speculative_summary_by_hand():
+    # k = 3 drafts, every one accepted, 13 output tokens: the prefill's token, then 3 verify steps of 4 tokens
+    # (1 + 3 accepted each): 9 drafted, 9 accepted, 4 tokens per verify step
+    spec = {"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.5}
+    topo = {"kind": "colocated", "kv_blocks": 100, "cost_model": {"kind": "constant", "step_s": 0.01},
+            "speculative": spec}
+    sc, res = _run([(0.0, 100, 13)], topo=topo)
+    s = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]
+    sp = s["speculative"]["replica"]
+    assert (sp["verify_request_steps"], sp["drafted_tokens"], sp["accepted_tokens"]) == (3, 9, 9)
+    assert sp["tokens_per_verify_step"] == 4.0 and sp["draft_acceptance_rate"] == 1.0
+    assert set(s["speculative"]) == {"replica"}
+    # a pool without speculation reports none
+    sc, res = _run([(0.0, 20, 3)])
+    assert "speculative" not in metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]
+
+
+def test_autoscaled_peak_gpus_are_the_most_alive_at_once_by_hand():
+    # PD, 1 + 1 instances; a second prefill instance paid 1.0-3.0, a second decode instance paid 4.0-6.0
+    # (each decided 0.5 s provisioning + 0.5 s loading before it serves). Requests at 0.0 and 7.0; end 7.1
+    topo = {**PD, "autoscaler": {"policy": "schedule", "provisioning_s": 0.5, "load_s": 0.5,
+                                 "schedule": [{"at_s": 1.0, "prefill": 2, "decode": 1},
+                                              {"at_s": 3.0, "prefill": 1, "decode": 1},
+                                              {"at_s": 4.0, "prefill": 1, "decode": 2},
+                                              {"at_s": 6.0, "prefill": 1, "decode": 1}]}}
+    sc, res = _run([(0.0, 20, 3), (7.0, 20, 1)], topo=topo, name="pd")
+    s = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["pd"]
+    # each pool peaks at 2 GPUs, but never together: at most 2 + 1 GPUs were alive at once (not 2 + 2)
+    assert s["gpus"] == 3 and [p["gpus"] for p in s["pools"].values()] == [2, 2]
+    # paid: 7.1 + 7.1 + 2 + 2 = 18.2 GPU-seconds; the mean over the run 18.2 / 7.1
+    assert s["gpu_hours"] == pytest.approx(18.2 / 3600) and s["mean_gpus"] == pytest.approx(18.2 / 7.1)
+
+
+def _slo_frame():
+    """r0 exactly at both bounds (TTFT 1.0, TPOT 0.5); r1 a one-token reply (no TPOT); r2 TTFT 2.0 too late;
+    r3 rejected (5 tokens asked); r4 two tokens asked, TPOT 0.2."""
+    return pd.DataFrame({"status": ["finished", "finished", "finished", "rejected", "finished"],
+                         "ttft_s": [1.0, 0.5, 2.0, np.nan, 0.25], "tpot_s": [0.5, np.nan, 0.2, np.nan, 0.2],
+                         "output_tokens": [4, 1, 3, 5, 2]})
+
+
+def test_slo_verdict_attainment_mode_by_hand():
+    df = _slo_frame()
+    slo = config.SLOSpec(ttft_s=1.0, tpot_s=0.5, attainment_target=0.6, ttft_percentile=25, tpot_percentile=50)
+    # within TTFT (<= 1.0, finished): r0 (at the bound), r1, r4: 3 of 5; within TPOT (none or <= 0.5): r0
+    # (at the bound), r1, r2, r4: 4 of 5; both: r0, r1, r4: 3 of 5 = 0.6 = the target
+    assert metrics.slo_attainment(df, slo) == pytest.approx(0.6)
+    # samples: TTFT of every arrival, the rejected one +inf; TPOT of those asking > 1 token (r0, r2, r3, r4),
+    # the unfinished one +inf
+    ttft, tpot = metrics.slo_samples(df)
+    assert ttft.tolist() == [1.0, 0.5, 2.0, math.inf, 0.25] and tpot.tolist() == [0.5, 0.2, math.inf, 0.2]
+    v = metrics.slo_verdict(df, slo)
+    # TTFT p25 by nearest rank: ceil(0.25 x 5) = rank 2 of 0.25, 0.5, 1, 2, inf = 0.5, margin 0.5
+    # TPOT p50: rank 2 of 0.2, 0.2, 0.5, inf = 0.2, margin 0.3
+    assert v["bounds"]["ttft"] == {"bound_s": 1.0, "percentile": 25, "measured_s": 0.5, "unserved": False,
+                                   "margin_s": 0.5, "met": True, "share_within": 0.6}
+    assert v["bounds"]["tpot"] == {"bound_s": 0.5, "percentile": 50, "measured_s": 0.2, "unserved": False,
+                                   "margin_s": pytest.approx(0.3), "met": True, "share_within": 0.8}
+    # attainment mode: 0.6 >= 0.6 met, margin 0; TTFT binds (fewer within), though its headroom (0.5 / 1.0)
+    # is larger than TPOT's (0.3 / 0.5)
+    assert (v["mode"], v["met"], v["binding"], v["margin"], v["margin_unit"]) == \
+        ("attainment", True, "ttft", pytest.approx(0.0), "fraction")
+    assert v["attainment"] == pytest.approx(0.6) and v["attainment_target"] == 0.6
+    # a measured percentile equal to its bound meets it: TPOT p75 = rank 3 of 4 = 0.5
+    v = metrics.slo_verdict(df, config.SLOSpec(ttft_s=1.0, tpot_s=0.5, attainment_target=0.6, ttft_percentile=25,
+                                               tpot_percentile=75))
+    assert v["bounds"]["tpot"]["measured_s"] == 0.5 and v["bounds"]["tpot"]["met"] is True
+    # TPOT's headroom is now 0 (< TTFT's 0.5), yet TTFT still binds: 3 of 5 within it against 4 of 5
+    assert v["binding"] == "ttft"
+    # an SLO object without a mode (duck-typed) is judged in attainment mode
+    duck = NS(ttft_s=1.0, tpot_s=0.5, attainment_target=0.6, ttft_percentile=25, tpot_percentile=50)
+    assert metrics.slo_verdict(df, duck)["mode"] == "attainment" and metrics.slo_passes(duck, 0.6, 9.0, 9.0)
+
+
+def test_slo_verdict_percentile_mode_by_hand():
+    df = _slo_frame()
+    # TTFT p25 = 0.5 (margin 0.5, headroom 0.5 / 1.0 = 0.5); TPOT bound 0.25, p50 = 0.2: margin 0.05,
+    # headroom 0.05 / 0.25 = 0.2 -> TPOT binds (by margin x bound it would be TTFT: 0.5 vs 0.0125)
+    v = metrics.slo_verdict(df, config.SLOSpec(mode="percentile", ttft_s=1.0, tpot_s=0.25, ttft_percentile=25,
+                                               tpot_percentile=50))
+    assert (v["met"], v["binding"], v["margin_unit"]) == (True, "tpot", "s") and v["margin"] == pytest.approx(0.05)
+    # TTFT bound 0.6: margin 0.1, headroom 0.1 / 0.6 = 0.167 < TPOT's 0.2 with bound 0.25: TTFT binds
+    v = metrics.slo_verdict(df, config.SLOSpec(mode="percentile", ttft_s=0.6, tpot_s=0.25, ttft_percentile=25,
+                                               tpot_percentile=50))
+    assert v["binding"] == "ttft" and v["margin"] == pytest.approx(0.1)
+    # TPOT p90: rank ceil(3.6) = 4 of 4 = +inf (the rejected request): unserved, shown as None, fails the SLO
+    # and binds whatever the TTFT margin
+    v = metrics.slo_verdict(df, config.SLOSpec(mode="percentile", ttft_s=1.0, tpot_s=0.5, ttft_percentile=25,
+                                               tpot_percentile=90))
+    t = v["bounds"]["tpot"]
+    assert (t["measured_s"], t["unserved"], t["margin_s"], t["met"]) == (None, True, None, False)
+    assert (v["met"], v["binding"], v["margin"]) == (False, "tpot", None)
+    # TTFT p90: rank ceil(4.5) = 5 of 5 = +inf (the rejected request): unserved fails the SLO too
+    v = metrics.slo_verdict(df, config.SLOSpec(mode="percentile", ttft_s=1.0, tpot_s=0.5, ttft_percentile=90,
+                                               tpot_percentile=50))
+    assert v["bounds"]["ttft"]["unserved"] is True and (v["met"], v["binding"]) == (False, "ttft")
+    # nothing arrived: no attainment, no margin, no share; nothing to measure meets its bound
+    empty = df.iloc[:0]
+    v = metrics.slo_verdict(empty, config.SLOSpec(ttft_s=1.0, tpot_s=0.5))
+    assert (v["attainment"], v["margin"], v["met"]) == (None, None, False)
+    assert v["bounds"]["ttft"]["share_within"] is None and v["bounds"]["ttft"]["met"] is True
+    assert metrics._stats(empty.ttft_s) == {"mean": None, "p50": None, "p90": None, "p99": None}
+
+
+def test_releasable_and_expected_error_by_hand():
+    plain = NS(requests=[_req(0, 0.0, 10, 2)], topology=NS(pools=[NS(spec=NS(prefix_on=False))]))
+    timed = NS(requests=[_req(0, 0.0, 10, 2, token_s=[0.1, 0.2])], topology=plain.topology)
+    prefix = NS(requests=[_req(0, 0.0, 10, 2)], topology=NS(pools=[NS(spec=NS(prefix_on=True))]))
+    assert metrics.releasable([plain]) is True
+    assert metrics.releasable([plain, timed]) is False and metrics.releasable([prefix]) is False
+    # the stored bands (pdsim/data/validation_error.json) by engine|device; an overhead set on an engine
+    # preset is not what its band was measured with
+    import json
+    from pathlib import Path
+    bands = json.loads((Path(metrics.__file__).parent / "data" / "validation_error.json").read_text())["bands"]
+    topo = NS(pools=[NS(name="a", spec=NS(engine="sglang", step_overhead=0.001, device="h100-sxm", tp=1)),
+                     NS(name="b", spec=NS(engine="sglang", step_overhead=None, device="h100-sxm", tp=2)),
+                     NS(name="c", spec=NS(engine=None, device="h100-sxm", tp=1)),
+                     NS(name="d", spec=NS(engine=None, step_overhead=0.001, device="a100-80gb-sxm", tp=1))])
+    e = metrics.expected_error(topo)
+    assert e["a"] == ("unvalidated: step_overhead set on the sglang preset, whose band was measured with its own "
+                      "(a `pdsim calibrate --from-benchmark` file states its held-out error)")
+    assert e["b"]["engine"] == "sglang" and e["b"]["ttft_mape_pct"] == bands["sglang|h100-sxm"]["ttft_mape_pct"]
+    assert e["c"]["engine"] == "none" and e["c"]["rows"] == bands["none|h100-sxm"]["rows"]
+    assert e["d"] == "unvalidated"                # nobody measured an A100; no engine preset to override
+
+
+def test_an_autoscaled_run_that_ends_at_t0_has_no_mean_gpus(tmp_path):
+    """One request rejected on arrival at t = 0 (beyond the context) in an autoscaled topology: nothing elapsed,
+    nothing paid; the mean GPUs over no time is undefined (None, where a static topology reports its GPUs),
+    the peak is the one replica alive at the start, and no token gives 0 per GPU (not 0 / 0 GPU-hours)."""
+    from pdsim.simulation import simulate
+    trace = tmp_path / "t0.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,200000,10\n")
+    sc = config.parse({"model": "llama-3.1-8b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "topologies": {"a": {"kind": "colocated", "replicas": 1, "device": "h100-sxm",
+                                            "price_per_gpu_hour_usd": 2.5,
+                                            "autoscaler": {"policy": "schedule",
+                                                           "schedule": [{"at_s": 5.0, "replicas": 2}]}}}}, "t.yaml")
+    res = simulate(sc)
+    s = metrics.summarize(res, metrics.requests_frame(res, sc.client), sc)["a"]
+    assert s["sim_end_s"] == 0 and s["gpu_hours"] == 0.0 and s["cost_usd"] == 0.0
+    assert s["mean_gpus"] is None and s["gpus"] == 1 and s["cost_per_hour_usd"] == 0.0
+    assert s["throughput"]["output_tokens_per_s_per_gpu"] == 0.0
