@@ -891,3 +891,15 @@ def test_series_spread_across_a_float_edge():
     assert len(s.busy_s) == 44 and sum(s.steps) == 1
     assert s.busy_s[42] == 0 and s.busy_s[43] == pytest.approx(0.05, abs=1e-15)
     assert s.flops[43] == pytest.approx(10.0) and s.bytes[43] == pytest.approx(20.0) and s.flops[42] == 0
+
+
+def test_series_spread_from_a_float_edge_over_three_bins():
+    # 0.1 s bins; a 0.25 s step starting at 4.3 (on the edge of bin 43: int(4.3 / 0.1) == 42) covers
+    # [4.3, 4.4) in bin 43, [4.4, 4.5) in bin 44 and [4.5, 4.55) in bin 45: 0.1 + 0.1 + 0.05 s, and its FLOPs
+    # (10) and bytes (20) in the same 2 : 2 : 1 shares; nothing in bin 42
+    s = Series(0.1)
+    s.record(4.3, 0.25, 10.0, 20.0, 1, 0, 0)
+    assert len(s.busy_s) == 46 and s.busy_s[42] == 0 and s.flops[42] == 0 and sum(s.steps) == 1
+    assert s.busy_s[43:] == pytest.approx([0.1, 0.1, 0.05], abs=1e-12)
+    assert s.flops[43:] == pytest.approx([4.0, 4.0, 2.0], abs=1e-9)
+    assert s.bytes[43:] == pytest.approx([8.0, 8.0, 4.0], abs=1e-9)
