@@ -891,3 +891,58 @@ def test_series_spread_across_a_float_edge():
     assert len(s.busy_s) == 44 and sum(s.steps) == 1
     assert s.busy_s[42] == 0 and s.busy_s[43] == pytest.approx(0.05, abs=1e-15)
     assert s.flops[43] == pytest.approx(10.0) and s.bytes[43] == pytest.approx(20.0) and s.flops[42] == 0
+
+
+def test_series_spread_from_a_float_edge_over_three_bins():
+    # 0.1 s bins; a 0.25 s step starting at 4.3 (on the edge of bin 43: int(4.3 / 0.1) == 42) covers
+    # [4.3, 4.4) in bin 43, [4.4, 4.5) in bin 44 and [4.5, 4.55) in bin 45: 0.1 + 0.1 + 0.05 s, and its FLOPs
+    # (10) and bytes (20) in the same 2 : 2 : 1 shares; nothing in bin 42
+    s = Series(0.1)
+    s.record(4.3, 0.25, 10.0, 20.0, 1, 0, 0)
+    assert len(s.busy_s) == 46 and s.busy_s[42] == 0 and s.flops[42] == 0 and sum(s.steps) == 1
+    assert s.busy_s[43:] == pytest.approx([0.1, 0.1, 0.05], abs=1e-12)
+    assert s.flops[43:] == pytest.approx([4.0, 4.0, 2.0], abs=1e-9)
+    assert s.bytes[43:] == pytest.approx([8.0, 8.0, 4.0], abs=1e-9)
+
+
+def test_a_failure_in_a_windows_last_step_keeps_every_step_before_it():
+    # r (14, 10): prefill 0-0.25, a window of 9 decodes ending 0.5 .. 2.5.  At 2.4 the steps ending 0.5 .. 2.25
+    # (8 of them) have happened: a sync applies all 8 (tokens 2 .. 9, 14 + 8 = 22 tokens computed) and only the
+    # last step is in flight.  The GPU fails then: 22 tokens to recompute.  Back at 3.0 and re-submitted, the
+    # request recomputes 14 + 9 = 23 tokens in one step 3.0-3.25, which gives its 10th and last token.
+    env, inst, _ = _inst()
+    r = _tokens(Request(0, 0.0, 14, 10))
+    inst.submit(r)
+    env.run(until=2.4)
+    inst.sync()
+    assert r.generated == 9 and r.computed == 22 and inst.steps == 9 and inst.busy_s == 2.25
+    assert r.token_s == [0.25 * i for i in range(1, 10)] and inst.outstanding_tokens == 1
+    lost = inst.fail()
+    assert lost == [r] and r.recomputed_tokens == 22 and r.computed == 0 and r.generated == 9
+    _at(env, 3.0, inst.recover)
+    _at(env, 3.0, lambda: inst.submit(r))
+    env.run()
+    assert r.finish_s == 3.25 and r.token_s[-1] == 3.25 and len(r.token_s) == 10 and inst.steps == 10
+
+
+def test_a_prefill_instance_re_prefilling_a_request_with_tokens_keeps_its_loads_by_hand():
+    # A decode instance failed after streaming 3 tokens of r0 (20, 5): the request comes back to a prefill
+    # instance with computed 0, generated 3, and must prefill 20 + 3 = 23 tokens.  r1 (14, 5) is new.  Both are
+    # admitted into one step (fcfs: 37 tokens), r0 first.  Loads on submit: tokens 23 + 14 = 37 (the prompt
+    # tokens left), decode work (5 - 3) + 5 = 7.  At the step's end (0.25):
+    #   r0: token 4, not its last: handed off (tokens 37 - 23 = 14 left, decode work 7 - 1 - (5 - 4) = 5);
+    #   r1: token 1 (tokens 14 - 14 = 0, decode work 5 - 1 = 4), then handed off (4 - (5 - 1) = 0).
+    # The sink reads the loads at each callback (a callback may route a new request, which reads them).
+    env, inst, sink = _inst(role="prefill")
+    seen = []
+    sink.first_token = lambda r: seen.append(("first", r.id, inst.outstanding_tokens, inst.decode_work))
+    sink.prefill_done = lambda r, i: seen.append(("handoff", r.id, inst.outstanding_tokens, inst.decode_work))
+    r0, r1 = Request(0, 0.0, 20, 5, generated=3), Request(1, 0.0, 14, 5)
+    inst.submit(r0)
+    inst.submit(r1)
+    assert inst.outstanding_tokens == 37 and inst.decode_work == 7
+    env.run()
+    assert seen == [("handoff", 0, 14, 5), ("first", 1, 0, 4), ("handoff", 1, 0, 0)]
+    assert r0.status == r1.status == HANDOFF and r0.generated == 4 and r0.computed == 23
+    assert r0.first_token_s != r0.first_token_s and r1.first_token_s == 0.25      # r0's first token was earlier
+    assert inst.outstanding_tokens == 0 and inst.decode_work == 0 and inst.steps == 1
