@@ -396,3 +396,19 @@ def test_make_requests_hash_branch_and_integer_arrivals_by_hand():
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_block_tokens) for r in rs] == \
         [(1.0, 10, 3, 0), (2.0, 20, 4, 0)]
     assert all(type(r.arrival_s) is float for r in rs)
+
+
+def test_trace_jitter_is_drawn_per_request_and_errors_name_their_key(tmp_path):
+    from pdsim.errors import ConfigError
+    name = _vidur(tmp_path / "t.csv", [(0.0, 10, 1), (1.0, 20, 2), (2.0, 30, 3), (3.0, 40, 4)])
+    # each request its own uniform shift in [0, 0.5): four continuous draws, never all equal
+    t = [r.arrival_s for r in _gen(_sc(tmp_path, arrival="trace", trace={"path": name, "jitter_s": 0.5}))]
+    shifts = [x - k for k, x in enumerate(t)]
+    assert all(0 <= s < 0.5 for s in shifts) and len(set(shifts)) == 4
+    with pytest.raises(ConfigError) as e:                      # a window past the trace's end (3 s)
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": name, "start_s": 10.0}))
+    assert (e.value.key, e.value.value) == ("workload.trace", name)
+    (tmp_path / "l.csv").write_text("num_prefill_tokens,num_decode_tokens\n5,1\n")
+    with pytest.raises(ConfigError) as e:                      # lengths only: no timestamps to replay
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": "l.csv"}))
+    assert (e.value.key, e.value.value) == ("workload.trace.path", "l.csv")
