@@ -412,3 +412,11 @@ def test_trace_jitter_is_drawn_per_request_and_errors_name_their_key(tmp_path):
     with pytest.raises(ConfigError) as e:                      # lengths only: no timestamps to replay
         _gen(_sc(tmp_path, arrival="trace", trace={"path": "l.csv"}))
     assert (e.value.key, e.value.value) == ("workload.trace.path", "l.csv")
+
+
+def test_trace_replay_reads_the_format_given(tmp_path):
+    # the arrival trace too: a Vidur file replayed as an Azure trace lacks Azure's columns
+    from pdsim.errors import TraceError
+    a = _vidur(tmp_path / "a.csv", [(0.0, 100, 1), (1.0, 200, 2)])
+    with pytest.raises(TraceError):
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": a, "format": "azure"}))
