@@ -380,3 +380,43 @@ def test_nhpp_low_rates_zero_segments_and_ramps_away_from_zero():
     # a ramp from 0 to 2 over 2000 s: integral 2000, of which 500 in the first half (rate below 1 there)
     t = wl.nhpp_arrivals(rng, _curve(points=[[0, 0], [2000, 2]]), 2000.0)
     assert abs(len(t) - 2000) < 5 * np.sqrt(2000) and abs((t < 1000).sum() - 500) < 5 * np.sqrt(500)
+
+
+def test_shared_ints_gives_ints_one_object_per_value_by_hand():
+    # float token counts (a trace column read as floats) come back as Python ints; equal values share
+    # one int object (1000 > 256 is not one of CPython's cached small ints)
+    xs = wl.shared_ints(np.array([1000.0, 7.0, 1000.0]))
+    assert xs == [1000, 7, 1000] and all(type(x) is int for x in xs) and xs[0] is xs[2]
+
+
+def test_make_requests_hash_branch_and_integer_arrivals_by_hand():
+    # whole-second arrivals given as integers are still float times; the hash branch keeps every length,
+    # and without hash_block_tokens a request's hash unit is 0 (not set), as a Request's default
+    rs = wl.make_requests(np.array([1, 2]), np.array([10, 20]), np.array([3, 4]), [[5], [5, 6]])
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_block_tokens) for r in rs] == \
+        [(1.0, 10, 3, 0), (2.0, 20, 4, 0)]
+    assert all(type(r.arrival_s) is float for r in rs)
+
+
+def test_trace_jitter_is_drawn_per_request_and_errors_name_their_key(tmp_path):
+    from pdsim.errors import ConfigError
+    name = _vidur(tmp_path / "t.csv", [(0.0, 10, 1), (1.0, 20, 2), (2.0, 30, 3), (3.0, 40, 4)])
+    # each request its own uniform shift in [0, 0.5): four continuous draws, never all equal
+    t = [r.arrival_s for r in _gen(_sc(tmp_path, arrival="trace", trace={"path": name, "jitter_s": 0.5}))]
+    shifts = [x - k for k, x in enumerate(t)]
+    assert all(0 <= s < 0.5 for s in shifts) and len(set(shifts)) == 4
+    with pytest.raises(ConfigError) as e:                      # a window past the trace's end (3 s)
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": name, "start_s": 10.0}))
+    assert (e.value.key, e.value.value) == ("workload.trace", name)
+    (tmp_path / "l.csv").write_text("num_prefill_tokens,num_decode_tokens\n5,1\n")
+    with pytest.raises(ConfigError) as e:                      # lengths only: no timestamps to replay
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": "l.csv"}))
+    assert (e.value.key, e.value.value) == ("workload.trace.path", "l.csv")
+
+
+def test_trace_replay_reads_the_format_given(tmp_path):
+    # the arrival trace too: a Vidur file replayed as an Azure trace lacks Azure's columns
+    from pdsim.errors import TraceError
+    a = _vidur(tmp_path / "a.csv", [(0.0, 100, 1), (1.0, 200, 2)])
+    with pytest.raises(TraceError):
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": a, "format": "azure"}))
