@@ -829,6 +829,8 @@ class DaskExecutor:
                                   value=scheduler) from None
 
     def map(self, fn, tasks: list, on_done=None) -> list:
+        from concurrent.futures import CancelledError
+
         from distributed import KilledWorker, wait
         futures = self.client.map(fn, tasks, pure=False)
         alone_since = None
@@ -840,32 +842,50 @@ class DaskExecutor:
                 done = sum(1 for f in futures if f.done())
                 for _ in range(done - seen):
                     on_done()
-                seen = done
+                seen = max(seen, done)
+
+        def check_workers():
+            nonlocal alone_since
+            try:
+                workers = len(self.client.nthreads())
+            except (OSError, TimeoutError) as exc:
+                raise PdsimError(f"lost the Dask scheduler {self.address}: {exc}; the plan stopped") from None
+            now = time.monotonic()
+            if workers:
+                alone_since = None
+            elif alone_since is None:
+                alone_since = now
+            elif now - alone_since >= self.lost_workers_s:
+                left = sum(1 for f in futures if not f.done())
+                raise PdsimError(f"the Dask scheduler {self.address} has had no workers for "
+                                 f"{self.lost_workers_s:g} s ({left} of {len(futures)} simulations unfinished); "
+                                 "the plan stopped: start workers and run it again (finished results are cached)")
+        results, todo = {}, list(range(len(futures)))
         try:
-            while True:
+            # Fetch results one by one with a timeout, never with one blocking gather: a result held only by
+            # a worker that dies after its task finished is recomputed, and with no worker left a plain
+            # gather waits forever (seen in CI). Every wait is bounded and followed by the workers check.
+            while todo:
                 try:
-                    wait(futures, timeout=self.poll_s)
-                    ticks()
-                    break
+                    wait([futures[i] for i in todo], timeout=self.poll_s)
                 except TimeoutError:
                     ticks()
-                try:
-                    workers = len(self.client.nthreads())
-                except (OSError, TimeoutError) as exc:
-                    raise PdsimError(f"lost the Dask scheduler {self.address}: {exc}; the plan stopped") from None
-                now = time.monotonic()
-                if workers:
-                    alone_since = None
-                elif alone_since is None:
-                    alone_since = now
-                elif now - alone_since >= self.lost_workers_s:
-                    left = sum(1 for f in futures if not f.done())
-                    raise PdsimError(f"the Dask scheduler {self.address} has had no workers for "
-                                     f"{self.lost_workers_s:g} s ({left} of {len(futures)} simulations unfinished); "
-                                     "the plan stopped: start workers and run it again (finished results are cached)")
-            return self.client.gather(futures)
+                    check_workers()
+                    continue
+                ticks()
+                while todo:
+                    try:
+                        results[todo[0]] = futures[todo[0]].result(timeout=self.poll_s)
+                    except TimeoutError:
+                        break
+                    todo.pop(0)
+                if todo:
+                    check_workers()
+            return [results[i] for i in range(len(futures))]
         except KilledWorker as exc:
             raise PdsimError(f"a simulation killed its Dask workers on {self.address}: {exc}") from None
+        except CancelledError as exc:
+            raise PdsimError(f"lost the Dask scheduler {self.address}: {exc}; the plan stopped") from None
         finally:
             pending = [f for f in futures if not f.done()]
             if pending:

@@ -118,6 +118,45 @@ def test_dask_executor_gives_the_local_table():
     assert local["winner"] == dask["winner"] and local["simulations"] == dask["simulations"]
 
 
+def test_dask_executor_ends_when_a_finished_result_is_lost_with_the_last_worker(monkeypatch):
+    """The race seen in CI: every task reports done, then the only worker dies holding the results, so
+    fetching them would wait for a recompute that never comes. The executor must fetch with a timeout,
+    notice the scheduler has no workers and stop with an error naming it, never block in one gather."""
+    import time
+    distributed = pytest.importorskip("distributed")
+    from pdsim.errors import PdsimError
+    from pdsim.plan import DaskExecutor
+
+    class LostResult:                         # done, but its data went with the dead worker
+        def done(self):
+            return True
+
+        def result(self, timeout=None):
+            assert timeout is not None, "an unbounded wait for a result can hang forever"
+            time.sleep(min(timeout, 0.01))
+            raise TimeoutError
+
+    class NoWorkers:
+        def map(self, fn, tasks, pure=True):
+            return [LostResult() for _ in tasks]
+
+        def gather(self, futures):
+            raise AssertionError("a blocking gather hangs when the last worker died")
+
+        def nthreads(self):
+            return {}
+
+        def cancel(self, futures):
+            pass
+    monkeypatch.setattr(distributed, "wait", lambda futures, timeout=None: None)
+    ex = object.__new__(DaskExecutor)
+    ex.client, ex._own, ex.address, ex.lost_workers_s, ex.poll_s = NoWorkers(), False, "tcp://x:1", 0.05, 0.01
+    t0 = time.monotonic()
+    with pytest.raises(PdsimError, match="tcp://x:1 has had no workers"):
+        ex.map(abs, [1, 2, 3])
+    assert time.monotonic() - t0 < 5
+
+
 def test_cache_reuses_results(tmp_path):
     plan = parse_plan(small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
                                          "colocated": {"replicas": [1, 2]},
