@@ -195,7 +195,16 @@ def shared_ints(x: np.ndarray) -> list[int]:
     """``x.tolist()`` with one int object per distinct value: token counts repeat (a few thousand
     distinct lengths in a million requests), and each int above 256 is a 32-byte object of its own,
     so sharing them saves 64 B a request (prompt and output) at no cost in time."""
-    values, index = np.unique(np.asarray(x, dtype=np.int64), return_inverse=True)
+    a = np.asarray(x)
+    if a.size and a.dtype.kind not in "iu":
+        # a NaN, an infinity or a fraction would become a garbage int64 silently; callers validate lengths,
+        # this is the last guard
+        ok = np.isfinite(a) & (a == np.floor(a)) & (np.abs(a) < 2.0 ** 63)
+        if not ok.all():
+            raise ValueError(f"token counts must be whole numbers: got {a[~ok][0]!r}")
+    elif a.size and a.dtype.kind == "u" and int(a.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"token count {int(a.max())} does not fit in 64 bits")
+    values, index = np.unique(a.astype(np.int64), return_inverse=True)
     objs = values.tolist()
     return [objs[i] for i in index.tolist()]
 

@@ -814,6 +814,26 @@ def test_fp8_grouped_gemm_efficiencies_by_hand():
     assert grouped_gemm_roofline(dev_o, 8, 2, 4, 8, 2.0, "bf16") == pytest.approx(515e-6, rel=1e-12)
     assert grouped_gemm_roofline(_dev(kernel_overhead_us=3.0, grouped_fp8_compute=0.25), 8, 2, 4, 8, 1.0, "fp8") \
         == pytest.approx(1027e-6, rel=1e-12)
+    # through the cost model: only fp8 *weights* reach the fp8 grouped constants. fp8 KV with bf16 weights,
+    # int4 / int8 weight-only, fp4 on Hopper (weight-only) and fp4 on Blackwell (fp4 tensor cores) keep the
+    # dense roofline, so a grouped_fp8_compute of 0.1 must leave their routed-expert time unchanged
+    from pdsim.devices import DeviceProfile, get_device
+    from pdsim.models import get_model
+    moe = get_model("qwen3-30b-a3b")
+
+    def experts_s(dev_name, wd, kvd, fc):
+        d = get_device(dev_name)
+        eff = d.spec.efficiency.model_copy(update={"grouped_fp8_compute": fc, "grouped_fp8_memory": 1.0,
+                                                   "grouped_fp8_overhead_us": None})
+        d = DeviceProfile(d.spec.model_copy(update={"efficiency": eff}), d.path)
+        rc = RooflineCost(moe, d, 1, wd, kvd)
+        gg = [o for o in rc.ops(4096, 4096 * 512.0, 0, 1, 8) if o.kind == "grouped_gemm"]
+        assert len(gg) == 2, [o.name for o in gg]
+        return sum(rc.op_time(o)[0] for o in gg)
+    assert experts_s("h200", "fp8", "bf16", 0.1) > 3 * experts_s("h200", "fp8", "bf16", 1.0)   # prefill: compute-bound
+    for dev_name, wd, kvd in (("h200", "bf16", "fp8"), ("h200", "int4", "bf16"), ("h200", "int8", "bf16"),
+                              ("h200", "fp4", "bf16"), ("b200", "fp4", "fp8")):
+        assert experts_s(dev_name, wd, kvd, 0.1) == experts_s(dev_name, wd, kvd, 1.0), (dev_name, wd, kvd)
     # and the presets carry the values fitted to the TRT-LLM fp8_block MoE tables (benchmarks/check_moe.py --refit)
     from pdsim.devices import get_device
     for name in ("h100-sxm", "h200"):

@@ -387,6 +387,12 @@ def test_shared_ints_gives_ints_one_object_per_value_by_hand():
     # one int object (1000 > 256 is not one of CPython's cached small ints)
     xs = wl.shared_ints(np.array([1000.0, 7.0, 1000.0]))
     assert xs == [1000, 7, 1000] and all(type(x) is int for x in xs) and xs[0] is xs[2]
+    for bad in ([1.0, np.nan], [np.inf], [2.5], [2.0 ** 64]):
+        with pytest.raises(ValueError, match="whole numbers"):
+            wl.shared_ints(np.array(bad))
+    with pytest.raises(ValueError, match="64 bits"):
+        wl.shared_ints(np.array([2 ** 64 - 1], dtype=np.uint64))
+    assert wl.shared_ints(np.array([], dtype=np.float64)) == []
 
 
 def test_make_requests_hash_branch_and_integer_arrivals_by_hand():
