@@ -652,8 +652,13 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
         summary = json.loads((out_dir / "summary.json").read_text())
     if df is None:
         _log(f"reading {out_dir}...")
-        df = pd.read_csv(out_dir / "requests.csv", low_memory=False,
-                         dtype={"instance": str, "decode_instance": str, "reject_reason": str, "status": str})
+        from .output import requests_path
+        rp = requests_path(out_dir, summary)
+        if rp.suffix == ".parquet":
+            df = pd.read_parquet(rp)
+        else:
+            df = pd.read_csv(rp, low_memory=False,
+                             dtype={"instance": str, "decode_instance": str, "reject_reason": str, "status": str})
     if ts is None:
         ts_path = out_dir / "timeseries.csv"
         if ts_path.exists() and ts_path.stat().st_size > 1:
@@ -803,11 +808,34 @@ def _read_csv(path: Path, required: list, **kw) -> "pd.DataFrame":
     return df
 
 
+def _read_parquet(path: Path, required: list) -> "pd.DataFrame":
+    import pandas as pd
+
+    from .errors import ConfigError
+    if not path.is_file():
+        raise ConfigError(f"missing: not a complete pdsim run folder; {_RERUN}", file=str(path))
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("reading Parquet needs pyarrow: pip install 'pdsim[parquet]'", file=str(path)) from None
+    try:
+        names = pq.read_schema(path).names
+        missing = [c for c in required if c not in names]
+        if missing:
+            raise ConfigError(f"lacks the column(s) {', '.join(missing)}; {_RERUN}", file=str(path))
+        return pd.read_parquet(path, columns=list(required))
+    except ConfigError:
+        raise
+    except Exception as exc:          # pyarrow's ArrowInvalid / OSError for a cut or foreign file
+        reason = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"not a readable Parquet file ({reason}); {_RERUN}", file=str(path)) from None
+
+
 def validate_run_folder(out_dir: Path) -> dict:
     """Check that ``out_dir`` holds one complete, readable run before anything is drawn; return its summary.
 
     Raises ConfigError (one line naming the file and what is wrong) when the folder is missing or not a
-    folder; summary.json, requests.csv or timeseries.csv is missing, empty or unreadable; a required column
+    folder; summary.json, requests.csv (or requests.parquet) or timeseries.csv is missing, empty or unreadable; a required column
     is absent; or requests.csv's rows per topology differ from summary.json's request totals (files from
     different runs, or a run interrupted while writing). Row counts recorded under summary.json's
     ``outputs`` (pdsim run writes them) are checked too.
@@ -844,10 +872,14 @@ def validate_run_folder(out_dir: Path) -> dict:
         totals[str(name)] = total
     outputs = summary.get("outputs") if isinstance(summary.get("outputs"), dict) else {}
 
-    rp = out_dir / "requests.csv"
-    df = _read_csv(rp, REQUIRED_REQUEST_COLUMNS, usecols=lambda c: c in REQUIRED_REQUEST_COLUMNS,
-                   dtype={"topology": str, "status": str})
-    expected_rows = (outputs.get("requests.csv") or {}).get("rows")
+    from .output import requests_path
+    rp = requests_path(out_dir, summary)
+    if rp.suffix == ".parquet":
+        df = _read_parquet(rp, REQUIRED_REQUEST_COLUMNS)
+    else:
+        df = _read_csv(rp, REQUIRED_REQUEST_COLUMNS, usecols=lambda c: c in REQUIRED_REQUEST_COLUMNS,
+                       dtype={"topology": str, "status": str})
+    expected_rows = (outputs.get(rp.name) or {}).get("rows")
     if isinstance(expected_rows, int) and len(df) != expected_rows:
         raise ConfigError(f"summary.json says {expected_rows} rows: the run was cut short or the files come from "
                           f"different runs; {_RERUN}", file=str(rp), key="rows", value=len(df))

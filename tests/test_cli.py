@@ -452,3 +452,97 @@ def test_run_table_numbers_have_no_exponents():
     from pdsim.__main__ import _fmt
     assert [_fmt(x) for x in (4530.2, 18234.0, 999.4, 0.0123, None)] == ["4,530", "18,200", "999", "0.0123", "-"]
     assert _fmt(4.5302, 1e3) == "4,530" and _fmt(252.54, 1, 4) == "252.5"
+
+
+# ======================================================= --requests-format parquet
+
+def test_parquet_requests_table_round_trips_and_replaces_the_csv(tmp_path: Path, capsys) -> None:
+    """`--requests-format parquet` writes requests.parquet in place of requests.csv (never both: switching the
+    format in one --out removes the other file), summary.json names it with its row count, and its values are
+    the CSV's: the CSV writes 9 significant digits (relative error <= 5e-9), Parquet the float64 itself."""
+    pytest.importorskip("pyarrow")
+    scen = _write(tmp_path / "s.yaml", TINY)
+    out = tmp_path / "out"
+    assert main(["run", str(scen), "--out", str(out), "--quiet", "--no-report"]) == 0
+    csv = pd.read_csv(out / "requests.csv", low_memory=False)
+    assert main(["run", str(scen), "--out", str(out), "--quiet", "--no-report", "--requests-format", "parquet"]) == 0
+    assert "requests.parquet, summary.json" in capsys.readouterr().err
+    assert (out / "requests.parquet").is_file() and not (out / "requests.csv").exists()
+    pq = pd.read_parquet(out / "requests.parquet")
+    outputs = json.loads((out / "summary.json").read_text())["outputs"]
+    assert outputs["requests.parquet"] == {"rows": 10} and "requests.csv" not in outputs and len(pq) == 10
+    assert list(pq.columns) == list(csv.columns)
+    for c in csv.columns:
+        if pd.api.types.is_bool_dtype(pq[c]) or not pd.api.types.is_numeric_dtype(pq[c]):
+            # text: the CSV reads an empty field back as NaN, Parquet keeps the empty string
+            assert pq[c].astype(object).fillna("").astype(str).tolist() == \
+                csv[c].astype(object).fillna("").astype(str).tolist(), c
+        else:
+            a, b = pq[c].to_numpy(float), csv[c].to_numpy(float)
+            assert ((a == b) | (abs(a - b) <= 5e-9 * abs(a)) | (pd.isna(a) & pd.isna(b))).all(), c
+    # and back: the parquet file goes, the csv returns
+    assert main(["run", str(scen), "--out", str(out), "--quiet", "--no-report"]) == 0
+    assert (out / "requests.csv").is_file() and not (out / "requests.parquet").exists()
+
+
+def test_report_of_a_parquet_run_equals_the_csv_runs(tmp_path: Path) -> None:
+    """`pdsim report` renders a Parquet run as it renders the CSV run of the same scenario: the same page but
+    for the plots' random clip ids, the wall time and the exact numbers behind sortable cells (data-value),
+    which differ only below the CSV's 9 significant digits."""
+    import re
+    pytest.importorskip("pyarrow")
+    scen = _write(tmp_path / "s.yaml", TINY)
+    pages = []
+    for fmt in ("csv", "parquet"):
+        assert main(["run", str(scen), "--out", str(tmp_path / fmt), "--quiet", "--no-report",
+                     "--requests-format", fmt]) == 0
+        assert main(["report", str(tmp_path / fmt)]) == 0
+        pages.append((tmp_path / fmt / "report.html").read_text(encoding="utf-8"))
+    values = [re.findall(r'data-value="([^"]*)"', h) for h in pages]
+    assert len(values[0]) == len(values[1]) > 10
+    for x, y in zip(*values):
+        try:
+            fx, fy = float(x), float(y)
+        except ValueError:
+            assert x == y
+            continue
+        assert fx == fy or abs(fx - fy) <= 1e-8 * max(abs(fx), abs(fy)), (x, y)
+
+    def norm(h):
+        h = re.sub(r'data-value="[^"]*"', "", h)
+        h = re.sub(r'(id="|url\(#)c\d+', r"\1c", h)
+        h = re.sub(r"simulated in [\d,.]+\s(ms|s) wall", "", h)
+        return h.replace(str(tmp_path / "parquet"), "OUT").replace(str(tmp_path / "csv"), "OUT") \
+            .replace("parquet", "csv")
+    assert norm(pages[0]) == norm(pages[1])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "rows-missing", "column-missing"])
+def test_report_refuses_a_damaged_parquet_table_in_one_line(tmp_path: Path, capsys, damage: str) -> None:
+    pytest.importorskip("pyarrow")
+    scen = _write(tmp_path / "s.yaml", TINY)
+    out = tmp_path / "out"
+    assert main(["run", str(scen), "--out", str(out), "--quiet", "--no-report", "--requests-format", "parquet"]) == 0
+    p = out / "requests.parquet"
+    if damage == "truncated":                      # Ctrl-C while an older pdsim wrote it, a cut copy
+        p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+        needle = "not a readable Parquet file"
+    elif damage == "rows-missing":
+        pd.read_parquet(p).iloc[:7].to_parquet(p, index=False)
+        needle = "summary.json says 10 rows"
+    else:
+        pd.read_parquet(p).drop(columns=["ttft_s"]).to_parquet(p, index=False)
+        needle = "lacks the column(s) ttft_s"
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 2
+    _one_line(capsys.readouterr().err, str(p), needle)
+    assert not (out / "report.html").exists()
+
+
+def test_parquet_without_pyarrow_fails_before_simulating(tmp_path: Path, capsys, monkeypatch, no_simulation) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)          # `import pyarrow` raises ImportError
+    scen = _write(tmp_path / "s.yaml", TINY)
+    out = tmp_path / "out"
+    assert main(["run", str(scen), "--out", str(out), "--quiet", "--requests-format", "parquet"]) == 2
+    _one_line(capsys.readouterr().err, "--requests-format", "parquet", "pip install 'pdsim[parquet]'")
+    assert no_simulation == [] and not out.exists()
