@@ -851,7 +851,7 @@ def validate_run_folder(out_dir: Path) -> dict:
     sp = out_dir / "summary.json"
     if not sp.is_file():
         what = "a run that did not finish writing" if any(
-            (out_dir / n).exists() for n in ("requests.csv", "timeseries.csv", "report.html")) else \
+            (out_dir / n).exists() for n in ("requests.csv", "requests.parquet", "timeseries.csv", "report.html")) else \
             "not a pdsim run folder"
         raise ConfigError(f"missing: {what}; {_RERUN}", file=str(sp))
     try:
