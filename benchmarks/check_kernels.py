@@ -18,6 +18,7 @@ even-indexed prompt lengths, batches and contexts (128, 512, 2048, 8192 tokens; 
 (256, 1024, 4096, 16384; batch 2, 8, 32, 128, 512 x context 256, 1024, 4096, 16384).
 
 Run: .venv/bin/python benchmarks/check_kernels.py [--refit] [--speed]   (~1 minute; --speed adds ~1 min)
+     .venv/bin/python benchmarks/check_kernels.py --refit-fp8 --devices H100,H200,B200   (fp8 dense GEMMs)
 """
 from __future__ import annotations
 
@@ -146,18 +147,70 @@ def refit(ds: DeviceProfile, dev_meas) -> tuple[dict, dict]:
     return eff, rms
 
 
+# --- fp8 dense GEMMs (--refit-fp8) -----------------------------------------------------------------
+FP8_GRID = np.round(np.arange(0.20, 1.0001, 0.01), 2)
+FP8_OVERHEADS = np.arange(0.0, 20.01, 0.5)
+
+
+def fp8_gemm_points(dev_meas, split: str, table: str = "fp8") -> list[tuple]:
+    """(m, n, k, measured s) of the fp8 GEMM tables (``table``: fp8_block, block-scaled, or fp8, per-tensor
+    with its activation quantisation) at the linear-layer shapes of the three models and TPs, M from the
+    split's prefill tokens and decode batches (table points or between them)."""
+    pts = set()
+    for model, tp in configs(dev_meas):
+        cm = RooflineCost(model, dev_meas, tp, "fp8", "bf16")
+        for _phase, _x, _c, agg in steps(split):
+            for _, n, k, _ in cm.linears:
+                pts.add((agg[0], n, k))
+    out = []
+    for m, n, k in sorted(pts):
+        t, code = kernels.gemm_time(dev_meas, m, n, k, 1.0, 2.0, "fp8", None, table)
+        if code in TABLE_OK:
+            out.append((m, n, k, t))
+    return out
+
+
+def fp8_log_errors(ds: DeviceProfile, pts, fc: float, fm: float, ov) -> np.ndarray:
+    dev = with_eff(ds, {"fp8_gemm_compute": fc, "fp8_gemm_memory": fm, "fp8_gemm_overhead_us": ov})
+    return np.array([np.log(float(kernels.gemm_roofline(dev, m, n, k, 1.0, 2.0, "fp8")) / t) for m, n, k, t in pts])
+
+
+def refit_fp8(ds: DeviceProfile, dev_meas, table: str = "fp8") -> dict:
+    """(fp8_gemm_compute, fp8_gemm_memory, fp8_gemm_overhead_us) by least squares in log time on the fit
+    split's fp8 GEMM points: coordinate descent over grids (fractions 0.20-1.00 by 0.01, overhead 0-20 us by
+    0.5) from the bf16 constants, until nothing moves."""
+    pts = fp8_gemm_points(dev_meas, "fit", table)
+
+    def sse(fc, fm, ov):
+        return float(np.sum(fp8_log_errors(ds, pts, fc, fm, ov) ** 2))
+    fc = fm = 1.0
+    ov = ds.spec.efficiency.kernel_overhead_us
+    for _ in range(20):
+        last = (fc, fm, ov)
+        ov = float(min(FP8_OVERHEADS, key=lambda v: sse(fc, fm, v)))
+        fc = float(min(FP8_GRID, key=lambda v: sse(v, fm, ov)))
+        fm = float(min(FP8_GRID, key=lambda v: sse(fc, v, ov)))
+        if (fc, fm, ov) == last:
+            break
+    return {"fp8_gemm_compute": fc, "fp8_gemm_memory": fm, "fp8_gemm_overhead_us": ov}
+
+
 def with_eff(dev: DeviceProfile, eff: dict) -> DeviceProfile:
     d = dev.spec.model_dump()
     d["efficiency"] = {**d["efficiency"], **eff}
     return DeviceProfile(ProfileSpec.model_validate(d), dev.path)
 
 
-def errors(ds: DeviceProfile, dev_meas, split: str) -> dict:
-    """APE of the datasheet's step (kernel sum) against the tables', by phase and TP."""
+def errors(ds: DeviceProfile, dev_meas, split: str, weight_dtype: str = "bf16", gemm_table: str | None = None) -> dict:
+    """APE of the datasheet's step (kernel sum) against the tables' (their ``gemm_table`` GEMMs when given:
+    fp8 weights can be priced by the per-tensor ``fp8`` or the block-scaled ``fp8_block`` tables), by phase and TP."""
     out: dict[str, list[float]] = {}
     skipped = 0
     for model, tp in configs(dev_meas):
-        cm_m, cm_d = RooflineCost(model, dev_meas, tp), RooflineCost(model, ds, tp)
+        cm_m = RooflineCost(model, dev_meas, tp, weight_dtype, "bf16")
+        if gemm_table is not None:
+            cm_m.gemm_table_dtype = gemm_table
+        cm_d = RooflineCost(model, ds, tp, weight_dtype, "bf16")
         for phase, x, c, agg in steps(split):
             if not fits(model, dev_meas, tp, x * max(c, 1)):
                 continue
@@ -210,8 +263,46 @@ def main() -> None:
                                                          "report held-out error before and after")
     ap.add_argument("--speed", action="store_true", help="also time a simulation with the measured profile")
     ap.add_argument("--devices", default="H100,H200,A100")
+    ap.add_argument("--refit-fp8", action="store_true",
+                    help="fit the fp8 dense-GEMM constants (fp8_gemm_*) on the fit split's fp8 GEMM tables and "
+                         "report fp8-weight steps (bf16 KV) held out, before and after")
+    ap.add_argument("--fp8-table", choices=("fp8", "fp8_block"), default="fp8",
+                    help="the fp8 GEMM tables --refit-fp8 fits: per-tensor (default: what an imported profile prices "
+                         "fp8 weights with; it carries a ~9 us activation-quantisation kernel) or block-scaled")
     args = ap.parse_args()
     keys = ["all", "prefill", "decode", "decode tp4"]
+    if args.refit_fp8:
+        for gpu in args.devices.split(","):
+            preset, path = DEVICES[gpu]
+            meas, ds = load_profile_file(path), get_device(preset)
+            if "fp8" not in ds.spec.peak_tflops:
+                print(f"\n{gpu}: no fp8 tensor cores; nothing to fit")
+                continue
+            base = with_eff(ds, {"fp8_gemm_compute": 1.0, "fp8_gemm_memory": 1.0, "fp8_gemm_overhead_us": None})
+            eff = refit_fp8(base, meas, args.fp8_table)
+            # what the presets take: the throughput fractions; the launch cost stays the bf16 GEMMs' (the
+            # tables' per-GEMM extra made the end-to-end silicon rows worse: calibration/README.md)
+            applied = {**eff, "fp8_gemm_overhead_us": None}
+            variants = (("bf16 constants", base), ("fitted (3)", with_eff(ds, eff)), ("applied", with_eff(ds, applied)))
+            print(f"\n{gpu}: {preset} fp8 GEMMs fitted to {path.name}'s {args.fp8_table} tables: {eff}; "
+                  f"applied: compute {eff['fp8_gemm_compute']}, memory {eff['fp8_gemm_memory']}, launch as bf16")
+            committed = ds.spec.efficiency
+            print(f"  committed preset: fp8_gemm_compute {committed.fp8_gemm_compute}, fp8_gemm_memory "
+                  f"{committed.fp8_gemm_memory}, fp8_gemm_overhead_us {committed.fp8_gemm_overhead_us}")
+            for split, table in (("fit", args.fp8_table), ("held-out", "fp8"), ("held-out", "fp8_block")):
+                pts = fp8_gemm_points(meas, split, table)
+                for label, d in variants:
+                    e = d.spec.efficiency
+                    r = np.exp(fp8_log_errors(d, pts, e.fp8_gemm_compute, e.fp8_gemm_memory, e.fp8_gemm_overhead_us))
+                    big = np.array([m >= 1024 for m, *_ in pts])
+                    print(f"  GEMMs {table:9s} {split:8s} {label:15s} n={len(r):4d} median APE "
+                          f"{np.median(abs(r - 1)) * 100:5.1f}% p90 {np.quantile(abs(r - 1), .9) * 100:5.1f}%  "
+                          f"median datasheet/table {np.median(r):.2f} (M >= 1024: {np.median(r[big]):.2f}, "
+                          f"below: {np.median(r[~big]):.2f})")
+            for table in ("fp8", "fp8_block"):
+                for label, d in variants:
+                    show(f"steps held out vs {table}, {label}", errors(d, meas, "held-out", "fp8", table), keys)
+        return
     for gpu in args.devices.split(","):
         preset, path = DEVICES[gpu]
         t0 = time.perf_counter()

@@ -382,6 +382,11 @@ MUTANTS: list[Mutant] = [
            "return t + e.kernel_overhead_us * 1e-6",
            ("tests/test_costmodel_by_hand.py::test_fp8_grouped_gemm_efficiencies_by_hand",),
            "an fp8 grouped GEMM (MoE layer) launched at an ordinary GEMM's overhead, the fitted overhead unused"),
+    Mutant("fp8-gemm-efficiency-ignored", "pdsim/kernels.py",
+           "fc, fm, ov = (e.fp8_gemm_compute, e.fp8_gemm_memory, e.fp8_gemm_overhead_us) if dtype == \"fp8\"",
+           "fc, fm, ov = (1.0, 1.0, e.fp8_gemm_overhead_us) if dtype == \"fp8\"",
+           ("tests/test_costmodel_by_hand.py::test_fp8_dense_gemm_efficiencies_by_hand",),
+           "fp8 dense GEMMs priced at twice bf16's speed (the fitted fp8 fractions unused): fp8 prefill ~1.35x too fast"),
 ]
 
 

@@ -55,6 +55,13 @@ class EfficiencySpec(_Strict):
     elementwise_floor_us: float = Field(0, ge=0, allow_inf_nan=False)
     allreduce_base_us: float = Field(3, ge=0, allow_inf_nan=False)   # custom one-shot all-reduce launch
     allreduce_per_peer_us: float = Field(0, ge=0, allow_inf_nan=False)  # and its growth per extra GPU
+    # dense GEMMs with fp8 weights (fp8 tensor cores) reach this fraction of the bf16-fitted roofline's compute
+    # (gemm_max, at the fp8 peak) and memory (memory) efficiency, and launch at this cost (None:
+    # kernel_overhead_us; the measured per-tensor fp8 GEMMs carry their activation quantisation); 1 / 1 / None
+    # = as bf16 GEMMs (older profiles)
+    fp8_gemm_compute: float = Field(1.0, gt=0, le=1)
+    fp8_gemm_memory: float = Field(1.0, gt=0, le=1)
+    fp8_gemm_overhead_us: float | None = Field(None, ge=0, allow_inf_nan=False)
     # fp8 grouped GEMMs (an MoE layer's routed experts with fp8 weights) reach this fraction of the dense
     # GEMM roofline's compute (gemm_max) and memory (memory) efficiency; 1 = as dense GEMMs (older profiles)
     grouped_fp8_compute: float = Field(1.0, gt=0, le=1)

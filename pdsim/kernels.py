@@ -78,6 +78,10 @@ def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float 
     e = dev.spec.efficiency
     if not isinstance(m, np.ndarray) and m <= 0:
         return 0.0
+    # fp8 weights on fp8 tensor cores: their own fractions of the compute / memory efficiency and launch cost
+    fc, fm, ov = (e.fp8_gemm_compute, e.fp8_gemm_memory, e.fp8_gemm_overhead_us) if dtype == "fp8" \
+        else (1.0, 1.0, None)
+    ov_s = (e.kernel_overhead_us if ov is None else ov) * 1e-6
     if not isinstance(m, np.ndarray):
         # one GEMM: the same arithmetic on Python floats (a prefill step misses the cost model's
         # cache, and numpy's per-call overhead on 0-d arrays was most of its time)
@@ -85,23 +89,23 @@ def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float 
         flops = 2.0 * m * n * k
         bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
         m_half = e.gemm_m_half if weight_only is None else min(e.gemm_m_half, WEIGHT_ONLY_M_HALF)
-        t = _max(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max),
-                 bytes_ / (dev.mem_bw_Bps * e.memory))
+        t = _max(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max * fc),
+                 bytes_ / (dev.mem_bw_Bps * e.memory * fm))
         if weight_only is not None:
             t = _max(t, n * k * DEQUANT_OPS[weight_only] * float(math.ceil(m / DEQUANT_M_TILE))
                      / dev.peak_flops("fp32"))
-        return t + e.kernel_overhead_us * 1e-6
+        return t + ov_s
     m = np.asarray(m, dtype=float)
     flops = 2.0 * m * n * k
     bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
     m_half = e.gemm_m_half if weight_only is None else min(e.gemm_m_half, WEIGHT_ONLY_M_HALF)
     with np.errstate(invalid="ignore", divide="ignore"):     # m = 0 rows: masked to 0 below
-        t = np.maximum(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max),
-                       bytes_ / (dev.mem_bw_Bps * e.memory))
+        t = np.maximum(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max * fc),
+                       bytes_ / (dev.mem_bw_Bps * e.memory * fm))
     if weight_only is not None:
         passes = np.ceil(m / DEQUANT_M_TILE)
         t = np.maximum(t, n * k * DEQUANT_OPS[weight_only] * passes / dev.peak_flops("fp32"))
-    return np.where(m > 0, t + e.kernel_overhead_us * 1e-6, 0.0)
+    return np.where(m > 0, t + ov_s, 0.0)
 
 
 def grouped_gemm_roofline(dev, pairs: float, groups: float, n: int, k: int, weight_bytes: float,

@@ -789,6 +789,54 @@ def test_a_step_with_no_token_launches_no_gemm_and_costs_only_the_step_overhead(
     assert cm.step(0, 0, 0, 0, 0).time_s == dev.step_overhead_s
 
 
+def test_fp8_dense_gemm_efficiencies_by_hand():
+    # one dense GEMM, M = 4, N = 4, K = 8: FLOPs 2*4*4*8 = 256; bytes: weights 4*8 at 1 B (fp8) = 32 +
+    # activations (4*8 + 4*4)*2 = 96 -> 128. Unit device: bf16 1e6 FLOP/s, fp8 2e6, 1e6 B/s, efficiencies 1,
+    # no m_half, no overheads.
+    from pdsim.kernels import gemm_roofline
+    dev = _dev(fp8_gemm_compute=0.25, fp8_gemm_memory=0.5)
+    # fp8: compute 256 / (2e6 * 0.25) = 512 us, memory 128 / (1e6 * 0.5) = 256 us -> 512 us
+    assert gemm_roofline(dev, 4, 4, 8, 1.0, 2.0, "fp8") == pytest.approx(512e-6, rel=1e-12)
+    # memory-bound with compute 1, memory 0.25: compute 128 us, memory 128 / 2.5e5 = 512 us
+    assert gemm_roofline(_dev(fp8_gemm_memory=0.25), 4, 4, 8, 1.0, 2.0, "fp8") == pytest.approx(512e-6, rel=1e-12)
+    # the same shapes as arrays (the fast path's k steps) give the same values, and M = 0 no kernel
+    got = gemm_roofline(dev, np.array([4.0, 0.0]), 4, 8, 1.0, 2.0, "fp8")
+    assert got[0] == pytest.approx(512e-6, rel=1e-12) and got[1] == 0.0
+    # bf16 weights (2 B) keep the plain constants whatever the fp8 ones: FLOPs 256 / 1e6 = 256 us, bytes
+    # 64 + 96 = 160 us -> 256 us; int8 weight-only (bf16 compute, 1 B weights) too: 256 us
+    assert gemm_roofline(dev, 4, 4, 8, 2.0, 2.0, "bf16") == pytest.approx(256e-6, rel=1e-12)
+    # the fp8 launch cost replaces the kernel overhead for fp8 only: 512 + 9 us, bf16 256 + 3 us
+    dev_o = _dev(kernel_overhead_us=3.0, fp8_gemm_overhead_us=9.0, fp8_gemm_compute=0.25, fp8_gemm_memory=0.5)
+    assert gemm_roofline(dev_o, 4, 4, 8, 1.0, 2.0, "fp8") == pytest.approx(521e-6, rel=1e-12)
+    assert gemm_roofline(dev_o, 4, 4, 8, 2.0, 2.0, "bf16") == pytest.approx(259e-6, rel=1e-12)
+    assert gemm_roofline(dev_o, np.array([4.0]), 4, 8, 1.0, 2.0, "fp8")[0] == pytest.approx(521e-6, rel=1e-12)
+    # through the cost model, only fp8 weights reach them: a dense model's linear layers under fp8 weights
+    # slow down with fp8_gemm_compute 0.1 (prefill, compute-bound), under bf16 / int4 / int8 / fp4-on-Hopper
+    # weights (bf16 compute) and fp4 on Blackwell (fp4 tensor cores) nothing moves
+    from pdsim.devices import DeviceProfile, get_device
+    from pdsim.models import get_model
+    llama = get_model("llama-3.1-8b")
+
+    def linears_s(dev_name, wd, kvd, fc):
+        d = get_device(dev_name)
+        eff = d.spec.efficiency.model_copy(update={"fp8_gemm_compute": fc, "fp8_gemm_memory": 1.0,
+                                                   "fp8_gemm_overhead_us": None})
+        d = DeviceProfile(d.spec.model_copy(update={"efficiency": eff}), d.path)
+        rc = RooflineCost(llama, d, 1, wd, kvd)
+        ops = [o for o in rc.ops(4096, 4096 * 2048.0, 4096, 1, 1) if o.kind == "gemm" and o.name != "lm_head"]
+        assert len(ops) == 4, [o.name for o in ops]
+        return sum(rc.op_time(o)[0] for o in ops)
+    assert linears_s("h200", "fp8", "bf16", 0.1) > 3 * linears_s("h200", "fp8", "bf16", 1.0)
+    for dev_name, wd, kvd in (("h200", "bf16", "fp8"), ("h200", "int4", "bf16"), ("h200", "int8", "bf16"),
+                              ("h200", "fp4", "bf16"), ("b200", "fp4", "fp8")):
+        assert linears_s(dev_name, wd, kvd, 0.1) == linears_s(dev_name, wd, kvd, 1.0), (dev_name, wd, kvd)
+    # the presets with fp8 tensor cores carry the fractions fitted to the TRT-LLM fp8 GEMM tables (below 1: fp8
+    # reaches ~1.45x bf16's speed, not 2x) and no launch cost of their own (check_kernels.py --refit-fp8)
+    for name in ("h100-sxm", "h200", "b200"):
+        e = get_device(name).spec.efficiency
+        assert 0.6 < e.fp8_gemm_compute < 0.9 and 0.9 <= e.fp8_gemm_memory <= 1.0 and e.fp8_gemm_overhead_us is None
+
+
 def test_fp8_grouped_gemm_efficiencies_by_hand():
     # one grouped GEMM of 8 token-expert pairs over 2 experts (m = 4), N = 4, K = 8: FLOPs 2*8*4*8 = 512;
     # bytes: weights 2*4*8 = 64 experts' weights at 1 B (fp8) + activations 8*(4+8)*2 = 192 -> 256.
