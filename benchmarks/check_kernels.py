@@ -183,15 +183,9 @@ def refit_fp8(ds: DeviceProfile, dev_meas, table: str = "fp8") -> dict:
 
     def sse(fc, fm, ov):
         return float(np.sum(fp8_log_errors(ds, pts, fc, fm, ov) ** 2))
-    fc = fm = 1.0
-    ov = ds.spec.efficiency.kernel_overhead_us
-    for _ in range(20):
-        last = (fc, fm, ov)
-        ov = float(min(FP8_OVERHEADS, key=lambda v: sse(fc, fm, v)))
-        fc = float(min(FP8_GRID, key=lambda v: sse(v, fm, ov)))
-        fm = float(min(FP8_GRID, key=lambda v: sse(fc, v, ov)))
-        if (fc, fm, ov) == last:
-            break
+    # the overhead first, from the bf16 constants (the order the MoE fit of check_moe.py uses)
+    ov, fc, fm = fitting.grid_descent(lambda o, c, m: sse(c, m, o), [FP8_OVERHEADS, FP8_GRID, FP8_GRID],
+                                      [ds.spec.efficiency.kernel_overhead_us, 1.0, 1.0])
     return {"fp8_gemm_compute": fc, "fp8_gemm_memory": fm, "fp8_gemm_overhead_us": ov}
 
 

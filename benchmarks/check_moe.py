@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pdsim import fitting  # noqa: E402
 from pdsim.costmodel import RooflineCost  # noqa: E402
 from pdsim.devices import get_device  # noqa: E402
 from pdsim.models import get_model  # noqa: E402
@@ -197,15 +198,8 @@ def refit(gpu: str) -> None:
 
     def sse(fc, fm, ov):
         return float(np.sum(_log_errors(_with(base, fc, fm, ov), fit_pts) ** 2))
-    fc = fm = 1.0
-    ov = base.spec.efficiency.kernel_overhead_us
-    for _ in range(20):                                     # coordinate descent until nothing moves
-        last = (fc, fm, ov)
-        ov = float(min(overheads, key=lambda v: sse(fc, fm, v)))
-        fc = float(min(grid, key=lambda v: sse(v, fm, ov)))
-        fm = float(min(grid, key=lambda v: sse(fc, v, ov)))
-        if (fc, fm, ov) == last:
-            break
+    ov, fc, fm = fitting.grid_descent(lambda o, c, m: sse(c, m, o), [overheads, grid, grid],
+                                      [base.spec.efficiency.kernel_overhead_us, 1.0, 1.0])
     print(f"{gpu}: fitted on {len(fit_pts)} DeepSeek-V3 TP8 EP8 fp8_block table points ({DECODE_TOKENS[0]}-"
           f"{PREFILL_TOKENS[-1]} tokens): grouped_fp8_compute {fc:.2f}, grouped_fp8_memory {fm:.2f}, "
           f"grouped_fp8_overhead_us {ov:.0f}")

@@ -82,6 +82,23 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: Sequence[float], step: flo
     return simplex[i], vals[i]
 
 
+def grid_descent(f: Callable[..., float], grids: Sequence[Sequence[float]], start: Sequence[float],
+                 max_rounds: int = 20) -> tuple[float, ...]:
+    """Minimise ``f(*x)`` over a product of grids by coordinate descent: each coordinate in turn set to its
+    grid's best value with the others held, rounds repeated until nothing moves (or ``max_rounds``).
+    Deterministic and derivative-free: for a few bounded constants fitted on a grid of sensible values.  It
+    stops at a coordinate-wise minimum of the grid, which a narrow diagonal valley can keep from the global one
+    (tests/test_calibration.py), so start it from sensible values."""
+    x = [float(v) for v in start]
+    for _ in range(max_rounds):
+        last = list(x)
+        for i, grid in enumerate(grids):
+            x[i] = float(min(grid, key=lambda v: f(*x[:i], v, *x[i + 1:])))
+        if x == last:
+            break
+    return tuple(x)
+
+
 def minimise(f, x0, restarts: int = 8) -> tuple[np.ndarray, float]:
     """Nelder-Mead restarted from its own optimum with a shrinking simplex until it stops improving."""
     x, fx = nelder_mead(f, x0)

@@ -334,3 +334,20 @@ def test_profile_tables_and_fitting_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None; import pdsim.profile_tables, pdsim.fitting, pdsim.calibrate, "
             "pdsim.devices; assert 'torch' not in [k for k, v in sys.modules.items() if v is not None]")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_grid_descent_stops_at_a_coordinatewise_grid_minimum():
+    # f = (x - y)^2 + (y - 3)^2 + 0.1 (x - 1)^2 couples x and y: one pass from (0, 0) stops short (x follows
+    # y's old value); repeated passes go on until no single coordinate can improve on its grid
+    grid = [i * 0.5 for i in range(13)]                    # 0 .. 6
+    f = lambda x, y: (x - y) ** 2 + (y - 3) ** 2 + 0.1 * (x - 1) ** 2     # noqa: E731
+    x, y = fitting.grid_descent(f, [grid, grid], [0.0, 0.0])
+    assert all(f(x, y) <= f(v, y) for v in grid) and all(f(x, y) <= f(x, v) for v in grid)
+    one_pass = fitting.grid_descent(f, [grid, grid], [0.0, 0.0], max_rounds=1)
+    assert f(*one_pass) > f(x, y)
+    # a coordinate-wise minimum, not always the grid's global one: a narrow diagonal valley stalls it at
+    # (2.5, 2.5), where the brute-force minimum is (3, 3); the fits that use it start from the dense constants
+    assert (x, y) == (2.5, 2.5) and min(((a, b) for a in grid for b in grid), key=lambda p: f(*p)) == (3.0, 3.0)
+    # separable: the grid minimum exactly
+    g = lambda a, b: (a - 1.5) ** 2 + abs(b - 4.0)        # noqa: E731
+    assert fitting.grid_descent(g, [grid, grid], [6.0, 0.0]) == (1.5, 4.0)

@@ -789,6 +789,13 @@ def test_a_step_with_no_token_launches_no_gemm_and_costs_only_the_step_overhead(
     assert cm.step(0, 0, 0, 0, 0).time_s == dev.step_overhead_s
 
 
+def _preset_with(name: str, **eff) -> DeviceProfile:
+    """A device preset with some efficiency constants replaced."""
+    from pdsim.devices import get_device
+    d = get_device(name)
+    return DeviceProfile(d.spec.model_copy(update={"efficiency": d.spec.efficiency.model_copy(update=eff)}), d.path)
+
+
 def test_fp8_dense_gemm_efficiencies_by_hand():
     # one dense GEMM, M = 4, N = 4, K = 8: FLOPs 2*4*4*8 = 256; bytes: weights 4*8 at 1 B (fp8) = 32 +
     # activations (4*8 + 4*4)*2 = 96 -> 128. Unit device: bf16 1e6 FLOP/s, fp8 2e6, 1e6 B/s, efficiencies 1,
@@ -813,15 +820,12 @@ def test_fp8_dense_gemm_efficiencies_by_hand():
     # through the cost model, only fp8 weights reach them: a dense model's linear layers under fp8 weights
     # slow down with fp8_gemm_compute 0.1 (prefill, compute-bound), under bf16 / int4 / int8 / fp4-on-Hopper
     # weights (bf16 compute) and fp4 on Blackwell (fp4 tensor cores) nothing moves
-    from pdsim.devices import DeviceProfile, get_device
+    from pdsim.devices import get_device
     from pdsim.models import get_model
     llama = get_model("llama-3.1-8b")
 
     def linears_s(dev_name, wd, kvd, fc):
-        d = get_device(dev_name)
-        eff = d.spec.efficiency.model_copy(update={"fp8_gemm_compute": fc, "fp8_gemm_memory": 1.0,
-                                                   "fp8_gemm_overhead_us": None})
-        d = DeviceProfile(d.spec.model_copy(update={"efficiency": eff}), d.path)
+        d = _preset_with(dev_name, fp8_gemm_compute=fc, fp8_gemm_memory=1.0, fp8_gemm_overhead_us=None)
         rc = RooflineCost(llama, d, 1, wd, kvd)
         ops = [o for o in rc.ops(4096, 4096 * 2048.0, 4096, 1, 1) if o.kind == "gemm" and o.name != "lm_head"]
         assert len(ops) == 4, [o.name for o in ops]
@@ -865,15 +869,11 @@ def test_fp8_grouped_gemm_efficiencies_by_hand():
     # through the cost model: only fp8 *weights* reach the fp8 grouped constants. fp8 KV with bf16 weights,
     # int4 / int8 weight-only, fp4 on Hopper (weight-only) and fp4 on Blackwell (fp4 tensor cores) keep the
     # dense roofline, so a grouped_fp8_compute of 0.1 must leave their routed-expert time unchanged
-    from pdsim.devices import DeviceProfile, get_device
     from pdsim.models import get_model
     moe = get_model("qwen3-30b-a3b")
 
     def experts_s(dev_name, wd, kvd, fc):
-        d = get_device(dev_name)
-        eff = d.spec.efficiency.model_copy(update={"grouped_fp8_compute": fc, "grouped_fp8_memory": 1.0,
-                                                   "grouped_fp8_overhead_us": None})
-        d = DeviceProfile(d.spec.model_copy(update={"efficiency": eff}), d.path)
+        d = _preset_with(dev_name, grouped_fp8_compute=fc, grouped_fp8_memory=1.0, grouped_fp8_overhead_us=None)
         rc = RooflineCost(moe, d, 1, wd, kvd)
         gg = [o for o in rc.ops(4096, 4096 * 512.0, 0, 1, 8) if o.kind == "grouped_gemm"]
         assert len(gg) == 2, [o.name for o in gg]
