@@ -829,9 +829,12 @@ class DaskExecutor:
                                   value=scheduler) from None
 
     def map(self, fn, tasks: list, on_done=None) -> list:
+        import asyncio
         from concurrent.futures import CancelledError
 
         from distributed import KilledWorker, wait
+        # on Python 3.10 asyncio's TimeoutError is not the builtin one; distributed raises either
+        timeouts = (TimeoutError, asyncio.TimeoutError)
         futures = self.client.map(fn, tasks, pure=False)
         alone_since = None
         seen = 0
@@ -848,7 +851,7 @@ class DaskExecutor:
             nonlocal alone_since
             try:
                 workers = len(self.client.nthreads())
-            except (OSError, TimeoutError) as exc:
+            except (OSError, *timeouts) as exc:
                 raise PdsimError(f"lost the Dask scheduler {self.address}: {exc}; the plan stopped") from None
             now = time.monotonic()
             if workers:
@@ -868,15 +871,20 @@ class DaskExecutor:
             while todo:
                 try:
                     wait([futures[i] for i in todo], timeout=self.poll_s)
-                except TimeoutError:
+                except timeouts:
                     ticks()
                     check_workers()
                     continue
                 ticks()
                 while todo:
+                    f = futures[todo[0]]
+                    if f.status == "error":
+                        f.result()          # the task's own exception, even a TimeoutError: never 'not ready'
                     try:
-                        results[todo[0]] = futures[todo[0]].result(timeout=self.poll_s)
-                    except TimeoutError:
+                        results[todo[0]] = f.result(timeout=self.poll_s)
+                    except timeouts:
+                        if f.status == "error":
+                            raise
                         break
                     todo.pop(0)
                 if todo:
@@ -885,7 +893,11 @@ class DaskExecutor:
         except KilledWorker as exc:
             raise PdsimError(f"a simulation killed its Dask workers on {self.address}: {exc}") from None
         except CancelledError as exc:
-            raise PdsimError(f"lost the Dask scheduler {self.address}: {exc}; the plan stopped") from None
+            # distributed's text lists every cancelled key; one line is enough: how many, and the first reason
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "cancelled"
+            left = sum(1 for f in futures if not f.done() or f.status == "cancelled")
+            raise PdsimError(f"lost the Dask scheduler {self.address} ({left} of {len(futures)} simulations "
+                             f"cancelled: {first}); the plan stopped") from None
         finally:
             pending = [f for f in futures if not f.done()]
             if pending:

@@ -128,6 +128,8 @@ def test_dask_executor_ends_when_a_finished_result_is_lost_with_the_last_worker(
     from pdsim.plan import DaskExecutor
 
     class LostResult:                         # done, but its data went with the dead worker
+        status = "lost"
+
         def done(self):
             return True
 
@@ -155,6 +157,25 @@ def test_dask_executor_ends_when_a_finished_result_is_lost_with_the_last_worker(
     with pytest.raises(PdsimError, match="tcp://x:1 has had no workers"):
         ex.map(abs, [1, 2, 3])
     assert time.monotonic() - t0 < 5
+
+
+def _times_out(x):
+    raise TimeoutError(f"the task's own timeout on {x}")
+
+
+def test_dask_executor_raises_a_task_timeout_instead_of_waiting_on_it():
+    """A simulation that itself raises TimeoutError must end the map with that error, not be taken
+    for a result that is not ready yet (which polled forever)."""
+    import time
+    distributed = pytest.importorskip("distributed")
+    from pdsim.plan import DaskExecutor
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        ex = DaskExecutor(client, lost_workers_s=60, poll_s=0.05)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="the task's own timeout on 2"):
+            ex.map(_times_out, [2, 3])
+        assert time.monotonic() - t0 < 30
 
 
 def test_cache_reuses_results(tmp_path):
