@@ -457,7 +457,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     r.add_argument("--step-by-step", action="store_true",
                    help="one event per engine step (the reference loop; slower, same results)")
-    r.add_argument("--no-report", action="store_true", help="write the CSVs and summary.json, skip report.html")
+    r.add_argument("--no-report", action="store_true", help="write the tables and summary.json, skip report.html")
     r.add_argument("--requests-format", choices=("csv", "parquet"), default="csv",
                    help="the per-request table: requests.csv (default) or requests.parquet (typed columns, "
                         "smaller and faster to write for big runs; needs pyarrow: pip install 'pdsim[parquet]')")
@@ -584,7 +584,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     va.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     va.set_defaults(fn=cmd_validate)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")
-    rp.add_argument("dir", help="a pdsim run output folder (summary.json, requests.csv, timeseries.csv); "
+    rp.add_argument("dir", help="a pdsim run output folder (summary.json, requests.csv or requests.parquet, "
+                                "timeseries.csv); "
                                 "checked before anything is drawn")
     rp.set_defaults(fn=cmd_report)
     if stubs:

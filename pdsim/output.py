@@ -49,15 +49,20 @@ def check_requests_format(fmt: str, key: str = "--requests-format") -> None:
 
 
 def requests_path(out_dir: Path, summary: dict | None = None) -> Path:
-    """The requests table of a run folder: the file summary.json's ``outputs`` names, else whichever of
-    requests.csv / requests.parquet exists (csv first), else requests.csv (reported missing by the caller)."""
+    """The requests table of a run folder. When summary.json's ``outputs`` names one (requests.csv or
+    requests.parquet), that file and no other: a stale table of the other format left in the folder by an
+    earlier run is never read in its place (the caller reports the named one missing). Without a named
+    one (an older summary): whichever of requests.csv / requests.parquet exists (csv first), else
+    requests.csv."""
     out_dir = Path(out_dir)
-    named = [n for n in ((summary or {}).get("outputs") or {}) if n in REQUESTS_FILES.values()] \
-        if isinstance((summary or {}).get("outputs"), dict) else []
-    for name in named + list(REQUESTS_FILES.values()):
+    outputs = (summary or {}).get("outputs")
+    named = [n for n in outputs if n in REQUESTS_FILES.values()] if isinstance(outputs, dict) else []
+    if named:
+        return out_dir / named[0]
+    for name in REQUESTS_FILES.values():
         if (out_dir / name).is_file():
             return out_dir / name
-    return out_dir / (named[0] if named else "requests.csv")
+    return out_dir / "requests.csv"
 
 
 def _clean(x):
@@ -166,7 +171,8 @@ def _commit(staged: Path, out: Path) -> None:
 
 def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = False,
                   report: bool = True, release: bool = False, requests_format: str = "csv") -> dict:
-    """Write requests.csv, timeseries.csv, summary.json (and report.html) into ``out``; returns the summary.
+    """Write requests.csv (or requests.parquet: ``requests_format``), timeseries.csv, summary.json (and
+    report.html) into ``out``; returns the summary.
 
     ``release=True`` (``pdsim run``, which needs the results no further): where nothing after the requests
     frame reads the Request objects (``metrics.releasable``), they are dropped as their rows are built and

@@ -1,8 +1,9 @@
 """report.html: a page a capacity planner acts on at a glance.  Self-contained: inline CSS, inline SVG
 charts and one small inline script that sorts tables (the page reads the same without it); no URLs.
 
-``build_report(out_dir)`` reads ``requests.csv``, ``summary.json`` and ``timeseries.csv`` from ``out_dir``
-(or takes them in memory from ``write_outputs``) and writes ``out_dir/report.html``.  At the top a verdict
+``build_report(out_dir)`` reads the requests table (``requests.csv`` or ``requests.parquet``, the one
+summary.json names), ``summary.json`` and ``timeseries.csv`` from ``out_dir`` (or takes them in memory from
+``write_outputs``) and writes ``out_dir/report.html``.  At the top a verdict
 written from the numbers: which topologies meet the SLO, with how many GPUs at what cost, which bound binds
 each one and by how much, and why a topology misses.  The summary table (``class="summary"``) has one
 ``<tr data-topology=NAME>`` per topology and cells with ``data-key="ttft_s.p90"`` etc. whose ``data-value``

@@ -546,3 +546,19 @@ def test_parquet_without_pyarrow_fails_before_simulating(tmp_path: Path, capsys,
     assert main(["run", str(scen), "--out", str(out), "--quiet", "--requests-format", "parquet"]) == 2
     _one_line(capsys.readouterr().err, "--requests-format", "parquet", "pip install 'pdsim[parquet]'")
     assert no_simulation == [] and not out.exists()
+
+
+def test_report_reads_only_the_requests_table_summary_json_names(tmp_path: Path, capsys) -> None:
+    """A parquet run whose requests.parquet went missing, in a folder that still holds an earlier run's
+    requests.csv: the report must say the named table is missing, never draw the stale CSV."""
+    pytest.importorskip("pyarrow")
+    scen = _write(tmp_path / "s.yaml", TINY)
+    out = tmp_path / "out"
+    assert main(["run", str(scen), "--out", str(tmp_path / "old"), "--quiet", "--no-report"]) == 0
+    assert main(["run", str(scen), "--out", str(out), "--quiet", "--no-report", "--requests-format", "parquet"]) == 0
+    (out / "requests.parquet").unlink()
+    (out / "requests.csv").write_bytes((tmp_path / "old" / "requests.csv").read_bytes())
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 2
+    _one_line(capsys.readouterr().err, str(out / "requests.parquet"))
+    assert not (out / "report.html").exists()
