@@ -380,12 +380,8 @@ class DeviceProfile:
             r = self.tables.gemm_lookup(m, n, k, dtype)
             if r is not None:
                 return Timing(r.time_s, r.how)
-        e = self.spec.efficiency
-        flops = 2.0 * m * n * k
-        bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
-        eff_c = e.gemm_max * m / (m + e.gemm_m_half)
-        return Timing(max(flops / (self.peak_flops(dtype) * eff_c), bytes_ / (self.mem_bw_Bps * e.memory))
-                      + e.kernel_overhead_us * 1e-6, "roofline")
+        from .kernels import gemm_roofline      # the cost model's one formula (fp8's own fractions included)
+        return Timing(gemm_roofline(self, m, n, k, weight_bytes, act_bytes, dtype), "roofline")
 
     def gemm_time(self, m: int, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
                   dtype: str = "bf16") -> float:

@@ -817,6 +817,9 @@ def test_fp8_dense_gemm_efficiencies_by_hand():
     assert gemm_roofline(dev_o, 4, 4, 8, 1.0, 2.0, "fp8") == pytest.approx(521e-6, rel=1e-12)
     assert gemm_roofline(dev_o, 4, 4, 8, 2.0, 2.0, "bf16") == pytest.approx(259e-6, rel=1e-12)
     assert gemm_roofline(dev_o, np.array([4.0]), 4, 8, 1.0, 2.0, "fp8")[0] == pytest.approx(521e-6, rel=1e-12)
+    # the device's own GEMM look-up (calibrate's held-out errors) prices the roofline the same way
+    looked = dev_o.gemm_lookup(4, 4, 8, 1.0, 2.0, "fp8")
+    assert looked.time_s == pytest.approx(521e-6, rel=1e-12) and looked.source == "roofline"
     # through the cost model, only fp8 weights reach them: a dense model's linear layers under fp8 weights
     # slow down with fp8_gemm_compute 0.1 (prefill, compute-bound), under bf16 / int4 / int8 / fp4-on-Hopper
     # weights (bf16 compute) and fp4 on Blackwell (fp4 tensor cores) nothing moves
