@@ -567,7 +567,7 @@ def run(device: str = "cpu", model="llama-3.1-8b", tp: list[int] | None = None, 
                   "gemm_m_half": _rnd(fg["m_half"]), "kernel_overhead_us": _rnd(ov * 1e6)}
     # the fp8 constants (dense fp8_gemm_*, MoE grouped_fp8_*) say how much of the bf16 GEMM efficiency fp8 kernels
     # reach; this run times bf16 only, so they come from the base preset (fitted to NVIDIA's TRT-LLM tables of the
-    # same architecture) rather than 1, which prices fp8 prefill ~1.4x too fast: said in the profile's notes
+    # same architecture) rather than 1, which prices fp8 prefill ~1.35x too fast: said in the profile's notes
     carried = [k for k in ("fp8_gemm_compute", "fp8_gemm_memory", "fp8_gemm_overhead_us", "grouped_fp8_compute",
                            "grouped_fp8_memory", "grouped_fp8_overhead_us")
                if efficiency.get(k) not in (1.0, None)]
