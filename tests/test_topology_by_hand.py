@@ -471,3 +471,10 @@ def test_an_uneven_pipeline_stage_that_does_not_fit_names_the_device_memory_by_h
     msg = str(err)
     assert err.key == "topologies.t.device" and "pipeline stage 0" in msg
     assert "(131.3 GiB x " in msg and msg.endswith("raise tp or use a larger device")
+
+
+def test_a_constant_cost_pool_sized_from_an_unknown_device_names_the_pools_device_key():
+    # no kv_blocks given: kv_blocks loads the device to size the pool (a constant cost model never loads it)
+    topo = {"kind": "colocated", "device": "no-such-gpu", "cost_model": CONST(0.1)}
+    err = _build_error(topo)
+    assert err.key == "topologies.t.device"
