@@ -434,3 +434,47 @@ def test_least_loaded_counts_reserved_blocks_once():
     # ties on blocks: the smaller batch
     d0.kv.used_blocks = 15
     assert least_loaded()([d1, d0], None) is d0
+
+
+# --- construction paths (tests/MUTANTS.md, branch muttopo2): kv_blocks / _uneven_stage_blocks survivors ---------
+def _build_error(topo, model=None):
+    from pdsim.errors import ConfigError
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    with pytest.raises(ConfigError) as e:
+        sc = config.parse({"seed": 0, "model": model or "llama-3.1-8b", "workload": w, "topologies": {"t": topo}},
+                          "test.yaml")
+        (name, spec), = sc.topologies.items()
+        run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+    return e.value
+
+
+def test_a_constant_cost_pool_checks_expert_parallelism_when_sizing_its_kv_pool():
+    # a constant / linear cost model never reads ep, so make_cost does not check it: kv_blocks is the only place
+    # a dense model with ep=2 is refused, and the error must name the pool's own key, not a bare "ep"
+    topo = {"kind": "colocated", "tp": 2, "ep": 2, "device": "h100-sxm", "cost_model": CONST(0.1)}
+    err = _build_error(topo)
+    assert err.key == "topologies.t.ep" and "dense" in str(err)
+
+
+def test_a_constant_cost_pool_checks_dp_attention_when_sizing_its_kv_pool():
+    # likewise DP attention: a dense model has no experts to pair it with; kv_blocks refuses it under the pool's key
+    topo = {"kind": "colocated", "tp": 2, "dp_attention": True, "device": "h100-sxm", "cost_model": CONST(0.1)}
+    err = _build_error(topo)
+    assert err.key == "topologies.t.dp_attention" and "dense" in str(err)
+
+
+def test_an_uneven_pipeline_stage_that_does_not_fit_names_the_device_memory_by_hand():
+    # DeepSeek-V3 in bf16 over 3 stages of one H200 each: a stage holds ~20 of 61 layers, far above the device.
+    # The message quotes the device file's memory, 131.3 GiB (pdsim/data/devices/h200.yaml), and ends with the advice
+    topo = {"kind": "colocated", "pp": 3, "device": "h200", "cost_model": CONST(0.1)}
+    err = _build_error(topo, model="deepseek-v3")
+    msg = str(err)
+    assert err.key == "topologies.t.device" and "pipeline stage 0" in msg
+    assert "(131.3 GiB x " in msg and msg.endswith("raise tp or use a larger device")
+
+
+def test_a_constant_cost_pool_sized_from_an_unknown_device_names_the_pools_device_key():
+    # no kv_blocks given: kv_blocks loads the device to size the pool (a constant cost model never loads it)
+    topo = {"kind": "colocated", "device": "no-such-gpu", "cost_model": CONST(0.1)}
+    err = _build_error(topo)
+    assert err.key == "topologies.t.device"
