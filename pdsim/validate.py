@@ -392,11 +392,27 @@ def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int 
     span = res[0].sim_end_s or float("nan")
     # throughput: a long run's output over its span (steady: the cold first wave's tokens count too)
     thr = done if mode == "steady" else fin
-    return {"client_mode": mode,
+    kv_tokens = kv_pool_tokens(res[0].topology)
+    return {"client_mode": mode, "sim_kv_tokens": kv_tokens,
+            "kv_holds_requests": kv_tokens // max(1, r["isl"] + r["osl"]),
             "sim_ttft_ms": float(fin.ttft_s.mean() * 1e3) if len(fin) else float("nan"),
             "sim_tpot_ms": float(fin.tpot_s.mean() * 1e3) if len(fin) else float("nan"),
             "sim_throughput_tok_s": float(thr.output_tokens.sum() / span) if len(thr) else float("nan"),
             "sim_finished": int(len(fin)), "sim_requests": int(len(df))}
+
+
+def kv_pool_tokens(topology) -> int:
+    """Tokens of KV the smallest instance of a simulated topology holds (blocks x block size; under DP
+    attention the sum over the ranks, as pdsim sizes it)."""
+    return int(min(i.kv.total_blocks * i.kv.block_size for i in topology.instances))
+
+
+def kv_bound(row: dict) -> bool:
+    """Whether the row's simulated KV pool holds fewer full-length requests (ISL + OSL tokens each) than
+    the run had clients: then the engine's memory setting, which a measured file rarely records, decides
+    how many requests run at once and so the TTFT (queueing), more than any kernel does."""
+    held = row.get("kv_holds_requests")
+    return held is not None and held < row["concurrency"]
 
 
 def _ape(sim, meas):
@@ -499,7 +515,8 @@ def write_outputs(result: dict, out: Path) -> None:
     cols = ["source", "id", "model", "device", "cost", "engine", "mode", "tp", "isl", "osl", "concurrency",
             "weight_dtype", "harness", "length_ratio", "client_mode",
             "ttft_ms", "sim_ttft_ms", "ttft_ape", "tpot_ms", "sim_tpot_ms", "tpot_ape", "throughput_tok_s",
-            "sim_throughput_tok_s", "throughput_ape", "sim_finished", "sim_requests"]
+            "sim_throughput_tok_s", "throughput_ape", "sim_finished", "sim_requests", "sim_kv_tokens",
+            "kv_holds_requests"]
     with open(out / "validate.csv", "w", newline="") as f:
         w = csv.DictWriter(f, cols, extrasaction="ignore")
         w.writeheader()
@@ -512,8 +529,10 @@ def write_outputs(result: dict, out: Path) -> None:
                         r.get("mode"), why])
     worst = sorted((r for r in rows if r["ttft_ape"] is not None), key=lambda r: -r["ttft_ape"])[:10]
     summary = {"counts": result["counts"], "groups": result["groups"],
-               "worst_ttft_rows": [{k: r[k] for k in ("id", "ttft_ms", "sim_ttft_ms", "ttft_ape", "tpot_ms",
-                                                     "sim_tpot_ms", "tpot_ape")} for r in worst]}
+               "kv_bound_rows": sum(1 for r in rows if kv_bound(r)),
+               "worst_ttft_rows": [{**{k: r[k] for k in ("id", "concurrency", "ttft_ms", "sim_ttft_ms", "ttft_ape",
+                                                        "tpot_ms", "sim_tpot_ms", "tpot_ape")},
+                                    "kv_holds_requests": r.get("kv_holds_requests")} for r in worst]}
     (out / "validate.json").write_text(json.dumps(summary, indent=2, default=float))
     (out / "validate.html").write_text(_html(summary))
 
@@ -525,10 +544,19 @@ def _html(summary: dict) -> str:
                 f"<td>{html.escape(r['engine'])}</td><td>{r['mode']}</td><td>{r['rows']}</td>"
                 f"<td>{f(r['ttft_mape'])}</td><td>{f(r['ttft_bias'])}</td><td>{f(r['tpot_mape'])}</td>"
                 f"<td>{f(r['tpot_bias'])}</td><td>{f(r['throughput_mape'])}</td></tr>" for r in summary["groups"])
+    def held(r):
+        k = r.get("kv_holds_requests")
+        return "-" if k is None else f"{k}{' &lt; ' + str(r['concurrency']) if k < r['concurrency'] else ''}"
     w = "".join(f"<tr><td>{html.escape(str(r['id']))}</td><td>{f(r['ttft_ms'])}</td><td>{f(r['sim_ttft_ms'])}</td>"
                 f"<td>{f(r['ttft_ape'])}</td><td>{f(r['tpot_ms'], 2)}</td><td>{f(r['sim_tpot_ms'], 2)}</td>"
-                f"<td>{f(r['tpot_ape'])}</td></tr>" for r in summary["worst_ttft_rows"])
+                f"<td>{f(r['tpot_ape'])}</td><td>{held(r)}</td></tr>" for r in summary["worst_ttft_rows"])
     c = summary["counts"]
+    kvb = summary.get("kv_bound_rows", 0)
+    kv_note = (f"<p>{kvb} simulated row(s) are <b>KV-bound</b>: pdsim's KV pool for the row (the engine preset's "
+               "memory setting) holds fewer full-length requests (ISL + OSL) than the run had clients, so the "
+               "engine's memory setting, which the measured file does not record, decides their TTFT (column "
+               "<i>KV holds</i>, and <code>kv_holds_requests</code> in validate.csv). Check these rows' memory "
+               "settings before reading their error as the cost model's.</p>") if kvb else ""
     sk = "".join(f"<li>{html.escape(k)}: {v}</li>" for k, v in sorted(c["skipped_by_reason"].items()))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>pdsim validate</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
@@ -538,8 +566,8 @@ padding:3px 8px;text-align:right}}</style></head><body>
 error, simulated/measured - 1) in percent; closed loop at the measured concurrency.</p>
 <h2>Per model, GPU, engine, mode</h2><table><tr><th>model</th><th>GPU</th><th>engine</th><th>mode</th><th>rows</th>
 <th>TTFT MAPE %</th><th>TTFT bias %</th><th>TPOT MAPE %</th><th>TPOT bias %</th><th>throughput MAPE %</th></tr>{g}</table>
-<h2>Worst rows by TTFT error</h2><table><tr><th>id</th><th>TTFT ms</th><th>sim</th><th>APE %</th><th>TPOT ms</th>
-<th>sim</th><th>APE %</th></tr>{w}</table>
+<h2>Worst rows by TTFT error</h2>{kv_note}<table><tr><th>id</th><th>TTFT ms</th><th>sim</th><th>APE %</th>
+<th>TPOT ms</th><th>sim</th><th>APE %</th><th>KV holds (requests)</th></tr>{w}</table>
 <h2>Skipped rows by reason</h2><ul>{sk}</ul></body></html>"""
 
 

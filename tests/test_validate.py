@@ -323,3 +323,40 @@ def test_moe_rows_become_expert_parallel_or_dp_attention_pools(tmp_path):
     from pdsim.validate import row_scenario
     pool = row_scenario({**rows["dp8"][0], "concurrency": 4}).topologies["t"]
     assert (pool.tp, pool.ep, pool.dp_attention, pool.engine) == (8, 8, True, "trtllm")
+
+
+def test_each_row_reports_the_kv_pool_it_was_simulated_with_by_hand(tmp_path):
+    """SGLang sizes its KV cache as mem_fraction_static x memory - weights (preset 0.88, page 1 token).
+    H100 80 GiB = 85,899,345,920 B x 0.88 = 75,591,424,409.6 B; Llama-3.1-8B bf16 weights: embedding and LM
+    head 128,256 x 4,096 each, 32 layers of q/o 4,096^2, k/v 4,096 x 1,024, gate/up/down 4,096 x 14,336 =
+    8,029,995,008 parameters x 2 B = 16,059,990,016 B (norms not counted); KV per token 32 layers x 8 KV heads
+    x 128 x 2 (K, V) x 2 B = 131,072 B -> floor(59,531,434,393.6 / 131,072) = 454,188 tokens, which hold
+    454,188 // (128 + 9) = 3,315 full-length requests."""
+    from pdsim.validate import kv_bound, write_outputs
+    path = _silicon(tmp_path / "s.csv", [{"id": "sg", "backend": "sglang", "backend_version": "0.5.1"}])
+    res = validate(read_measured(path))
+    (row,) = res["rows"]
+    assert row["engine"] == "sglang"
+    assert (row["sim_kv_tokens"], row["kv_holds_requests"]) == (454188, 3315)
+    assert not kv_bound(row)
+    # KV-bound: the pool holds fewer full-length requests than the run had clients (not when it holds as many)
+    assert kv_bound({"kv_holds_requests": 3, "concurrency": 4})
+    assert not kv_bound({"kv_holds_requests": 4, "concurrency": 4})
+    assert not kv_bound({"concurrency": 4})                     # rows of an older table: unknown, not flagged
+    bound = {**row, "id": "tight", "concurrency": 4000}
+    write_outputs({**res, "rows": [row, bound]}, tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "validate.json").read_text())
+    assert summary["kv_bound_rows"] == 1
+    assert {r["id"]: r["kv_holds_requests"] for r in summary["worst_ttft_rows"]} == {"sg": 3315, "tight": 3315}
+    page = (tmp_path / "out" / "validate.html").read_text()
+    assert "1 simulated row(s) are <b>KV-bound</b>" in page and "3315 &lt; 4000" in page
+    with open(tmp_path / "out" / "validate.csv") as f:
+        assert [r["kv_holds_requests"] for r in csv.DictReader(f)] == ["3315", "3315"]
+
+
+def test_kv_pool_tokens_is_the_smallest_instances_blocks_times_block_size():
+    from types import SimpleNamespace as NS
+
+    from pdsim.validate import kv_pool_tokens
+    inst = [NS(kv=NS(total_blocks=100, block_size=16)), NS(kv=NS(total_blocks=90, block_size=16))]
+    assert kv_pool_tokens(NS(instances=inst)) == 1440          # 90 blocks x 16 tokens, not 100 x 16 or 90
