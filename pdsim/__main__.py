@@ -430,6 +430,12 @@ def cmd_validate(args) -> int:
     for g in res["groups"]:
         print(f"  {g['model']:14s} {g['device']:9s} {g['engine']:8s} {g['mode']:4s} n={g['rows']:<4d} "
               f"TTFT MAPE {_fmt(g['ttft_mape'])}%  TPOT MAPE {_fmt(g['tpot_mape'])}%")
+    from .validate import kv_bound
+    kvb = [r["id"] for r in res["rows"] if kv_bound(r)]
+    if kvb:
+        print(f"{len(kvb)} KV-bound row(s): the simulated KV pool holds fewer full-length requests than the run "
+              f"had clients, so the run's memory setting decides their TTFT (kv_holds_requests in validate.csv): "
+              f"{', '.join(map(str, kvb[:5]))}{' ...' if len(kvb) > 5 else ''}")
     print(f"wrote {out}/ (validate.csv, skipped.csv, validate.json, validate.html)", file=sys.stderr)
     return 0 if c["simulated"] else 1
 

@@ -360,3 +360,16 @@ def test_kv_pool_tokens_is_the_smallest_instances_blocks_times_block_size():
     from pdsim.validate import kv_pool_tokens
     inst = [NS(kv=NS(total_blocks=100, block_size=16)), NS(kv=NS(total_blocks=90, block_size=16))]
     assert kv_pool_tokens(NS(instances=inst)) == 1440          # 90 blocks x 16 tokens, not 100 x 16 or 90
+
+
+def test_cli_names_the_kv_bound_rows(tmp_path, capsys):
+    # 4 clients of 128,000 + 9 tokens against the 454,188-token SGLang pool above: it holds 3 of them
+    path = _silicon(tmp_path / "s.csv", [{"id": "long", "backend": "sglang", "backend_version": "0.5.1",
+                                          "isl": 128000, "silicon_data_source": "made-up; silicon_concurrency=4",
+                                          "batch_size": 4}])
+    assert main(["validate", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "1 KV-bound row(s)" in out and ": long" in out
+    with open(tmp_path / "o" / "validate.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert (row["sim_kv_tokens"], row["kv_holds_requests"], row["concurrency"]) == ("454188", "3", "4")
