@@ -4,8 +4,10 @@
 express -- DeepSeek-V3/R1, Qwen3-235B-A22B, gpt-oss-120b with fp8 or bf16 weights on H100/H200,
 aggregated serving, no pipeline parallelism, attention TP = moe_tp x moe_ep, or DP attention within one
 node (attention TP 1 on attention_dp_size GPUs, moe_tp 1, moe_ep = attention_dp_size: a pool with
-``dp_attention: true``) -- and simulates each as ``pdsim validate`` does (closed loop at the row's concurrency, the engine preset,
-all clients starting together), with ``ep`` = the row's moe_ep_size.  Nothing is fitted.
+``dp_attention: true``) -- and simulates each as ``pdsim validate`` does (``validate.simulate_row``: closed loop at
+the row's concurrency, the engine preset, the harness's length draw -- InferenceMAX rows uniform in [0.8 L, L] --
+and client mode ``auto``: the unknown-harness rows' cold first wave left out), with ``ep`` = the row's
+moe_ep_size.  Nothing is fitted.
 
 Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTFT and TPOT per group.
 
@@ -25,9 +27,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pdsim import validate as V  # noqa: E402
 from pdsim.errors import ConfigError  # noqa: E402
-from pdsim.metrics import requests_frame  # noqa: E402
 from pdsim.profile_import import aic_systems_dir  # noqa: E402
-from pdsim.simulation import simulate  # noqa: E402
 
 MOE_MODELS = {"deepseek-v3": "deepseek-v3", "deepseek-r1": "deepseek-r1", "qwen3-235b-a22b-fp8": "qwen3-235b-a22b",
               "qwen3-235b-a22b": "qwen3-235b-a22b", "qwen3-30b-a3b": "qwen3-30b-a3b",
@@ -72,7 +72,8 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
             conc = int(src.split("silicon_concurrency=")[1].split(";")[0].split(",")[0]) \
                 if "silicon_concurrency=" in src else int(x.batch_size)
             wd = "fp8" if prec.startswith("fp8") else "bf16"
-            out.append({"id": x.id, "model": model, "device": gpu, "engine": V._engine(x.backend, str(x.backend_version)),
+            harness, ratio = V.silicon_harness(src, int(x.isl), int(x.osl))
+            out.append({"id": x.id, "source": "silicon", "harness": harness, "length_ratio": ratio, "model": model, "device": gpu, "engine": V._engine(x.backend, str(x.backend_version)),
                         "tp": tp, "ep": mep, "dp_attention": dp_attention, "isl": int(x.isl), "osl": int(x.osl), "concurrency": conc,
                         "weight_dtype": wd, "kv_dtype": wd, "ttft_ms": float(x.silicon_ttft_ms),
                         "tpot_ms": float(x.silicon_tpot_ms)})
@@ -81,16 +82,12 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
 
 def simulate_row(r: dict, profiles: dict | None = None, moe_tables: bool = False, mla_tables: bool = True,
                  a2a_tables: bool = False) -> tuple[float, float, int]:
-    """Mean TTFT and TPOT (ms) of the row's closed-loop run, and the KV pool it ran with (tokens)."""
-    sc = V.row_scenario(r, True, 10, profiles=profiles)
-    cm = sc.topologies["t"].cost_model
-    cm.moe_tables, cm.mla_tables, cm.a2a_tables = moe_tables, mla_tables, a2a_tables
-    sc.topologies["t"].ep = r["ep"]
-    sc.topologies["t"].dp_attention = r["dp_attention"]
-    res = simulate(sc)
-    df = requests_frame(res, sc.client)
-    fin = df[df.status == "finished"]
-    return float(fin.ttft_s.mean() * 1e3), float(fin.tpot_s.mean() * 1e3), V.kv_pool_tokens(res[0].topology)
+    """Mean TTFT and TPOT (ms) of the row's closed-loop run as ``pdsim validate`` simulates it, and the KV pool
+    it ran with (tokens)."""
+    sim = V.simulate_row(r, True, 10, "auto", None, profiles,
+                         cost_model={"kind": "roofline", "moe_tables": moe_tables, "mla_tables": mla_tables,
+                                     "a2a_tables": a2a_tables})
+    return sim["sim_ttft_ms"], sim["sim_tpot_ms"], sim["sim_kv_tokens"]
 
 
 def main() -> int:
