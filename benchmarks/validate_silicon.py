@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdsim.validate import (CLIENT_MODES, ERROR_TABLE, fit_step_overhead, parse_profiles, read_measured,
+from pdsim.validate import (CLIENT_MODES, ERROR_TABLE, error_stats, fit_step_overhead, parse_profiles, read_measured,
                             silicon_sample_path, validate)
 
 
@@ -106,7 +106,7 @@ def main() -> None:
         keys = sorted({(x["engine"], x["device"]) for x in rows_}) + [("all", "all")]
         for eng, dev in keys:
             rs = [x for x in rows_ if (eng, dev) == ("all", "all") or (x["engine"], x["device"]) == (eng, dev)]
-            s_ = stats(rs)
+            s_ = error_stats(rs)
             print(f"{label:26s} {eng:8s} {dev:9s} {len(rs):4d}  {s_['ttft_mape_pct']:9.1f} {s_['ttft_median_ape_pct']:7.1f} "
                   f"{s_['ttft_bias_pct']:+6.0f}  {s_['tpot_mape_pct']:9.1f} {s_['tpot_median_ape_pct']:7.1f} "
                   f"{s_['tpot_bias_pct']:+6.0f}")
@@ -120,12 +120,13 @@ def main() -> None:
             old = json.loads(ERROR_TABLE.read_text())
             bands = old["bands"] if old.get("split", {}).get("by") == "zlib.crc32(id) % 2" else {}
         except (OSError, ValueError, KeyError):
-            bands = {}
+            old, bands = {}, {}
+        moe_keys = {k: old[k] for k in ("moe_source", "moe_bands") if k in old}   # validate_moe_silicon.py's
         for label, (presets, prof, r) in res.items():
             for eng, dev in {(x["engine"] if presets else "none", x["device"]) for x in r["rows"]}:
                 rs = [x for x in r["rows"] if (x["engine"] if presets else "none", x["device"]) == (eng, dev)]
                 key = f"{eng}|{Path(prof[dev]).stem if prof and dev in prof else dev}"
-                bands[key] = {**stats(rs), "rows": len(rs)}
+                bands[key] = {**error_stats(rs), "rows": len(rs)}
         ERROR_TABLE.write_text(json.dumps({
             "source": f"benchmarks/validate_silicon.py --split test{' --sample %d' % args.sample if args.sample else ''}"
                       f" --client {args.client} [--only-after | --only-before] (git {git_head()}): pdsim vs "
@@ -141,7 +142,7 @@ def main() -> None:
                       "imported measured profiles of calibration/profiles. Key: engine|device (engine 'none' = "
                       "no engine preset).",
             "split": {"by": "zlib.crc32(id) % 2", "held_out": 1, "train": 0},
-            "bands": dict(sorted(bands.items()))}, indent=1) + "\n")
+            "bands": dict(sorted(bands.items())), **moe_keys}, indent=1) + "\n")
         print(f"wrote {ERROR_TABLE}")
 
 
@@ -152,18 +153,6 @@ def git_head() -> str:
                               cwd=Path(__file__).parent).stdout.strip() or "?"
     except OSError:
         return "?"
-
-
-def stats(rs: list[dict]) -> dict:
-    out = {}
-    for m in ("ttft", "tpot"):
-        ape = [x[f"{m}_ape"] for x in rs if x[f"{m}_ape"] is not None]
-        bias = [x[f"sim_{m}_ms"] / x[f"{m}_ms"] - 1 for x in rs if x[f"{m}_ape"] is not None]
-        out[f"{m}_mape_pct"] = round(float(np.mean(ape)), 1) if ape else float("nan")
-        out[f"{m}_median_ape_pct"] = round(float(np.median(ape)), 1) if ape else float("nan")
-        out[f"{m}_p90_ape_pct"] = round(float(np.percentile(ape, 90)), 1) if ape else float("nan")
-        out[f"{m}_bias_pct"] = round(float(np.mean(bias)) * 100, 1) if bias else float("nan")
-    return out
 
 
 def _sample(rows, n, seed):

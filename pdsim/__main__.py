@@ -131,7 +131,8 @@ def print_error_bands(summary: dict, out=None) -> None:
     for name, s in summary.items():
         for pool, band in (s.get("expected_error") or {}).items():
             text = band if isinstance(band, str) else (f"TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}% "
-                                                       f"(MAPE over {band['rows']} measured runs{_bias(band)})")
+                                                       f"(MAPE over {band['rows']} measured "
+                                                       f"{'MoE-model ' if band.get('moe') else ''}runs{_bias(band)})")
             if isinstance(band, dict) and band.get("engine") == "none":
                 text += "; no engine preset: `engine:` (vllm-v1, sglang, trtllm) gives engine-faithful serving"
             groups.setdefault(text, []).append(f"{name}/{pool}")

@@ -509,8 +509,8 @@ def kv_capacity(pool, d: pd.DataFrame) -> dict:
 
 
 def expected_error(topo) -> dict:
-    """The error band measured for this engine and GPU against real benchmark runs (pdsim validate),
-    or ``unvalidated``."""
+    """The error band measured for this engine and GPU against real benchmark runs (pdsim validate; an MoE
+    model's from the MoE rows), or ``unvalidated``."""
     from .validate import error_band
     out = {}
     for p in topo.pools:
@@ -519,7 +519,9 @@ def expected_error(topo) -> dict:
             out[p.name] = (f"unvalidated: step_overhead set on the {p.spec.engine} preset, whose band was measured "
                            "with its own (a `pdsim calibrate --from-benchmark` file states its held-out error)")
         else:
-            out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp)
+            model = getattr(p.cost, "model", None)
+            out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp,
+                                     moe=bool(model is not None and model.is_moe))
     return out
 
 def _rate(num: float, den: float):

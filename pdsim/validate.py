@@ -415,6 +415,20 @@ def kv_bound(row: dict) -> bool:
     return held is not None and held < row["concurrency"]
 
 
+def error_stats(rows: list[dict]) -> dict:
+    """MAPE, median and p90 APE, and mean bias (simulated/measured - 1) of TTFT and TPOT over simulated rows,
+    in percent, rounded to 0.1 (the error-band table's entries)."""
+    out = {}
+    for m in ("ttft", "tpot"):
+        ape = [x[f"{m}_ape"] for x in rows if x[f"{m}_ape"] is not None]
+        bias = [x[f"sim_{m}_ms"] / x[f"{m}_ms"] - 1 for x in rows if x[f"{m}_ape"] is not None]
+        out[f"{m}_mape_pct"] = round(float(np.mean(ape)), 1) if ape else float("nan")
+        out[f"{m}_median_ape_pct"] = round(float(np.median(ape)), 1) if ape else float("nan")
+        out[f"{m}_p90_ape_pct"] = round(float(np.percentile(ape, 90)), 1) if ape else float("nan")
+        out[f"{m}_bias_pct"] = round(float(np.mean(bias)) * 100, 1) if bias else float("nan")
+    return out
+
+
 def _ape(sim, meas):
     if sim is None or meas is None or not (meas > 0) or sim != sim:
         return None
@@ -575,7 +589,7 @@ error, simulated/measured - 1) in percent; closed loop at the measured concurren
 ERROR_TABLE = Path(__file__).parent / "data" / "validation_error.json"
 
 
-def error_band(engine: str | None, device: str, tp: int | None = None) -> dict | str:
+def error_band(engine: str | None, device: str, tp: int | None = None, moe: bool = False) -> dict | str:
     """The held-out error measured by ``benchmarks/validate_silicon.py`` for this engine and GPU
     (pooled over models and TP): TTFT/TPOT MAPE, median APE, p90 APE and bias, or ``"unvalidated"``.
 
@@ -588,6 +602,15 @@ def error_band(engine: str | None, device: str, tp: int | None = None) -> dict |
         table = json.loads(ERROR_TABLE.read_text())
     except (OSError, ValueError):
         return "unvalidated"
+    if moe:
+        # an MoE model's band comes from the MoE silicon rows (benchmarks/validate_moe_silicon.py), never the
+        # dense one: their error differs in size and sign (TTFT too fast where the dense rows' is too slow)
+        hit = table.get("moe_bands", {}).get(f"{engine or 'none'}|{key_dev}")
+        if not hit:
+            return ("unvalidated for MoE models on this engine and GPU (the dense models' band does not carry "
+                    "over: benchmarks/validate_moe_silicon.py)")
+        return {**hit, "source": table.get("moe_source", ""), "engine": engine or "none", "device": key_dev,
+                "moe": True}
     hit = table.get("bands", {}).get(f"{engine or 'none'}|{key_dev}")
     if not hit:
         return "unvalidated"

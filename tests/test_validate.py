@@ -255,6 +255,14 @@ def test_error_band_per_engine_gpu_and_profile(tmp_path, monkeypatch):
     assert V.error_band("trtllm", "calibration/profiles/h200_sxm-trtllm-aic.yaml")["tpot_mape_pct"] == 7.0
     assert V.error_band("trtllm", "h200") == "unvalidated"
     assert V.error_band("vllm-v0", "a100-80gb-sxm") == "unvalidated"
+    # an MoE model never gets a dense band: its own from moe_bands, else unvalidated for MoE models
+    assert V.error_band("vllm-v1", "h200", moe=True).startswith("unvalidated for MoE models")
+    table["moe_bands"] = {"vllm-v1|h200": {"ttft_mape_pct": 60.0, "tpot_mape_pct": 30.0, "rows": 5}}
+    f.write_text(json.dumps(table))
+    moe = V.error_band("vllm-v1", "h200", moe=True)
+    assert (moe["ttft_mape_pct"], moe["rows"], moe["moe"]) == (60.0, 5, True)
+    assert V.error_band("vllm-v1", "h200")["ttft_mape_pct"] == 11.0          # dense models keep theirs
+    assert V.error_band("sglang", "h200", moe=True).startswith("unvalidated for MoE models")
 
 
 def test_run_prints_the_stored_band_of_each_pools_engine_and_gpu(tmp_path, capsys):
@@ -284,6 +292,25 @@ def test_run_prints_the_stored_band_of_each_pools_engine_and_gpu(tmp_path, capsy
     page = (tmp_path / "out" / "report.html").read_text()
     from pdsim.charts import num
     assert "unvalidated" in page and f"±{num(bands['vllm-v1|h200']['ttft_mape_pct'])}%" in page
+
+
+def test_run_prints_the_moe_band_for_an_moe_pool(tmp_path, capsys):
+    """An MoE model's pool shows the band of the MoE silicon rows for its engine and GPU (pdsim errs the
+    other way there: TTFT too fast), labelled as such, not the dense models' band."""
+    import yaml
+    from pdsim.validate import ERROR_TABLE
+    table = json.loads(ERROR_TABLE.read_text())
+    moe, dense = table["moe_bands"]["sglang|h200"], table["bands"]["sglang|h200"]
+    assert moe["ttft_mape_pct"] != dense["ttft_mape_pct"]
+    sc = {"name": "moe-band", "model": "qwen3-30b-a3b", "seed": 0,
+          "workload": {"arrival": "poisson", "rate": 2, "num_requests": 3, "prompt_tokens": 64, "output_tokens": 4},
+          "topologies": {"sg": {"kind": "colocated", "device": "h200", "engine": "sglang"}}}
+    f = tmp_path / "moe.yaml"
+    f.write_text(yaml.safe_dump(sc))
+    assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet", "--no-report"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("expected error")]
+    assert f"TTFT ±{moe['ttft_mape_pct']}%, TPOT ±{moe['tpot_mape_pct']}%" in line
+    assert f"over {moe['rows']} measured MoE-model runs" in line and f"{moe['ttft_bias_pct']:+.0f}%" in line
 
 
 def test_blackwell_fp4_and_fp8_rows_are_expressible(tmp_path):
