@@ -1,19 +1,20 @@
 """MoE/MLA end to end: pdsim against the measured MoE serving runs of aiconfigurator-core's silicon sample.
 
-``pdsim validate`` leaves MoE rows out (pdsim/validate.py); this script takes the MoE rows pdsim can now
-express -- DeepSeek-V3/R1, Qwen3-235B-A22B, gpt-oss-120b with fp8 or bf16 weights on H100/H200,
-aggregated serving, no pipeline parallelism, attention TP = moe_tp x moe_ep, or DP attention within one
-node (attention TP 1 on attention_dp_size GPUs, moe_tp 1, moe_ep = attention_dp_size: a pool with
-``dp_attention: true``) -- and simulates each as ``pdsim validate`` does (``validate.simulate_row``: closed loop at
+The MoE rows pdsim can express -- DeepSeek-V3/R1, Qwen3-235B-A22B, gpt-oss-120b with fp8 or bf16 weights on
+H100/H200/B200, aggregated serving, no pipeline parallelism, attention TP = moe_tp x moe_ep, or DP attention
+within one node (attention TP 1 on attention_dp_size GPUs, moe_tp 1, moe_ep = attention_dp_size: a pool with
+``dp_attention: true``) -- each simulated as ``pdsim validate`` does (``validate.simulate_row``: closed loop at
 the row's concurrency, the engine preset, the harness's length draw -- InferenceMAX rows uniform in [0.8 L, L] --
 and client mode ``auto``: the unknown-harness rows' cold first wave left out), with ``ep`` = the row's
-moe_ep_size.  Nothing is fitted.
+moe_ep_size.  Nothing is fitted on these rows (they did choose which MoE kernel constants the presets carry).
+``pdsim validate --silicon`` simulates the same rows among the dense ones; this script adds the per-group
+table, the KV-bound rows and the MoE error bands.
 
 Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTFT and TPOT per group.
 
     .venv/bin/python benchmarks/validate_moe_silicon.py [--sample N (default 150, about 100 s)] [--seed S]
         [--dp-attention-only] [--ep-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables] [--no-mla-tables]
-        [--a2a-tables]] [--csv OUT.csv]
+        [--a2a-tables]] [--csv OUT.csv] [--write-error-table (with --sample 0 only)]
 """
 from __future__ import annotations
 
@@ -81,13 +82,12 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
 
 
 def simulate_row(r: dict, profiles: dict | None = None, moe_tables: bool = False, mla_tables: bool = True,
-                 a2a_tables: bool = False) -> tuple[float, float, int]:
-    """Mean TTFT and TPOT (ms) of the row's closed-loop run as ``pdsim validate`` simulates it, and the KV pool
-    it ran with (tokens)."""
-    sim = V.simulate_row(r, True, 10, "auto", None, profiles,
-                         cost_model={"kind": "roofline", "moe_tables": moe_tables, "mla_tables": mla_tables,
-                                     "a2a_tables": a2a_tables})
-    return sim["sim_ttft_ms"], sim["sim_tpot_ms"], sim["sim_kv_tokens"]
+                 a2a_tables: bool = False) -> dict:
+    """The row's closed-loop run as ``pdsim validate`` simulates it (``validate.simulate_row``'s dict: mean TTFT
+    and TPOT in ms, the KV pool it ran with)."""
+    return V.simulate_row(r, True, 10, "auto", None, profiles,
+                          cost_model={"kind": "roofline", "moe_tables": moe_tables, "mla_tables": mla_tables,
+                                      "a2a_tables": a2a_tables})
 
 
 def main() -> int:
@@ -125,14 +125,17 @@ def main() -> int:
     res = []
     for r in rows:
         try:
-            ttft, tpot, kv = simulate_row(r, profiles, args.moe_tables, args.mla_tables, args.a2a_tables)
+            sim = simulate_row(r, profiles, args.moe_tables, args.mla_tables, args.a2a_tables)
         except ConfigError as exc:
             print(f"  skip {r['id']}: {exc}")
             continue
+        ttft, tpot = sim["sim_ttft_ms"], sim["sim_tpot_ms"]
         res.append({**r, "sim_ttft_ms": ttft, "sim_tpot_ms": tpot,
-                    "ttft_ape": abs(ttft / r["ttft_ms"] - 1) * 100, "tpot_ape": abs(tpot / r["tpot_ms"] - 1) * 100,
+                    "ttft_ape": V._ape(ttft, r["ttft_ms"]), "tpot_ape": V._ape(tpot, r["tpot_ms"]),
                     "tpot_ratio": tpot / r["tpot_ms"], "ttft_ratio": ttft / r["ttft_ms"],
-                    "sim_kv_tokens": kv, "kv_holds_requests": kv // (r["isl"] + r["osl"])})
+                    "sim_kv_tokens": sim["sim_kv_tokens"], "kv_holds_requests": sim["kv_holds_requests"]})
+    if not res:
+        raise SystemExit("no MoE row simulated (the filters left none, or every row was skipped)")
     df = pd.DataFrame(res)
     if args.csv:
         df.to_csv(args.csv, index=False)
@@ -161,30 +164,48 @@ def main() -> int:
     return 0
 
 
-def write_moe_bands(rows: pd.DataFrame, version: str) -> None:
+#: what identifies one measurement: the sample lists some under several ids (46 of the 452 rows here)
+MEASUREMENT = ("model", "device", "engine", "tp", "ep", "dp_attention", "weight_dtype", "isl", "osl", "concurrency",
+               "ttft_ms", "tpot_ms")
+
+
+def moe_bands(rows: pd.DataFrame) -> dict:
+    """Per engine|GPU: ``validate.error_stats`` over the distinct measurements, their count and the models."""
+    recs = rows.drop_duplicates(subset=list(MEASUREMENT)).to_dict("records")
+    bands = {}
+    for eng, dev in sorted({(r["engine"], r["device"]) for r in recs}):
+        rs = [r for r in recs if (r["engine"], r["device"]) == (eng, dev)]
+        stats = V.error_stats(rs)
+        if any(v != v for v in stats.values()):
+            raise SystemExit(f"{eng}|{dev}: no row with a simulated TTFT and TPOT; not writing a NaN band")
+        bands[f"{eng}|{dev}"] = {**stats, "rows": len(rs), "models": sorted({r["model"] for r in rs})}
+    return bands
+
+
+def write_moe_bands(rows: pd.DataFrame, version: str, table_path: Path | None = None) -> None:
     """The MoE band per engine|GPU (``pdsim.validate.error_band(..., moe=True)``) into the error table, beside
     the dense bands that benchmarks/validate_silicon.py writes (it keeps these)."""
     import json
     import subprocess
-    recs = rows.to_dict("records")
-    bands = {}
-    for eng, dev in sorted({(r["engine"], r["device"]) for r in recs}):
-        rs = [r for r in recs if (r["engine"], r["device"]) == (eng, dev)]
-        bands[f"{eng}|{dev}"] = {**V.error_stats(rs), "rows": len(rs)}
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+    table_path = table_path or V.ERROR_TABLE
+    bands = moe_bands(rows)
+    if not bands:
+        raise SystemExit("no MoE row left to measure a band on (all KV-bound?); the table is unchanged")
+    head = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                           cwd=Path(__file__).parent).stdout.strip() or "?"
-    table = json.loads(V.ERROR_TABLE.read_text())
+    table = json.loads(table_path.read_text())
     table["moe_source"] = (
         f"benchmarks/validate_moe_silicon.py --sample 0 --write-error-table (git {head}): pdsim (datasheet GPU "
         f"presets + engine presets) vs the MoE rows of aiconfigurator-core {version} silicon_sample.csv that "
         "pdsim expresses (DeepSeek-V3/R1, Qwen3-235B-A22B, gpt-oss-120b; fp8/bf16; aggregated), simulated as "
         "pdsim validate does; rows whose simulated KV pool holds fewer full-length requests than the run had "
-        "clients (KV-bound: the run's memory setting, which the sample does not record, decides them) left "
-        "out. NOT a held-out check: these rows chose which MoE kernel constants the presets carry (B200's "
-        "were left out because they made them worse). Key: engine|device.")
+        "clients (KV-bound: queueing for KV under a memory setting that may not be the run's decides them) "
+        "left out, and a measurement listed under several ids counted once. NOT a held-out check: these rows "
+        "chose which MoE kernel constants the presets carry (B200's were left out because they made them "
+        "worse). Key: engine|device; 'models' names the rows' models (a band is pooled over them).")
     table["moe_bands"] = bands
-    V.ERROR_TABLE.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"wrote the MoE bands of {len(bands)} engine|GPU pairs to {V.ERROR_TABLE}")
+    table_path.write_text(json.dumps(table, indent=1, allow_nan=False) + "\n")
+    print(f"wrote the MoE bands of {len(bands)} engine|GPU pairs to {table_path}")
 
 
 if __name__ == "__main__":

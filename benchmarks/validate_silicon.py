@@ -118,18 +118,17 @@ def main() -> None:
         # variants run separately (--only-after / --only-before) add their keys to the stored table
         try:
             old = json.loads(ERROR_TABLE.read_text())
-            bands = old["bands"] if old.get("split", {}).get("by") == "zlib.crc32(id) % 2" else {}
-        except (OSError, ValueError, KeyError):
-            old, bands = {}, {}
-        moe_keys = {k: old[k] for k in ("moe_source", "moe_bands") if k in old}   # validate_moe_silicon.py's
+        except (OSError, ValueError):
+            old = {}
+        bands = {}
         for label, (presets, prof, r) in res.items():
             for eng, dev in {(x["engine"] if presets else "none", x["device"]) for x in r["rows"]}:
                 rs = [x for x in r["rows"] if (x["engine"] if presets else "none", x["device"]) == (eng, dev)]
                 key = f"{eng}|{Path(prof[dev]).stem if prof and dev in prof else dev}"
                 bands[key] = {**error_stats(rs), "rows": len(rs)}
-        ERROR_TABLE.write_text(json.dumps({
-            "source": f"benchmarks/validate_silicon.py --split test{' --sample %d' % args.sample if args.sample else ''}"
-                      f" --client {args.client} [--only-after | --only-before] (git {git_head()}): pdsim vs "
+        ERROR_TABLE.write_text(json.dumps(merged_table(old, bands, source=(
+            f"benchmarks/validate_silicon.py --split test{' --sample %d' % args.sample if args.sample else ''}"
+            f" --client {args.client} [--only-after | --only-before] (git {git_head()}): pdsim vs "
                       "aiconfigurator-core 0.12.0 "
                       "silicon_sample.csv, dense aggregated closed-loop rows (mean TTFT/TPOT per row, absolute "
                       "percentage error; bias = mean of simulated/measured - 1). Rows are split by the CRC32 of "
@@ -140,10 +139,20 @@ def main() -> None:
                       "unknown-harness rows leave their cold first wave out (validate.CLIENT_MODES, steady). "
                       "The '-aic' keys use the "
                       "imported measured profiles of calibration/profiles. Key: engine|device (engine 'none' = "
-                      "no engine preset).",
-            "split": {"by": "zlib.crc32(id) % 2", "held_out": 1, "train": 0},
-            "bands": dict(sorted(bands.items())), **moe_keys}, indent=1) + "\n")
+                      "no engine preset).")), indent=1, allow_nan=False) + "\n")
         print(f"wrote {ERROR_TABLE}")
+
+
+SPLIT = {"by": "zlib.crc32(id) % 2", "held_out": 1, "train": 0}
+
+
+def merged_table(old: dict, bands: dict, source: str) -> dict:
+    """The error table with these dense ``bands`` written over the old ones: variants run separately
+    (--only-after / --only-before) keep each other's keys while the split is the same, and the MoE bands
+    of benchmarks/validate_moe_silicon.py (``moe_source``, ``moe_bands``) are kept as they are."""
+    kept = old.get("bands", {}) if old.get("split", {}).get("by") == SPLIT["by"] else {}
+    return {"source": source, "split": SPLIT, "bands": dict(sorted({**kept, **bands}.items())),
+            **{k: old[k] for k in ("moe_source", "moe_bands") if k in old}}
 
 
 def git_head() -> str:

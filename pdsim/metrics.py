@@ -518,10 +518,12 @@ def expected_error(topo) -> dict:
             # the stored band was measured with the preset's overhead, not this one
             out[p.name] = (f"unvalidated: step_overhead set on the {p.spec.engine} preset, whose band was measured "
                            "with its own (a `pdsim calibrate --from-benchmark` file states its held-out error)")
+        elif p.spec.cost_model.kind != "roofline":
+            # the bands were measured with the roofline cost model (device profile x model); a constant or
+            # linear step time is a what-if nobody measured
+            out[p.name] = f"unvalidated: a {p.spec.cost_model.kind} cost model (a what-if, not the roofline)"
         else:
-            model = getattr(p.cost, "model", None)
-            out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp,
-                                     moe=bool(model is not None and model.is_moe))
+            out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp, moe=p.cost.model.is_moe)
     return out
 
 def _rate(num: float, den: float):

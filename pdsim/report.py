@@ -615,6 +615,7 @@ def _engine_items(t: dict) -> list:
     """Card lines: each pool's engine and KV capacity per instance (tokens, requests of the run's mean
     size), the recorded ITL, and the error band measured against real benchmark runs for each pool's
     engine and GPU (or 'unvalidated')."""
+    from .validate import band_notes
     out = []
     for name, p in (t.get("pools") or {}).items():
         if p.get("tp") is not None:
@@ -639,7 +640,7 @@ def _engine_items(t: dict) -> list:
             f"{num(band.get('rows'))} measured {'MoE-model ' if band.get('moe') else ''}runs"
             + (f"; mean bias {band['ttft_bias_pct']:+.0f}% / {band['tpot_bias_pct']:+.0f}%"
                if band.get("ttft_bias_pct") is not None and band.get("tpot_bias_pct") is not None else "")
-            + ")")))
+            + band_notes(band) + ")")))
     return out
 
 

@@ -392,9 +392,8 @@ def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int 
     span = res[0].sim_end_s or float("nan")
     # throughput: a long run's output over its span (steady: the cold first wave's tokens count too)
     thr = done if mode == "steady" else fin
-    kv_tokens = kv_pool_tokens(res[0].topology)
-    return {"client_mode": mode, "sim_kv_tokens": kv_tokens,
-            "kv_holds_requests": kv_tokens // max(1, r["isl"] + r["osl"]),
+    kv_tokens, kv_held = kv_pool_tokens(res[0].topology), kv_holds_requests(res[0].topology, r["isl"] + r["osl"])
+    return {"client_mode": mode, "sim_kv_tokens": kv_tokens, "kv_holds_requests": kv_held,
             "sim_ttft_ms": float(fin.ttft_s.mean() * 1e3) if len(fin) else float("nan"),
             "sim_tpot_ms": float(fin.tpot_s.mean() * 1e3) if len(fin) else float("nan"),
             "sim_throughput_tok_s": float(thr.output_tokens.sum() / span) if len(thr) else float("nan"),
@@ -405,6 +404,14 @@ def kv_pool_tokens(topology) -> int:
     """Tokens of KV the smallest instance of a simulated topology holds (blocks x block size; under DP
     attention the sum over the ranks, as pdsim sizes it)."""
     return int(min(i.kv.total_blocks * i.kv.block_size for i in topology.instances))
+
+
+def kv_holds_requests(topology, tokens: int) -> int:
+    """How many requests of ``tokens`` tokens (ISL + OSL) the smallest instance admits at once, counted as
+    ``metrics.kv_capacity`` counts its pool: blocks above the watermark over the blocks one request takes
+    (whole blocks, plus a sliding-window pool's window blocks)."""
+    return int(min((i.kv.total_blocks - i.kv.watermark_blocks) // max(1, i.kv.blocks_for(int(tokens)))
+                   for i in topology.instances))
 
 
 def kv_bound(row: dict) -> bool:
@@ -420,12 +427,19 @@ def error_stats(rows: list[dict]) -> dict:
     in percent, rounded to 0.1 (the error-band table's entries)."""
     out = {}
     for m in ("ttft", "tpot"):
-        ape = [x[f"{m}_ape"] for x in rows if x[f"{m}_ape"] is not None]
-        bias = [x[f"sim_{m}_ms"] / x[f"{m}_ms"] - 1 for x in rows if x[f"{m}_ape"] is not None]
+        ok = [x for x in rows if x[f"{m}_ape"] is not None and x[f"{m}_ape"] == x[f"{m}_ape"]
+              and x[f"sim_{m}_ms"] > 0]                                 # a row that finished nothing has none
+        ape = [x[f"{m}_ape"] for x in ok]
+        ratio = [x[f"sim_{m}_ms"] / x[f"{m}_ms"] for x in ok]
         out[f"{m}_mape_pct"] = round(float(np.mean(ape)), 1) if ape else float("nan")
         out[f"{m}_median_ape_pct"] = round(float(np.median(ape)), 1) if ape else float("nan")
         out[f"{m}_p90_ape_pct"] = round(float(np.percentile(ape, 90)), 1) if ape else float("nan")
-        out[f"{m}_bias_pct"] = round(float(np.mean(bias)) * 100, 1) if bias else float("nan")
+        out[f"{m}_bias_pct"] = round((float(np.mean(ratio)) - 1) * 100, 1) if ratio else float("nan")
+        # measured / simulated: an APE can never pass 100% however fast pdsim is, so when pdsim is fast the
+        # factor says how far (a median 5x reads as 80% APE)
+        meas_over_sim = [1.0 / q for q in ratio]
+        out[f"{m}_measured_over_sim_median"] = round(float(np.median(meas_over_sim)), 2) if ratio else float("nan")
+        out[f"{m}_measured_over_sim_p90"] = round(float(np.percentile(meas_over_sim, 90)), 2) if ratio else float("nan")
     return out
 
 
@@ -544,6 +558,7 @@ def write_outputs(result: dict, out: Path) -> None:
     worst = sorted((r for r in rows if r["ttft_ape"] is not None), key=lambda r: -r["ttft_ape"])[:10]
     summary = {"counts": result["counts"], "groups": result["groups"],
                "kv_bound_rows": sum(1 for r in rows if kv_bound(r)),
+               "kv_bound_ids": [r["id"] for r in rows if kv_bound(r)],
                "worst_ttft_rows": [{**{k: r[k] for k in ("id", "concurrency", "ttft_ms", "sim_ttft_ms", "ttft_ape",
                                                         "tpot_ms", "sim_tpot_ms", "tpot_ape")},
                                     "kv_holds_requests": r.get("kv_holds_requests")} for r in worst]}
@@ -570,7 +585,8 @@ def _html(summary: dict) -> str:
                "memory setting) holds fewer full-length requests (ISL + OSL) than the run had clients, so the "
                "engine's memory setting, which the measured file does not record, decides their TTFT (column "
                "<i>KV holds</i>, and <code>kv_holds_requests</code> in validate.csv). Check these rows' memory "
-               "settings before reading their error as the cost model's.</p>") if kvb else ""
+               "settings before reading their error as the cost model's (the group figures include them): "
+               + ", ".join(html.escape(str(i)) for i in summary.get("kv_bound_ids", [])) + ".</p>") if kvb else ""
     sk = "".join(f"<li>{html.escape(k)}: {v}</li>" for k, v in sorted(c["skipped_by_reason"].items()))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>pdsim validate</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
@@ -586,12 +602,30 @@ error, simulated/measured - 1) in percent; closed loop at the measured concurren
 
 
 # --- the error band shown next to TTFT/TPOT ---------------------------------------------------------
+def band_notes(band: dict) -> str:
+    """What a band's MAPE alone hides, as '; ...' clauses: an in-sample MoE band and the models it was measured
+    on; and where pdsim is fast by 1.5x or more at the median (an APE never passes 100%, however fast), the
+    measured/simulated factor."""
+    out = ""
+    if band.get("in_sample"):
+        models = band.get("models")
+        out += f"; in sample, not held out{' (rows of ' + ', '.join(models) + ')' if models else ''}"
+    for m, name in (("ttft", "TTFT"), ("tpot", "TPOT")):
+        med, p90 = band.get(f"{m}_measured_over_sim_median"), band.get(f"{m}_measured_over_sim_p90")
+        if med is not None and med == med and med >= 1.5:
+            out += f"; measured {name} is a median {med:.1f}x pdsim's (p90 {p90:.1f}x)"
+    return out
+
+
+
 ERROR_TABLE = Path(__file__).parent / "data" / "validation_error.json"
 
 
 def error_band(engine: str | None, device: str, tp: int | None = None, moe: bool = False) -> dict | str:
     """The held-out error measured by ``benchmarks/validate_silicon.py`` for this engine and GPU
-    (pooled over models and TP): TTFT/TPOT MAPE, median APE, p90 APE and bias, or ``"unvalidated"``.
+    (pooled over dense models and TP): TTFT/TPOT MAPE, median APE, p90 APE and bias, or ``"unvalidated"``.
+    ``moe``: an MoE model's band instead, measured by ``benchmarks/validate_moe_silicon.py`` on the MoE rows
+    (in sample, not held out: marked ``"moe": True`` and ``"in_sample": True``; its ``models`` say which rows).
 
     ``device`` is a preset name or a profile path; a profile is looked up by its file stem (the
     imported ``h100_sxm-trtllm-aic.yaml`` has its own band), ``engine`` None by ``none`` (the
@@ -604,13 +638,13 @@ def error_band(engine: str | None, device: str, tp: int | None = None, moe: bool
         return "unvalidated"
     if moe:
         # an MoE model's band comes from the MoE silicon rows (benchmarks/validate_moe_silicon.py), never the
-        # dense one: their error differs in size and sign (TTFT too fast where the dense rows' is too slow)
+        # dense one: their error differs in size and often in sign (SGLang H200 TTFT: dense +167%, MoE -43%)
         hit = table.get("moe_bands", {}).get(f"{engine or 'none'}|{key_dev}")
         if not hit:
             return ("unvalidated for MoE models on this engine and GPU (the dense models' band does not carry "
                     "over: benchmarks/validate_moe_silicon.py)")
         return {**hit, "source": table.get("moe_source", ""), "engine": engine or "none", "device": key_dev,
-                "moe": True}
+                "moe": True, "in_sample": True}
     hit = table.get("bands", {}).get(f"{engine or 'none'}|{key_dev}")
     if not hit:
         return "unvalidated"

@@ -169,13 +169,23 @@ def test_dask_executor_raises_a_task_timeout_instead_of_waiting_on_it():
     import time
     distributed = pytest.importorskip("distributed")
     from pdsim.plan import DaskExecutor
+    import threading
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
         ex = DaskExecutor(client, lost_workers_s=60, poll_s=0.05)
+        raised = []
+
+        def run():                    # in a thread: a map that never returns fails the test, not hangs it
+            try:
+                ex.map(_times_out, [2, 3])
+            except TimeoutError as exc:
+                raised.append(str(exc))
+        t = threading.Thread(target=run, daemon=True)
         t0 = time.monotonic()
-        with pytest.raises(TimeoutError, match="the task's own timeout on 2"):
-            ex.map(_times_out, [2, 3])
-        assert time.monotonic() - t0 < 30
+        t.start()
+        t.join(timeout=30)
+        assert not t.is_alive(), "the map is still polling a task that raised TimeoutError"
+        assert raised == ["the task's own timeout on 2"] and time.monotonic() - t0 < 30
 
 
 def test_cache_reuses_results(tmp_path):

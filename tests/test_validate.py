@@ -295,8 +295,8 @@ def test_run_prints_the_stored_band_of_each_pools_engine_and_gpu(tmp_path, capsy
 
 
 def test_run_prints_the_moe_band_for_an_moe_pool(tmp_path, capsys):
-    """An MoE model's pool shows the band of the MoE silicon rows for its engine and GPU (pdsim errs the
-    other way there: TTFT too fast), labelled as such, not the dense models' band."""
+    """An MoE model's pool shows the band of the MoE silicon rows for its engine and GPU (SGLang H200: TTFT too
+    fast there, too slow on the dense rows), labelled as such and as in sample, not the dense models' band."""
     import yaml
     from pdsim.validate import ERROR_TABLE
     table = json.loads(ERROR_TABLE.read_text())
@@ -311,6 +311,54 @@ def test_run_prints_the_moe_band_for_an_moe_pool(tmp_path, capsys):
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("expected error")]
     assert f"TTFT ±{moe['ttft_mape_pct']}%, TPOT ±{moe['tpot_mape_pct']}%" in line
     assert f"over {moe['rows']} measured MoE-model runs" in line and f"{moe['ttft_bias_pct']:+.0f}%" in line
+    assert "in sample, not held out (rows of " in line
+    if moe["ttft_measured_over_sim_median"] >= 1.5:        # pdsim fast: the factor, which an APE cannot show
+        assert f"measured TTFT is a median {moe['ttft_measured_over_sim_median']:.1f}x pdsim's" in line
+    # a constant cost model is a what-if: no measured band, MoE or not
+    sc["topologies"]["sg"]["cost_model"] = {"kind": "constant", "step_s": 0.01}
+    sc["topologies"]["sg"]["kv_blocks"] = 1000
+    f.write_text(yaml.safe_dump(sc))
+    assert main(["run", str(f), "--out", str(tmp_path / "out2"), "--quiet", "--no-report"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("expected error")]
+    assert line.endswith("unvalidated: a constant cost model (a what-if, not the roofline)")
+
+
+def test_error_stats_and_band_notes_by_hand():
+    """Two rows, simulated/measured TTFT 0.5 and 0.25 (APE 50%, 75%), TPOT 1.2 and 0.8 (APE 20%, 20%); a third
+    that finished nothing (NaN) is left out, never a NaN band. TTFT: MAPE 62.5, median 62.5, p90 (numpy's
+    linear) 50 + 0.9 x 25 = 72.5, bias (0.5 + 0.25) / 2 - 1 = -62.5%; measured/simulated 2 and 4: median 3,
+    p90 2 + 0.9 x 2 = 3.8. TPOT: 20 / 20 / 20, bias 0, measured/simulated 1/1.2 and 1.25: median 1.04."""
+    from pdsim.validate import band_notes, error_stats
+    rows = [{"ttft_ms": 100.0, "sim_ttft_ms": 50.0, "ttft_ape": 50.0, "tpot_ms": 10.0, "sim_tpot_ms": 12.0,
+             "tpot_ape": 20.0},
+            {"ttft_ms": 100.0, "sim_ttft_ms": 25.0, "ttft_ape": 75.0, "tpot_ms": 10.0, "sim_tpot_ms": 8.0,
+             "tpot_ape": 20.0},
+            {"ttft_ms": 100.0, "sim_ttft_ms": float("nan"), "ttft_ape": float("nan"), "tpot_ms": 10.0,
+             "sim_tpot_ms": float("nan"), "tpot_ape": None}]
+    st = error_stats(rows)
+    assert (st["ttft_mape_pct"], st["ttft_median_ape_pct"], st["ttft_p90_ape_pct"], st["ttft_bias_pct"]) == \
+        (62.5, 62.5, 72.5, -62.5)
+    assert (st["ttft_measured_over_sim_median"], st["ttft_measured_over_sim_p90"]) == (3.0, 3.8)
+    assert (st["tpot_mape_pct"], st["tpot_bias_pct"], st["tpot_measured_over_sim_median"]) == (20.0, 0.0, 1.04)
+    # the notes: a fast TTFT's factor (>= 1.5x), not TPOT's 1.04x; an in-sample band says so and names its models
+    assert band_notes(st) == "; measured TTFT is a median 3.0x pdsim's (p90 3.8x)"
+    assert band_notes({**st, "in_sample": True, "models": ["deepseek-r1", "qwen3-235b-a22b"]}).startswith(
+        "; in sample, not held out (rows of deepseek-r1, qwen3-235b-a22b); measured TTFT")
+    assert band_notes({"ttft_measured_over_sim_median": 1.4}) == ""
+    assert error_stats([rows[2]])["ttft_mape_pct"] != error_stats([rows[2]])["ttft_mape_pct"]   # nothing: NaN
+
+
+def test_kv_holds_requests_counts_as_the_pool_admits():
+    """(blocks - watermark) // blocks one request takes, over the smallest instance: 100 blocks of 16 with a
+    10-block watermark hold 90 // ceil(100 / 16) = 90 // 7 = 12 requests of 100 tokens (not 1600 // 100 = 16);
+    with a sliding window's 3 extra blocks per request 90 // 10 = 9."""
+    from types import SimpleNamespace as NS
+
+    from pdsim.kvcache import KVCache, SlidingKVCache
+    from pdsim.validate import kv_holds_requests
+    assert kv_holds_requests(NS(instances=[NS(kv=KVCache(100, 16, watermark=0.1))]), 100) == 12
+    assert kv_holds_requests(NS(instances=[NS(kv=SlidingKVCache(100, 16, 0.1, extra=3)),
+                                           NS(kv=KVCache(200, 16))]), 100) == 9
 
 
 def test_blackwell_fp4_and_fp8_rows_are_expressible(tmp_path):
@@ -387,6 +435,37 @@ def test_kv_pool_tokens_is_the_smallest_instances_blocks_times_block_size():
     from pdsim.validate import kv_pool_tokens
     inst = [NS(kv=NS(total_blocks=100, block_size=16)), NS(kv=NS(total_blocks=90, block_size=16))]
     assert kv_pool_tokens(NS(instances=inst)) == 1440          # 90 blocks x 16 tokens, not 100 x 16 or 90
+
+
+def test_moe_bands_count_each_measurement_once_and_the_dense_rewrite_keeps_them(tmp_path):
+    """validate_moe_silicon.py's bands: a measurement listed under two ids counts once, each band names its
+    models, and the table keeps its dense part; validate_silicon.py's rewrite keeps the MoE part."""
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import validate_moe_silicon as M
+    import validate_silicon as S
+    base = {"model": "deepseek-r1", "device": "h200", "engine": "sglang", "tp": 8, "ep": 1, "dp_attention": False,
+            "weight_dtype": "fp8", "isl": 1024, "osl": 1024, "concurrency": 4, "tpot_ms": 10.0, "sim_tpot_ms": 10.0,
+            "tpot_ape": 0.0}
+    rows = pd.DataFrame([{**base, "id": "a", "ttft_ms": 100.0, "sim_ttft_ms": 50.0, "ttft_ape": 50.0},
+                         {**base, "id": "a-again", "ttft_ms": 100.0, "sim_ttft_ms": 50.0, "ttft_ape": 50.0},
+                         {**base, "id": "b", "model": "deepseek-v3", "ttft_ms": 200.0, "sim_ttft_ms": 50.0,
+                          "ttft_ape": 75.0}])
+    table = tmp_path / "bands.json"
+    table.write_text(json.dumps({"source": "dense", "split": S.SPLIT, "bands": {"sglang|h200": {"rows": 9}}}))
+    M.write_moe_bands(rows, "0.0", table)
+    t = json.loads(table.read_text())
+    band = t["moe_bands"]["sglang|h200"]
+    assert (band["rows"], band["models"], band["ttft_mape_pct"]) == (2, ["deepseek-r1", "deepseek-v3"], 62.5)
+    assert t["bands"] == {"sglang|h200": {"rows": 9}} and "NOT a held-out check" in t["moe_source"]
+    merged = S.merged_table(t, {"trtllm|h200": {"rows": 5}}, source="new dense")
+    assert merged["moe_bands"] == t["moe_bands"] and merged["moe_source"] == t["moe_source"]
+    assert merged["bands"] == {"sglang|h200": {"rows": 9}, "trtllm|h200": {"rows": 5}}
+    # a table without dense bands (or another split) still keeps the MoE part
+    assert S.merged_table({"moe_bands": {"x": 1}}, {}, "s")["moe_bands"] == {"x": 1}
 
 
 def test_cli_names_the_kv_bound_rows(tmp_path, capsys):
