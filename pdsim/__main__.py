@@ -117,24 +117,14 @@ def print_summary(summary: dict, out=None) -> None:
         print("  ".join(v.ljust(w[i]) for i, v in enumerate(r)), file=out)
 
 
-def _bias(band: dict) -> str:
-    """', simulated TTFT +12% / TPOT -3% on average': the sign says which way pdsim errs."""
-    if band.get("ttft_bias_pct") is None or band.get("tpot_bias_pct") is None:
-        return ""
-    return f"; pdsim's mean bias TTFT {band['ttft_bias_pct']:+.0f}%, TPOT {band['tpot_bias_pct']:+.0f}%"
-
-
 def print_error_bands(summary: dict, out=None) -> None:
     """The TTFT/TPOT error measured against real runs for each pool's engine and GPU (pdsim validate)."""
-    from .validate import band_notes
+    from .validate import band_text
     out = out or sys.stdout          # looked up per call: a stream swapped after import is honoured
     groups: dict[str, list[str]] = {}    # one line per distinct band: the pools it applies to
     for name, s in summary.items():
         for pool, band in (s.get("expected_error") or {}).items():
-            text = band if isinstance(band, str) else (f"TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}% "
-                                                       f"(MAPE over {band['rows']} measured "
-                                                       f"{'MoE-model ' if band.get('moe') else ''}runs{_bias(band)}"
-                                                       f"{band_notes(band)})")
+            text = band_text(band)
             if isinstance(band, dict) and band.get("engine") == "none":
                 text += "; no engine preset: `engine:` (vllm-v1, sglang, trtllm) gives engine-faithful serving"
             groups.setdefault(text, []).append(f"{name}/{pool}")

@@ -177,6 +177,9 @@ class Config:
     usd_per_hour: float
     bound_rate: float = math.inf  # analytic upper bound on goodput (requests/s)
     infeasible: str = ""          # why it can never meet the SLO ("" if it might)
+    # per pool, the error measured against real runs for its engine and GPU (metrics.expected_error, as
+    # `pdsim run` prints it): a goodput is as uncertain as the TTFT/TPOT it is judged on
+    expected_error: dict = field(default_factory=dict)
 
 
 def _device(choice) -> DeviceChoice:
@@ -393,7 +396,8 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     topo = build(name, sc.topologies[name], env, ctx, Sink(env))   # raises if weights do not fit, bad tp...
     gpus = sum(p.gpus for p in topo.pools)
     usd = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
-    cfg = Config(name, t, gpus, usd)
+    from .metrics import expected_error
+    cfg = Config(name, t, gpus, usd, expected_error=expected_error(topo))
     reqs = shared_stream(sc, model)        # the same workload for every config: generated (a trace read) once
     prompt = np.array([r.prompt_tokens for r in reqs], float)
     out = np.array([r.output_tokens for r in reqs], float)
@@ -1134,7 +1138,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
     for c in plan.configs:
         rows[c.name] = {"config": c.name, "kind": c.topology["kind"], "gpus": c.gpus, "usd_per_hour": c.usd_per_hour,
                         "bound_rate": c.bound_rate, "status": "", "goodput": None, "bracket": None, "points": {}, "note": "",
-                        "topology": c.topology}
+                        "topology": c.topology, "expected_error": c.expected_error}
     live = []
     for c in plan.configs:
         if c.infeasible:
@@ -1362,7 +1366,7 @@ def winner_scenario(plan: Plan, result: dict) -> dict | None:
 
 TABLE_COLS = ["rank", "config", "gpus", "usd_per_hour", "goodput", "margin", "goodput_per_gpu",
               "goodput_per_usd_hour", "attainment_at_target", "at_target_early_stop", "long_run_attainment", "long_run_ci",
-              "ttft_p_at_target_s", "tpot_p_at_target_s", "bound_rate", "pareto", "status", "note"]
+              "ttft_p_at_target_s", "tpot_p_at_target_s", "bound_rate", "pareto", "status", "note", "expected_error"]
 PLAN_OUTPUTS = ("winner.yaml", "plan.html", "plan.csv", "plan.json")
 
 
@@ -1380,7 +1384,9 @@ def write_plan_outputs(plan: Plan, result: dict, out: Path, progress: bool = Fal
     import yaml
     out.mkdir(parents=True, exist_ok=True)
     clear_plan_outputs(out)
-    pd.DataFrame([{k: r.get(k) for k in TABLE_COLS} for r in result["rows"]]).to_csv(out / "plan.csv", index=False)
+    from .validate import bands_text
+    pd.DataFrame([{**{k: r.get(k) for k in TABLE_COLS}, "expected_error": bands_text(r.get("expected_error") or {})}
+                  for r in result["rows"]]).to_csv(out / "plan.csv", index=False)
     (out / "plan.json").write_text(json.dumps(result, indent=2, default=str))
     win = winner_scenario(plan, result)
     if win is not None:
@@ -1419,6 +1425,11 @@ def print_table(result: dict, out=None, limit: int = 25) -> None:
         print("  ".join(v.ljust(w[i]) for i, v in enumerate(r)), file=out)
     if len(result["rows"]) > limit:
         print(f"... {len(result['rows']) - limit} more in plan.csv", file=out)
+    win = next((r for r in result["rows"] if r["config"] == result.get("winner")), None)
+    if win is not None and win.get("expected_error"):
+        from .validate import bands_text
+        print(f"expected error of {win['config']} against measured runs (its goodput is judged on these TTFT/TPOT): "
+              f"{bands_text(win['expected_error'])}", file=out)
     print("(* = on the cost/goodput Pareto frontier; margin = goodput / target rate; >= / <=: a run stopped once "
           "its verdict was certain, the attainment is a bound; long run = attainment on fresh seeds over a longer "
           "window, with its batch-means 95% interval)", file=out)

@@ -147,6 +147,10 @@ def _verdict(result: dict) -> str:
                  f"{usd(w['usd_per_hour'])}/h, goodput {num(w['goodput'])} requests/s"
                  + (f" ({num(w['goodput'] / target)}× the target)" if target and w.get("goodput") else "")
                  + ". Ready to run: winner.yaml.")
+        if w.get("expected_error"):
+            from .validate import bands_text
+            s.append(f"Its expected error against measured runs, which its goodput inherits: "
+                     f"{esc(bands_text(w['expected_error']))}.")
         nxt = next((r for r in rows if r is not w and r.get("meets")), None)
         if nxt is not None:
             s.append(f"Runner-up: {nxt['config']} ({num(nxt['gpus'])} GPUs, {usd(nxt['usd_per_hour'])}/h, goodput "
@@ -193,7 +197,7 @@ def build_plan_report(result: dict, out: Path) -> Path:
              f"{num(result['cached'])} from cache, {seconds(result['wall_s'])} wall. pdsim "
              f"{esc(result['pdsim_version'])}.</p>",
              _judging(result),
-             "<h2>Ranked configurations</h2>", _ranked_table(result, list(TABLE_COLS)),
+             "<h2>Ranked configurations</h2>", _ranked_table(result, [c for c in TABLE_COLS if c != "expected_error"]),
              '<p class="note">Click a header to sort. Status first: <i>ok</i> configs meet the SLO; the others say '
              "what they miss.</p>",
              "<h2>Cost and GPUs vs goodput</h2>", _cost_charts(result),

@@ -602,6 +602,26 @@ error, simulated/measured - 1) in percent; closed loop at the measured concurren
 
 
 # --- the error band shown next to TTFT/TPOT ---------------------------------------------------------
+def bands_text(expected: dict) -> str:
+    """One line for a topology's ``expected_error`` ({pool: band or text}): 'prefill: TTFT ±x%, TPOT ±y% over
+    n measured runs (bias ...); decode: unvalidated' (pools with the same band named together)."""
+    groups: dict[str, list[str]] = {}
+    for pool, band in expected.items():
+        groups.setdefault(band_text(band), []).append(pool)
+    return "; ".join(f"{'/'.join(pools)}: {text}" for text, pools in groups.items())
+
+
+def band_text(band: dict | str) -> str:
+    """'TTFT ±x%, TPOT ±y% (MAPE over n measured runs; pdsim's mean bias TTFT +a%, TPOT -b%; ...)', or the
+    band's own text when it is one ('unvalidated ...')."""
+    if isinstance(band, str):
+        return band
+    bias = (f"; pdsim's mean bias TTFT {band['ttft_bias_pct']:+.0f}%, TPOT {band['tpot_bias_pct']:+.0f}%"
+            if band.get("ttft_bias_pct") is not None and band.get("tpot_bias_pct") is not None else "")
+    return (f"TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}% (MAPE over {band['rows']} measured "
+            f"{'MoE-model ' if band.get('moe') else ''}runs{bias}{band_notes(band)})")
+
+
 def band_notes(band: dict) -> str:
     """What a band's MAPE alone hides, as '; ...' clauses: an in-sample MoE band and the models it was measured
     on; and where pdsim is fast by 1.5x or more at the median (an APE never passes 100%, however fast), the

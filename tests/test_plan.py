@@ -188,6 +188,46 @@ def test_dask_executor_raises_a_task_timeout_instead_of_waiting_on_it():
         assert raised == ["the task's own timeout on 2"] and time.monotonic() - t0 < 30
 
 
+def test_each_config_carries_the_error_band_of_its_engine_and_gpu(tmp_path, capsys):
+    """A goodput is judged on TTFT/TPOT, so it is as uncertain as they are: each config row carries its pools'
+    band as `pdsim run` shows it (the stored SGLang H100 band for an SGLang pool; a linear cost model is
+    unvalidated), plan.csv and the printed table state it, and the page names the winner's."""
+    import io
+
+    import pandas as pd
+
+    from pdsim.plan import print_table, write_plan_outputs
+    from pdsim.validate import ERROR_TABLE
+    band = json.loads(ERROR_TABLE.read_text())["bands"]["sglang|h100-sxm"]
+    raw = small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                             "colocated": {"replicas": [1]}, "pool": {"engine": "sglang"}},
+                     workload={"arrival": "poisson", "num_requests": 120, "prompt_tokens": 200, "output_tokens": 20},
+                     target={"rate": 2}, goodput={"tolerance": 0.2, "seeds": 1, "confirm_factor": 2})
+    plan = parse_plan(raw)
+    result = run_plan(plan, LocalExecutor(1))
+    (row,) = result["rows"]
+    got = row["expected_error"]["replica"]
+    assert (got["ttft_mape_pct"], got["tpot_mape_pct"], got["rows"]) == \
+        (band["ttft_mape_pct"], band["tpot_mape_pct"], band["rows"])
+    assert result["winner"] == row["config"]
+    text = io.StringIO()
+    print_table(result, out=text)
+    assert f"expected error of {row['config']} against measured runs" in text.getvalue()
+    assert f"replica: TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}%" in text.getvalue()
+    write_plan_outputs(plan, result, tmp_path / "out")
+    csv_rows = pd.read_csv(tmp_path / "out" / "plan.csv")
+    assert csv_rows.expected_error[0].startswith(f"replica: TTFT ±{band['ttft_mape_pct']}%")
+    assert "Its expected error against measured runs, which its goodput inherits: replica: TTFT" in \
+        (tmp_path / "out" / "plan.html").read_text()
+    lin = run_plan(parse_plan(small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
+                                                 "colocated": {"replicas": [1]},
+                                                 "pool": {"kv_blocks": 2000, "cost_model": LINEAR}},
+                                         target={"rate": 2}, goodput={"tolerance": 0.2, "seeds": 1})),
+                   LocalExecutor(1))
+    assert lin["rows"][0]["expected_error"] == {"replica": "unvalidated: a linear cost model (a what-if, not the "
+                                                           "roofline)"}
+
+
 def test_cache_reuses_results(tmp_path):
     plan = parse_plan(small_plan(search={"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}],
                                          "colocated": {"replicas": [1, 2]},
