@@ -523,7 +523,7 @@ def expected_error(topo) -> dict:
             # linear step time is a what-if nobody measured
             out[p.name] = f"unvalidated: a {p.spec.cost_model.kind} cost model (a what-if, not the roofline)"
         else:
-            out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp, moe=p.cost.model.is_moe)
+            out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp, moe=p.model.is_moe)
     return out
 
 def _rate(num: float, den: float):

@@ -235,7 +235,7 @@ class Pool:
         self.name, self.spec, self.role = name, spec, role
         # autoscaled pools are built with max_count instances; those beyond count start off (autoscaler.py)
         self.initial_instances = self.peak_instances = count
-        model = ctx.model
+        self.model = model = ctx.model
         self.cost = make_cost(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
         # layers of each pipeline stage (vLLM's split or the pool's pp_layers); None without PP
         self.pp_layers = list(model.stage_split(spec.pp, spec.pp_layers)) if spec.pp > 1 else None
