@@ -502,7 +502,8 @@ def test_disaggregated_summary_by_hand():
     itl = s["itl_s"]
     assert (itl["mean"], itl["p50"], itl["p99"], itl["gaps"]) == pytest.approx((0.1, 0.1, 0.1, 1))
     assert len(itl["quantiles"]) == 201 and itl["quantiles"] == pytest.approx([0.1] * 201)
-    assert s["slo"]["bounds"]["ttft"]["bound_s"] == 0.15 and s["expected_error"]["prefill"]["engine"] == "none"
+    assert s["slo"]["bounds"]["ttft"]["bound_s"] == 0.15
+    assert s["expected_error"]["prefill"] == "unvalidated: a constant cost model (a what-if, not the roofline)"
     # server-side TTFT (ttft_at: prefill_end): the prefill's token is the first; r0 streams 3 tokens:
     # TPOT (0.3 + x - 0.1) / 2, ITL gaps 0.1 + x and 0.1
     sc, res = _run([(0.0, 20, 3), (1.0, 20, 1)], topo=PD, name="pd", client={"ttft_at": "prefill_end"})
@@ -878,16 +879,31 @@ def test_releasable_and_expected_error_by_hand():
     import json
     from pathlib import Path
     bands = json.loads((Path(metrics.__file__).parent / "data" / "validation_error.json").read_text())["bands"]
-    topo = NS(pools=[NS(name="a", spec=NS(engine="sglang", step_overhead=0.001, device="h100-sxm", tp=1)),
-                     NS(name="b", spec=NS(engine="sglang", step_overhead=None, device="h100-sxm", tp=2)),
-                     NS(name="c", spec=NS(engine=None, device="h100-sxm", tp=1)),
-                     NS(name="d", spec=NS(engine=None, step_overhead=0.001, device="a100-80gb-sxm", tp=1))])
+    table = json.loads((Path(metrics.__file__).parent / "data" / "validation_error.json").read_text())
+    roof, dense, moe = NS(kind="roofline"), NS(is_moe=False), NS(is_moe=True)
+    topo = NS(pools=[NS(name="a", model=dense, spec=NS(engine="sglang", step_overhead=0.001, device="h100-sxm", tp=1,
+                                                       cost_model=roof)),
+                     NS(name="b", model=dense, spec=NS(engine="sglang", step_overhead=None, device="h100-sxm", tp=2,
+                                                       cost_model=roof)),
+                     NS(name="c", model=dense, spec=NS(engine=None, device="h100-sxm", tp=1, cost_model=roof)),
+                     NS(name="d", model=dense, spec=NS(engine=None, step_overhead=0.001, device="a100-80gb-sxm",
+                                                       tp=1, cost_model=roof)),
+                     NS(name="e", model=moe, spec=NS(engine="sglang", step_overhead=None, device="h200", tp=8,
+                                                     cost_model=roof)),
+                     NS(name="f", model=moe, spec=NS(engine="vllm-v1", step_overhead=None, device="h100-sxm", tp=8,
+                                                     cost_model=roof)),
+                     NS(name="g", model=dense, spec=NS(engine="sglang", step_overhead=None, device="h100-sxm", tp=1,
+                                                       cost_model=NS(kind="linear")))])
     e = metrics.expected_error(topo)
     assert e["a"] == ("unvalidated: step_overhead set on the sglang preset, whose band was measured with its own "
                       "(a `pdsim calibrate --from-benchmark` file states its held-out error)")
     assert e["b"]["engine"] == "sglang" and e["b"]["ttft_mape_pct"] == bands["sglang|h100-sxm"]["ttft_mape_pct"]
     assert e["c"]["engine"] == "none" and e["c"]["rows"] == bands["none|h100-sxm"]["rows"]
     assert e["d"] == "unvalidated"                # nobody measured an A100; no engine preset to override
+    # an MoE model: the MoE rows' band (in sample), or unvalidated for MoE where none was measured; never the dense
+    assert e["e"]["moe"] and e["e"]["in_sample"] and e["e"]["rows"] == table["moe_bands"]["sglang|h200"]["rows"]
+    assert e["f"].startswith("unvalidated for MoE models") and "vllm-v1|h100-sxm" in bands
+    assert e["g"] == "unvalidated: a linear cost model (a what-if, not the roofline)"
 
 
 def test_an_autoscaled_run_that_ends_at_t0_has_no_mean_gpus(tmp_path):
