@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pdsim.validate import (CLIENT_MODES, ERROR_TABLE, error_stats, fit_step_overhead, parse_profiles, read_measured,
-                            silicon_sample_path, validate)
+from pdsim.validate import (CLIENT_MODES, ERROR_TABLE, error_stats, fit_step_overhead, kv_bound, parse_profiles,
+                            read_measured, silicon_sample_path, validate)
 
 
 def held_out(rid: str) -> bool:
@@ -96,7 +96,9 @@ def main() -> None:
         res[label] = (presets, prof, validate(usable, engine_presets=presets, requests_per_client=args.requests_per_client,
                                               client_mode=args.client, profiles=prof,
                                               length_ratio=args.range_ratio))
-        print(f"  {label}: {res[label][2]['counts']['simulated']} simulated in {time.perf_counter() - t0:.0f} s")
+        bound = [x["id"] for x in res[label][2]["rows"] if kv_bound(x)]
+        print(f"  {label}: {res[label][2]['counts']['simulated']} simulated in {time.perf_counter() - t0:.0f} s; "
+              f"{len(bound)} KV-bound (the pool holds fewer full-length requests than the run had clients)")
     if profiles:
         print("  measured = " + ", ".join(f"{d}: {Path(p).name}" for d, p in sorted(profiles.items())))
     print(f"\n{'variant':26s} {'engine':8s} {'GPU':9s} {'rows':>4s}  {'TTFT MAPE':>9s} {'median':>7s} {'bias':>6s}  "
