@@ -9,6 +9,7 @@ import pytest
 
 from conftest import scenario
 from pdsim import config
+from pdsim.errors import ConfigError
 from pdsim.simulation import resolve_model, run_topology
 from pdsim.workload import Request
 
@@ -478,3 +479,132 @@ def test_a_constant_cost_pool_sized_from_an_unknown_device_names_the_pools_devic
     topo = {"kind": "colocated", "device": "no-such-gpu", "cost_model": CONST(0.1)}
     err = _build_error(topo)
     assert err.key == "topologies.t.device"
+
+
+# --- construction paths, third session (branch muttopo3): check_sliding, kv_blocks' end, make_cost -------
+# llama-3.1-8b by hand (HF config: 32 layers, hidden 4096, 32 heads, 8 KV heads of 128, MLP 14336, vocab
+# 128256, untied embeddings): attention 4096 x 4096 x 2 (q, o) + 2 x 4096 x 1024 (k, v) = 41,943,040 and
+# MLP 3 x 4096 x 14336 = 176,160,768 parameters a layer: 218,103,808; x 32 = 6,979,321,856; + 2 x 128256 x
+# 4096 = 1,050,673,152 (embedding, LM head) = 8,029,995,008 parameters, 16,059,990,016 B in bf16
+# = 15,316 MiB exactly (14.957 GiB).  A 16-token KV block at tp 1: 16 x 131,072 B = 2,097,152 B = 2 MiB.
+LLAMA8_WEIGHT_MIB = 15316
+BLOCK_MIB = 2
+
+
+def _device_file(tmp_path, memory_GiB, name="tiny-gpu"):
+    """An H100 SXM profile with another name and memory size, written beside the scenario (tmp_path)."""
+    from pdsim.devices import DATA_DIR
+    text = (DATA_DIR / "h100-sxm.yaml").read_text()
+    assert "memory_GiB: 80\n" in text and "name: h100-sxm\n" in text
+    text = text.replace("memory_GiB: 80\n", f"memory_GiB: {memory_GiB!r}\n").replace("name: h100-sxm\n",
+                                                                                      f"name: {name}\n")
+    (tmp_path / f"{name}.yaml").write_text(text)
+    return f"{name}.yaml"          # a path relative to the scenario's directory, not to the working directory
+
+
+def _on_device_file(tmp_path, topo, relative=False):
+    """Build topology t from a scenario file in tmp_path and serve one 10-token request (output 2) on it.
+    The scenario makes a relative device path absolute (config.Scenario._resolve_device_paths); ``relative``
+    hands ``build`` the pool spec with the path as written, as a library caller may: the topology then finds
+    it through the context's base_dir (the scenario's directory), never the working directory."""
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": "llama-3.1-8b", "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    (name, spec), = sc.topologies.items()
+    if relative:
+        spec = spec.model_copy(update={"device": topo["device"]})
+    return run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+
+
+SLIDING_REFUSALS = [
+    # (model, pool fields, key, value, reason): the four things check_sliding refuses, each one line
+    ({"sliding_layers": 2}, {}, "model.sliding_layers", 2,
+     "a model whose every layer is sliding-window is not modelled (the KV pool counts blocks of the "
+     "full-attention layers); keep at least one full layer"),
+    ({}, {"prefix_cache": {"enabled": True}}, "topologies.t.prefix_cache.enabled", True,
+     "prefix caching with sliding-window layers is not modelled (a cached prefix would need the sliding "
+     "layers' window blocks at its end)"),
+    ({}, {"speculative": {"method": "mtp", "k": 2, "acceptance": 0.5}}, "topologies.t.speculative", "mtp",
+     "speculative decoding with sliding-window layers is not modelled"),
+    ({}, {"dp_attention": True, "tp": 2}, "topologies.t.dp_attention", True,
+     "DP attention with sliding-window layers is not modelled"),
+]
+
+
+@pytest.mark.parametrize("model,pool,key,value,reason", SLIDING_REFUSALS)
+def test_sliding_window_refusals_name_the_key_the_value_and_the_reason(model, pool, key, value, reason):
+    # a 2-layer model, one layer sliding over 4 tokens (tests/test_sliding_window.py's TINY), on a constant-cost
+    # pool: make_cost's check_sliding refuses each combination before anything else is sized, in one line
+    # "key = repr(value): reason" (pdsim/errors.py's format)
+    tiny = {"name": "tiny-swa", "layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "mlp_width": 512,
+            "vocab": 1000, "sliding_window": 4, "sliding_layers": 1, **model}
+    topo = {"kind": "colocated", "kv_blocks": 100, "cost_model": CONST(0.01), **pool}
+    err = _build_error(topo, model=tiny)
+    assert (err.key, err.reason) == (key, reason)
+    assert err.value == value and type(err.value) is type(value)
+    assert str(err).endswith(f"{key} = {value!r}: {reason}")
+
+
+@pytest.mark.parametrize("relative", [False, True])
+@pytest.mark.parametrize("cost_model", [CONST(0.1), {"kind": "roofline"}])
+def test_a_device_with_room_for_exactly_one_kv_block_keeps_it_by_hand(tmp_path, cost_model, relative):
+    # utilisation 1.0, no activation reserve: free = memory - weights.  A device of 15,316 + 2 MiB
+    # = 15,318 MiB = 14.958984375 GiB (exact in binary, so free is exactly 2,097,152 B) has room for
+    # exactly one block: kv_blocks keeps it (free < block_bytes is the only refusal).  The device is a file
+    # beside the scenario, so it is found through the scenario's directory (a constant-cost pool loads it
+    # only to size the KV pool; a roofline pool also to price steps)
+    dev = _device_file(tmp_path, (LLAMA8_WEIGHT_MIB + BLOCK_MIB) / 1024)
+    topo = {"kind": "colocated", "device": dev, "gpu_memory_utilization": 1.0, "activation_reserve_GiB": 0,
+            "watermark": 0.0, "cost_model": cost_model}
+    res = _on_device_file(tmp_path, topo, relative)
+    (inst,) = res.topology.instances
+    assert inst.kv.total_blocks == 1 and res.requests[0].status == "finished"   # 10 + 2 - 1 = 11 tokens: 1 block
+    # 1000.5 blocks of room (15,316 + 2,001 MiB = 17,317 MiB = 16.9111328125 GiB): 1000 whole blocks
+    dev = _device_file(tmp_path, (LLAMA8_WEIGHT_MIB + 1000.5 * BLOCK_MIB) / 1024, name="tiny-gpu-2")
+    (inst,) = _on_device_file(tmp_path, {**topo, "device": dev}, relative).topology.instances
+    assert inst.kv.total_blocks == 1000 and inst.block_bytes == 2_097_152
+
+
+@pytest.mark.parametrize("pp,shown", [(1, "15.0 GiB per GPU at tp=1)"), (2, "7.5 GiB per GPU at tp=1 pp=2)")])
+def test_weights_that_do_not_fit_the_device_name_it_with_the_numbers_by_hand(tmp_path, pp, shown):
+    # a 4 GiB device x 0.9 = 3.6 GiB, less than the weights: pp 1 holds all 14.957 GiB -> "15.0"; pp 2 holds
+    # 16 layers + the embedding on stage 0 and 16 layers + the LM head on stage 1, the same on both:
+    # 16 x 218,103,808 x 2 B + 128256 x 4096 x 2 B = 8,029,995,008 B = 7.4785 GiB -> "7.5", an even split
+    # (the message names no stage).  Activation reserve 2.0 GiB (the default)
+    dev = _device_file(tmp_path, 4.0)
+    topo = {"kind": "colocated", "device": dev, "pp": pp, "cost_model": CONST(0.1)}
+    with pytest.raises(ConfigError) as e:
+        _on_device_file(tmp_path, topo)
+    err = e.value
+    assert (err.key, err.value) == ("topologies.t.device", str(tmp_path / dev))   # made absolute by the scenario
+    assert err.reason == (f"llama-3.1-8b weights ({shown} plus 2.0 GiB activations do not fit tiny-gpu "
+                          "(4.0 GiB x 0.9); raise tp or use a larger device")
+
+
+def test_a_two_stage_pipeline_split_unevenly_keeps_the_fewest_blocks_either_stage_fits_by_hand(tmp_path):
+    # a 4-layer MoE model (hidden 1024, 8 heads = 8 KV heads of 128, vocab 1000), its first 3 layers dense
+    # (MLP 1024), the last one 64 experts of width 1024; pp 2 split [3, 1]; bf16, tp 1; device 0.5 GiB
+    # = 536,870,912 B, utilisation 1.0, no activation reserve.
+    #   attention a layer 1024 x 1024 x 4 = 4,194,304; dense MLP = one expert = 3 x 1024 x 1024 = 3,145,728
+    #   stage 0: 3 x (4,194,304 + 3,145,728) x 2 B + embedding 1000 x 1024 x 2 B = 44,040,192 + 2,048,000
+    #            = 46,088,192 B
+    #   stage 1: attention 8,388,608 B + 64 experts x 6,291,456 B = 402,653,184 B + router 1024 x 64 x 2 B
+    #            = 131,072 B + LM head 2,048,000 B = 413,220,864 B (the heavier stage)
+    #   KV a token: 2 x 4 layers x 8 x 128 x 2 B = 16,384 B; stage 0 holds 3/4: 12,288 B, a block 196,608 B
+    #            (the busiest stage); stage 1 holds 1/4: 4,096 B, a block 65,536 B
+    #   stage 0 fits (536,870,912 - 46,088,192) // 196,608 = 2496 blocks, stage 1 (536,870,912 - 413,220,864)
+    #   // 65,536 = 1886: every stage keeps 1886.  (The heavier stage's weights with the busiest stage's block,
+    #   as an even split is sized, would give 123,650,048 // 196,608 = 628.)
+    moe = {"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "head_dim": 128,
+           "mlp_width": 1024, "vocab": 1000, "experts": 64, "experts_per_token": 2, "expert_width": 1024,
+           "dense_layers": 3}
+    dev = _device_file(tmp_path, 0.5)
+    topo = {"kind": "colocated", "device": dev, "pp": 2, "pp_layers": [3, 1], "gpu_memory_utilization": 1.0,
+            "activation_reserve_GiB": 0, "cost_model": CONST(0.1)}
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": moe, "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    (name, spec), = sc.topologies.items()
+    res = run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+    (inst,) = res.topology.instances
+    assert inst.kv.total_blocks == 1886 and inst.block_bytes == 196_608
