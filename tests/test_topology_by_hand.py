@@ -608,3 +608,27 @@ def test_a_two_stage_pipeline_split_unevenly_keeps_the_fewest_blocks_either_stag
     res = run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
     (inst,) = res.topology.instances
     assert inst.kv.total_blocks == 1886 and inst.block_bytes == 196_608
+
+
+ROOFLINE_REFUSALS = [
+    # (pool fields, key, value, reason) for llama-3.1-8b (32 layers, 32 heads, dense) on a roofline pool:
+    # make_cost checks the layout before pricing anything, each error under the pool's own key
+    ({"tp": 3}, "topologies.t.tp", 3, "tensor parallelism must divide the 32 attention heads of llama-3.1-8b"),
+    ({"pp": 33}, "topologies.t.pp", 33,
+     "pipeline parallelism needs 1 to 32 stages (the 32 layers of llama-3.1-8b, at least one a stage)"),
+    ({"pp": 2, "pp_layers": [10, 10]}, "topologies.t.pp_layers", [10, 10],      # 20 of the 32 layers
+     "give one layer count per stage: 2 whole numbers >= 1 summing to the 32 layers of llama-3.1-8b"),
+    ({"tp": 2, "ep": 2}, "topologies.t.ep", 2, "expert parallelism needs a mixture-of-experts model; "
+     "llama-3.1-8b is dense"),
+    ({"tp": 2, "dp_attention": True}, "topologies.t.dp_attention", True,
+     "DP attention pairs data-parallel attention with expert-parallel MoE layers; llama-3.1-8b is dense"),
+    ({"expert_skew": 1.5}, "topologies.t.expert_skew", 1.5,
+     "expert popularity skew needs a mixture-of-experts model; llama-3.1-8b is dense"),
+]
+
+
+@pytest.mark.parametrize("pool,key,value,reason", ROOFLINE_REFUSALS)
+def test_a_roofline_pool_refuses_a_layout_the_model_cannot_take_under_its_own_key(pool, key, value, reason):
+    err = _build_error({"kind": "colocated", "device": "h100-sxm", **pool})
+    assert (err.key, err.reason) == (key, reason)
+    assert err.value == value and type(err.value) is type(value)
