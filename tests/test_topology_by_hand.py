@@ -581,6 +581,11 @@ def test_weights_that_do_not_fit_the_device_name_it_with_the_numbers_by_hand(tmp
                           "(4.0 GiB x 0.9); raise tp or use a larger device")
 
 
+TINY_MOE = {"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "head_dim": 128,
+            "mlp_width": 1024, "vocab": 1000, "experts": 64, "experts_per_token": 2, "expert_width": 1024,
+            "dense_layers": 3}
+
+
 def test_a_two_stage_pipeline_split_unevenly_keeps_the_fewest_blocks_either_stage_fits_by_hand(tmp_path):
     # a 4-layer MoE model (hidden 1024, 8 heads = 8 KV heads of 128, vocab 1000), its first 3 layers dense
     # (MLP 1024), the last one 64 experts of width 1024; pp 2 split [3, 1]; bf16, tp 1; device 0.5 GiB
@@ -595,9 +600,7 @@ def test_a_two_stage_pipeline_split_unevenly_keeps_the_fewest_blocks_either_stag
     #   stage 0 fits (536,870,912 - 46,088,192) // 196,608 = 2496 blocks, stage 1 (536,870,912 - 413,220,864)
     #   // 65,536 = 1886: every stage keeps 1886.  (The heavier stage's weights with the busiest stage's block,
     #   as an even split is sized, would give 123,650,048 // 196,608 = 628.)
-    moe = {"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "head_dim": 128,
-           "mlp_width": 1024, "vocab": 1000, "experts": 64, "experts_per_token": 2, "expert_width": 1024,
-           "dense_layers": 3}
+    moe = TINY_MOE
     dev = _device_file(tmp_path, 0.5)
     topo = {"kind": "colocated", "device": dev, "pp": 2, "pp_layers": [3, 1], "gpu_memory_utilization": 1.0,
             "activation_reserve_GiB": 0, "cost_model": CONST(0.1)}
@@ -632,3 +635,32 @@ def test_a_roofline_pool_refuses_a_layout_the_model_cannot_take_under_its_own_ke
     err = _build_error({"kind": "colocated", "device": "h100-sxm", **pool})
     assert (err.key, err.reason) == (key, reason)
     assert err.value == value and type(err.value) is type(value)
+
+
+@pytest.mark.parametrize("kv_blocks", [None, 100])
+def test_a_dp_attention_pool_sums_its_ranks_blocks_by_hand(tmp_path, kv_blocks):
+    # TINY_MOE with DP attention over tp = ep = 2 (constant cost), bf16, a 0.5 GiB device at utilisation 1.0,
+    # no activation reserve.  Each GPU is an attention rank holding its requests' whole KV (all 8 KV heads):
+    #   KV a token 2 x 4 layers x 8 x 128 x 2 B = 16,384 B; a 16-token block 262,144 B on one GPU
+    #   weights on a GPU: everything but the routed experts whole, the experts / 2:
+    #     decoder 3 x (4,194,304 + 3,145,728) + 4,194,304 + 64 x 3,145,728 + 65,536 = 227,606,528 parameters,
+    #     of them routed 201,326,592 and router 65,536: (26,214,400 x 2 B) + embedding and LM head
+    #     2 x 1000 x 1024 x 2 B + 201,326,592 x 2 B / 2 + 65,536 x 2 B
+    #     = 52,428,800 + 4,096,000 + 201,326,592 + 131,072 = 257,982,464 B
+    #   a GPU fits (536,870,912 - 257,982,464) // 262,144 = 1063 blocks; the instance 2 x 1063 = 2126, each block
+    #   262,144 B on one of the 2 GPUs: 131,072 B per GPU on average (what KV-link and host-tier bytes read)
+    # (attention sharded over tp 2 instead would hold 4 KV heads a GPU: 131,072 B blocks, 2127 a GPU.)
+    # With kv_blocks given the count is taken as is; the bytes are the same.
+    dev = _device_file(tmp_path, 0.5)
+    topo = {"kind": "colocated", "device": dev, "tp": 2, "ep": 2, "dp_attention": True,
+            "gpu_memory_utilization": 1.0, "activation_reserve_GiB": 0, "cost_model": CONST(0.1)}
+    if kv_blocks is not None:
+        topo["kv_blocks"] = kv_blocks
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": TINY_MOE, "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    (name, spec), = sc.topologies.items()
+    res = run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+    (inst,) = res.topology.instances
+    assert inst.kv.total_blocks == (2126 if kv_blocks is None else 100) and type(inst.kv.total_blocks) is int
+    assert inst.block_bytes == 131_072
