@@ -664,3 +664,34 @@ def test_a_dp_attention_pool_sums_its_ranks_blocks_by_hand(tmp_path, kv_blocks):
     (inst,) = res.topology.instances
     assert inst.kv.total_blocks == (2126 if kv_blocks is None else 100) and type(inst.kv.total_blocks) is int
     assert inst.block_bytes == 131_072
+
+
+def _tiny_moe_pp2(tmp_path, memory_GiB, **pool):
+    """TINY_MOE on pp 2 split [3, 1] (constant cost) on a device file of memory_GiB, one request."""
+    dev = _device_file(tmp_path, memory_GiB)
+    topo = {"kind": "colocated", "device": dev, "pp": 2, "pp_layers": [3, 1], "cost_model": CONST(0.1), **pool}
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": TINY_MOE, "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    (name, spec), = sc.topologies.items()
+    return run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+
+
+def test_an_uneven_pipeline_stage_with_room_for_exactly_one_block_keeps_it_by_hand(tmp_path):
+    # the split of test_a_two_stage_pipeline_split_unevenly_...: stage 1 holds 413,220,864 B of weights and
+    # 65,536 B blocks.  A device of 413,220,864 + 65,536 = 413,286,400 B (an exact binary fraction of a GiB),
+    # utilisation 1.0, no reserve: stage 1 has room for exactly one block (stage 0: (413,286,400 - 46,088,192)
+    # // 196,608 = 1867), so every stage keeps 1
+    res = _tiny_moe_pp2(tmp_path, 413_286_400 / 2**30, gpu_memory_utilization=1.0, activation_reserve_GiB=0)
+    (inst,) = res.topology.instances
+    assert inst.kv.total_blocks == 1 and res.requests[0].status == "finished"
+
+
+def test_an_uneven_pipeline_stage_that_does_not_fit_names_its_weights_by_hand(tmp_path):
+    # 2.3 GiB x 1.0 - 2.0 GiB activations = 0.3 GiB = 322,122,547 B free before weights: stage 0 (46,088,192 B)
+    # fits, stage 1 (413,220,864 B = 0.385 GiB -> "0.4") does not; the message names stage 1 and its weights
+    with pytest.raises(ConfigError) as e:
+        _tiny_moe_pp2(tmp_path, 2.3, gpu_memory_utilization=1.0)
+    assert e.value.key == "topologies.t.device"
+    assert e.value.reason == ("tiny-moe weights (0.4 GiB per GPU of pipeline stage 1 at tp=1 pp=2) plus 2.0 GiB "
+                              "activations do not fit tiny-gpu (2.3 GiB x 1.0); raise tp or use a larger device")
