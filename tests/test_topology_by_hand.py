@@ -695,3 +695,10 @@ def test_an_uneven_pipeline_stage_that_does_not_fit_names_its_weights_by_hand(tm
     assert e.value.key == "topologies.t.device"
     assert e.value.reason == ("tiny-moe weights (0.4 GiB per GPU of pipeline stage 1 at tp=1 pp=2) plus 2.0 GiB "
                               "activations do not fit tiny-gpu (2.3 GiB x 1.0); raise tp or use a larger device")
+
+
+def test_a_roofline_pool_on_an_unknown_device_names_the_pools_device_key():
+    # a roofline pool loads its device in make_cost, before the KV pool is sized: the error names the pool's key
+    err = _build_error({"kind": "colocated", "device": "no-such-gpu", "kv_blocks": 100})
+    assert (err.key, err.value) == ("topologies.t.device", "no-such-gpu")
+    assert err.reason.startswith("unknown device; valid presets: ")
