@@ -702,3 +702,30 @@ def test_a_roofline_pool_on_an_unknown_device_names_the_pools_device_key():
     err = _build_error({"kind": "colocated", "device": "no-such-gpu", "kv_blocks": 100})
     assert (err.key, err.value) == ("topologies.t.device", "no-such-gpu")
     assert err.reason.startswith("unknown device; valid presets: ")
+
+
+@pytest.mark.parametrize("moe_tables", [False, True])
+def test_a_pools_moe_tables_choice_reaches_its_cost_model_by_hand(tmp_path, moe_tables):
+    # tests/test_costmodel_by_hand.py's TINY_MOE (hidden 8, routed experts of width 8, top-2 of 4) on an H100
+    # profile whose measured MoE table says the routed experts take 7 ms at 1, 2 and 4 tokens, flat.  With
+    # cost_model.moe_tables the pool's step prices them at the table's 7 ms (one "experts" op); without it, the
+    # roofline's grouped GEMMs (no "experts" op)
+    from pdsim.topology import make_cost
+    dev = _device_file(tmp_path, 80.0)
+    with open(tmp_path / dev, "a") as f:
+        f.write('measured: {device: cuda, moe: [{hidden: 8, inter: 8, topk: 2, experts: 4, dtype: bf16, '
+                'tokens: [1, 2, 4], time_s: [0.007, 0.007, 0.007]}]}\n')
+    moe = {"name": "tiny-moe", "layers": 2, "hidden": 8, "heads": 2, "kv_heads": 1, "head_dim": 4, "mlp_width": 16,
+           "vocab": 32, "experts": 4, "experts_per_token": 2, "shared_experts": 1, "expert_width": 8,
+           "dense_layers": 1}
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    topo = {"kind": "colocated", "device": dev, "kv_blocks": 100,
+            "cost_model": {"kind": "roofline", "moe_tables": moe_tables}}
+    sc = config.parse({"seed": 0, "model": moe, "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    cm = make_cost(sc.topologies["t"], resolve_model(sc), "bf16", "bf16", tmp_path, "topologies.t")
+    ops = cm.breakdown(2, 6.0, 8, 2, 2)            # a decode of 2 at context 3
+    if moe_tables:
+        assert ops["experts"]["time_s"] == pytest.approx(7e-3, rel=1e-12) and ops["experts"]["source"] == "exact"
+    else:
+        assert "experts" not in ops and "experts_gate_up" in ops
