@@ -729,3 +729,32 @@ def test_a_pools_moe_tables_choice_reaches_its_cost_model_by_hand(tmp_path, moe_
         assert ops["experts"]["time_s"] == pytest.approx(7e-3, rel=1e-12) and ops["experts"]["source"] == "exact"
     else:
         assert "experts" not in ops and "experts_gate_up" in ops
+
+
+def _roofline_cost(model, **pool):
+    from pdsim.topology import make_cost
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": model, "workload": w,
+                       "topologies": {"t": {"kind": "colocated", "device": "h100-sxm", "kv_blocks": 100, **pool}}},
+                      "test.yaml")
+    return make_cost(sc.topologies["t"], resolve_model(sc), "bf16", "bf16", None, "topologies.t")
+
+
+def test_a_roofline_pool_hands_its_layout_to_the_cost_model_by_hand():
+    # DP attention over tp = ep = 2 (TINY_MOE: 8 query and 8 KV heads): each GPU is an attention rank of its own,
+    # attention TP 1, so a GPU runs all 8 query and 8 KV heads (tensor-parallel attention would run 4 and 4)
+    cm = _roofline_cost(TINY_MOE, tp=2, ep=2, dp_attention=True)
+    assert (cm.attn_dp, cm.q_heads, cm.kv_heads_shard) == (2, 8, 8)
+    cm = _roofline_cost(TINY_MOE, tp=2, ep=2)
+    assert (cm.attn_dp, cm.q_heads, cm.kv_heads_shard) == (1, 4, 4)
+    # an explicit split [3, 1] (vLLM's default for 4 layers is [2, 2]): the roofline's stages are 3 dense layers,
+    # then the one MoE layer, as (dense, MoE) layers
+    cm = _roofline_cost(TINY_MOE, pp=2, pp_layers=[3, 1])
+    assert cm.stages._split == (3, 1) and cm.stages._stages == [(3, 0), (0, 1)]
+    # expert popularity skew 1 over 4 experts, top 2: popularity 1, 1/2, 1/3, 1/4 (sum 25/12), so a token routes to
+    # expert e with probability 2 x p_e / (25/12) = 0.96, 0.48, 0.32, 0.24 (none above 1: nothing capped)
+    moe4 = {"name": "moe4", "layers": 2, "hidden": 8, "heads": 2, "kv_heads": 1, "head_dim": 4, "mlp_width": 16,
+            "vocab": 32, "experts": 4, "experts_per_token": 2, "expert_width": 8}
+    cm = _roofline_cost(moe4, expert_skew=1.0)
+    assert cm.expert_skew == 1.0 and list(cm._hot_q) == pytest.approx([0.96, 0.48, 0.32, 0.24], rel=1e-12)
+    assert _roofline_cost(moe4)._hot_q is None          # no skew: uniform routing, k/E = 0.5 each
