@@ -9,6 +9,7 @@ import pytest
 
 from conftest import scenario
 from pdsim import config
+from pdsim.errors import ConfigError
 from pdsim.simulation import resolve_model, run_topology
 from pdsim.workload import Request
 
@@ -478,3 +479,282 @@ def test_a_constant_cost_pool_sized_from_an_unknown_device_names_the_pools_devic
     topo = {"kind": "colocated", "device": "no-such-gpu", "cost_model": CONST(0.1)}
     err = _build_error(topo)
     assert err.key == "topologies.t.device"
+
+
+# --- construction paths, third session (branch muttopo3): check_sliding, kv_blocks' end, make_cost -------
+# llama-3.1-8b by hand (HF config: 32 layers, hidden 4096, 32 heads, 8 KV heads of 128, MLP 14336, vocab
+# 128256, untied embeddings): attention 4096 x 4096 x 2 (q, o) + 2 x 4096 x 1024 (k, v) = 41,943,040 and
+# MLP 3 x 4096 x 14336 = 176,160,768 parameters a layer: 218,103,808; x 32 = 6,979,321,856; + 2 x 128256 x
+# 4096 = 1,050,673,152 (embedding, LM head) = 8,029,995,008 parameters, 16,059,990,016 B in bf16
+# = 15,316 MiB exactly (14.957 GiB).  A 16-token KV block at tp 1: 16 x 131,072 B = 2,097,152 B = 2 MiB.
+LLAMA8_WEIGHT_MIB = 15316
+BLOCK_MIB = 2
+
+
+def _device_file(tmp_path, memory_GiB, name="tiny-gpu"):
+    """An H100 SXM profile with another name and memory size, written beside the scenario (tmp_path)."""
+    from pdsim.devices import DATA_DIR
+    text = (DATA_DIR / "h100-sxm.yaml").read_text()
+    assert "memory_GiB: 80\n" in text and "name: h100-sxm\n" in text
+    text = text.replace("memory_GiB: 80\n", f"memory_GiB: {memory_GiB!r}\n").replace("name: h100-sxm\n",
+                                                                                      f"name: {name}\n")
+    (tmp_path / f"{name}.yaml").write_text(text)
+    return f"{name}.yaml"          # a path relative to the scenario's directory, not to the working directory
+
+
+def _on_device_file(tmp_path, topo, relative=False):
+    """Build topology t from a scenario file in tmp_path and serve one 10-token request (output 2) on it.
+    The scenario makes a relative device path absolute (config.Scenario._resolve_device_paths); ``relative``
+    hands ``build`` the pool spec with the path as written, as a library caller may: the topology then finds
+    it through the context's base_dir (the scenario's directory), never the working directory."""
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": "llama-3.1-8b", "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    (name, spec), = sc.topologies.items()
+    if relative:
+        spec = spec.model_copy(update={"device": topo["device"]})
+    return run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+
+
+SLIDING_REFUSALS = [
+    # (model, pool fields, key, value, reason): the four things check_sliding refuses, each one line
+    ({"sliding_layers": 2}, {}, "model.sliding_layers", 2,
+     "a model whose every layer is sliding-window is not modelled (the KV pool counts blocks of the "
+     "full-attention layers); keep at least one full layer"),
+    ({}, {"prefix_cache": {"enabled": True}}, "topologies.t.prefix_cache.enabled", True,
+     "prefix caching with sliding-window layers is not modelled (a cached prefix would need the sliding "
+     "layers' window blocks at its end)"),
+    ({}, {"speculative": {"method": "mtp", "k": 2, "acceptance": 0.5}}, "topologies.t.speculative", "mtp",
+     "speculative decoding with sliding-window layers is not modelled"),
+    ({}, {"dp_attention": True, "tp": 2}, "topologies.t.dp_attention", True,
+     "DP attention with sliding-window layers is not modelled"),
+]
+
+
+@pytest.mark.parametrize("model,pool,key,value,reason", SLIDING_REFUSALS)
+def test_sliding_window_refusals_name_the_key_the_value_and_the_reason(model, pool, key, value, reason):
+    # a 2-layer model, one layer sliding over 4 tokens (tests/test_sliding_window.py's TINY), on a constant-cost
+    # pool: make_cost's check_sliding refuses each combination before anything else is sized, in one line
+    # "key = repr(value): reason" (pdsim/errors.py's format)
+    tiny = {"name": "tiny-swa", "layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "mlp_width": 512,
+            "vocab": 1000, "sliding_window": 4, "sliding_layers": 1, **model}
+    topo = {"kind": "colocated", "kv_blocks": 100, "cost_model": CONST(0.01), **pool}
+    err = _build_error(topo, model=tiny)
+    assert (err.key, err.reason) == (key, reason)
+    assert err.value == value and type(err.value) is type(value)
+    assert str(err).endswith(f"{key} = {value!r}: {reason}")
+
+
+@pytest.mark.parametrize("relative", [False, True])
+@pytest.mark.parametrize("cost_model", [CONST(0.1), {"kind": "roofline"}])
+def test_a_device_with_room_for_exactly_one_kv_block_keeps_it_by_hand(tmp_path, cost_model, relative):
+    # utilisation 1.0, no activation reserve: free = memory - weights.  A device of 15,316 + 2 MiB
+    # = 15,318 MiB = 14.958984375 GiB (exact in binary, so free is exactly 2,097,152 B) has room for
+    # exactly one block: kv_blocks keeps it (free < block_bytes is the only refusal).  The device is a file
+    # beside the scenario, so it is found through the scenario's directory (a constant-cost pool loads it
+    # only to size the KV pool; a roofline pool also to price steps)
+    dev = _device_file(tmp_path, (LLAMA8_WEIGHT_MIB + BLOCK_MIB) / 1024)
+    topo = {"kind": "colocated", "device": dev, "gpu_memory_utilization": 1.0, "activation_reserve_GiB": 0,
+            "watermark": 0.0, "cost_model": cost_model}
+    res = _on_device_file(tmp_path, topo, relative)
+    (inst,) = res.topology.instances
+    assert inst.kv.total_blocks == 1 and res.requests[0].status == "finished"   # 10 + 2 - 1 = 11 tokens: 1 block
+    # 1000.5 blocks of room (15,316 + 2,001 MiB = 17,317 MiB = 16.9111328125 GiB): 1000 whole blocks
+    dev = _device_file(tmp_path, (LLAMA8_WEIGHT_MIB + 1000.5 * BLOCK_MIB) / 1024, name="tiny-gpu-2")
+    (inst,) = _on_device_file(tmp_path, {**topo, "device": dev}, relative).topology.instances
+    assert inst.kv.total_blocks == 1000 and inst.block_bytes == 2_097_152
+
+
+@pytest.mark.parametrize("pp,shown", [(1, "15.0 GiB per GPU at tp=1)"), (2, "7.5 GiB per GPU at tp=1 pp=2)")])
+def test_weights_that_do_not_fit_the_device_name_it_with_the_numbers_by_hand(tmp_path, pp, shown):
+    # a 4 GiB device x 0.9 = 3.6 GiB, less than the weights: pp 1 holds all 14.957 GiB -> "15.0"; pp 2 holds
+    # 16 layers + the embedding on stage 0 and 16 layers + the LM head on stage 1, the same on both:
+    # 16 x 218,103,808 x 2 B + 128256 x 4096 x 2 B = 8,029,995,008 B = 7.4785 GiB -> "7.5", an even split
+    # (the message names no stage).  Activation reserve 2.0 GiB (the default)
+    dev = _device_file(tmp_path, 4.0)
+    topo = {"kind": "colocated", "device": dev, "pp": pp, "cost_model": CONST(0.1)}
+    with pytest.raises(ConfigError) as e:
+        _on_device_file(tmp_path, topo)
+    err = e.value
+    assert (err.key, err.value) == ("topologies.t.device", str(tmp_path / dev))   # made absolute by the scenario
+    assert err.reason == (f"llama-3.1-8b weights ({shown} plus 2.0 GiB activations do not fit tiny-gpu "
+                          "(4.0 GiB x 0.9); raise tp or use a larger device")
+
+
+TINY_MOE = {"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "head_dim": 128,
+            "mlp_width": 1024, "vocab": 1000, "experts": 64, "experts_per_token": 2, "expert_width": 1024,
+            "dense_layers": 3}
+
+
+def test_a_two_stage_pipeline_split_unevenly_keeps_the_fewest_blocks_either_stage_fits_by_hand(tmp_path):
+    # a 4-layer MoE model (hidden 1024, 8 heads = 8 KV heads of 128, vocab 1000), its first 3 layers dense
+    # (MLP 1024), the last one 64 experts of width 1024; pp 2 split [3, 1]; bf16, tp 1; device 0.5 GiB
+    # = 536,870,912 B, utilisation 1.0, no activation reserve.
+    #   attention a layer 1024 x 1024 x 4 = 4,194,304; dense MLP = one expert = 3 x 1024 x 1024 = 3,145,728
+    #   stage 0: 3 x (4,194,304 + 3,145,728) x 2 B + embedding 1000 x 1024 x 2 B = 44,040,192 + 2,048,000
+    #            = 46,088,192 B
+    #   stage 1: attention 8,388,608 B + 64 experts x 6,291,456 B = 402,653,184 B + router 1024 x 64 x 2 B
+    #            = 131,072 B + LM head 2,048,000 B = 413,220,864 B (the heavier stage)
+    #   KV a token: 2 x 4 layers x 8 x 128 x 2 B = 16,384 B; stage 0 holds 3/4: 12,288 B, a block 196,608 B
+    #            (the busiest stage); stage 1 holds 1/4: 4,096 B, a block 65,536 B
+    #   stage 0 fits (536,870,912 - 46,088,192) // 196,608 = 2496 blocks, stage 1 (536,870,912 - 413,220,864)
+    #   // 65,536 = 1886: every stage keeps 1886.  (The heavier stage's weights with the busiest stage's block,
+    #   as an even split is sized, would give 123,650,048 // 196,608 = 628.)
+    moe = TINY_MOE
+    dev = _device_file(tmp_path, 0.5)
+    topo = {"kind": "colocated", "device": dev, "pp": 2, "pp_layers": [3, 1], "gpu_memory_utilization": 1.0,
+            "activation_reserve_GiB": 0, "cost_model": CONST(0.1)}
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": moe, "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    (name, spec), = sc.topologies.items()
+    res = run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+    (inst,) = res.topology.instances
+    assert inst.kv.total_blocks == 1886 and inst.block_bytes == 196_608
+
+
+ROOFLINE_REFUSALS = [
+    # (pool fields, key, value, reason) for llama-3.1-8b (32 layers, 32 heads, dense) on a roofline pool:
+    # make_cost checks the layout before pricing anything, each error under the pool's own key
+    ({"tp": 3}, "topologies.t.tp", 3, "tensor parallelism must divide the 32 attention heads of llama-3.1-8b"),
+    ({"pp": 33}, "topologies.t.pp", 33,
+     "pipeline parallelism needs 1 to 32 stages (the 32 layers of llama-3.1-8b, at least one a stage)"),
+    ({"pp": 2, "pp_layers": [10, 10]}, "topologies.t.pp_layers", [10, 10],      # 20 of the 32 layers
+     "give one layer count per stage: 2 whole numbers >= 1 summing to the 32 layers of llama-3.1-8b"),
+    ({"tp": 2, "ep": 2}, "topologies.t.ep", 2, "expert parallelism needs a mixture-of-experts model; "
+     "llama-3.1-8b is dense"),
+    ({"tp": 2, "dp_attention": True}, "topologies.t.dp_attention", True,
+     "DP attention pairs data-parallel attention with expert-parallel MoE layers; llama-3.1-8b is dense"),
+    ({"expert_skew": 1.5}, "topologies.t.expert_skew", 1.5,
+     "expert popularity skew needs a mixture-of-experts model; llama-3.1-8b is dense"),
+]
+
+
+@pytest.mark.parametrize("pool,key,value,reason", ROOFLINE_REFUSALS)
+def test_a_roofline_pool_refuses_a_layout_the_model_cannot_take_under_its_own_key(pool, key, value, reason):
+    err = _build_error({"kind": "colocated", "device": "h100-sxm", **pool})
+    assert (err.key, err.reason) == (key, reason)
+    assert err.value == value and type(err.value) is type(value)
+
+
+@pytest.mark.parametrize("kv_blocks", [None, 100])
+def test_a_dp_attention_pool_sums_its_ranks_blocks_by_hand(tmp_path, kv_blocks):
+    # TINY_MOE with DP attention over tp = ep = 2 (constant cost), bf16, a 0.5 GiB device at utilisation 1.0,
+    # no activation reserve.  Each GPU is an attention rank holding its requests' whole KV (all 8 KV heads):
+    #   KV a token 2 x 4 layers x 8 x 128 x 2 B = 16,384 B; a 16-token block 262,144 B on one GPU
+    #   weights on a GPU: everything but the routed experts whole, the experts / 2:
+    #     decoder 3 x (4,194,304 + 3,145,728) + 4,194,304 + 64 x 3,145,728 + 65,536 = 227,606,528 parameters,
+    #     of them routed 201,326,592 and router 65,536: (26,214,400 x 2 B) + embedding and LM head
+    #     2 x 1000 x 1024 x 2 B + 201,326,592 x 2 B / 2 + 65,536 x 2 B
+    #     = 52,428,800 + 4,096,000 + 201,326,592 + 131,072 = 257,982,464 B
+    #   a GPU fits (536,870,912 - 257,982,464) // 262,144 = 1063 blocks; the instance 2 x 1063 = 2126, each block
+    #   262,144 B on one of the 2 GPUs: 131,072 B per GPU on average (what KV-link and host-tier bytes read)
+    # (attention sharded over tp 2 instead would hold 4 KV heads a GPU: 131,072 B blocks, 2127 a GPU.)
+    # With kv_blocks given the count is taken as is; the bytes are the same.
+    dev = _device_file(tmp_path, 0.5)
+    topo = {"kind": "colocated", "device": dev, "tp": 2, "ep": 2, "dp_attention": True,
+            "gpu_memory_utilization": 1.0, "activation_reserve_GiB": 0, "cost_model": CONST(0.1)}
+    if kv_blocks is not None:
+        topo["kv_blocks"] = kv_blocks
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": TINY_MOE, "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    (name, spec), = sc.topologies.items()
+    res = run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+    (inst,) = res.topology.instances
+    assert inst.kv.total_blocks == (2126 if kv_blocks is None else 100) and type(inst.kv.total_blocks) is int
+    assert inst.block_bytes == 131_072
+
+
+def _tiny_moe_pp2(tmp_path, memory_GiB, **pool):
+    """TINY_MOE on pp 2 split [3, 1] (constant cost) on a device file of memory_GiB, one request."""
+    dev = _device_file(tmp_path, memory_GiB)
+    topo = {"kind": "colocated", "device": dev, "pp": 2, "pp_layers": [3, 1], "cost_model": CONST(0.1), **pool}
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": TINY_MOE, "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    (name, spec), = sc.topologies.items()
+    return run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+
+
+def test_an_uneven_pipeline_stage_with_room_for_exactly_one_block_keeps_it_by_hand(tmp_path):
+    # the split of test_a_two_stage_pipeline_split_unevenly_...: stage 1 holds 413,220,864 B of weights and
+    # 65,536 B blocks.  A device of 413,220,864 + 65,536 = 413,286,400 B (an exact binary fraction of a GiB),
+    # utilisation 1.0, no reserve: stage 1 has room for exactly one block (stage 0: (413,286,400 - 46,088,192)
+    # // 196,608 = 1867), so every stage keeps 1
+    res = _tiny_moe_pp2(tmp_path, 413_286_400 / 2**30, gpu_memory_utilization=1.0, activation_reserve_GiB=0)
+    (inst,) = res.topology.instances
+    assert inst.kv.total_blocks == 1 and res.requests[0].status == "finished"
+
+
+def test_an_uneven_pipeline_stage_that_does_not_fit_names_its_weights_by_hand(tmp_path):
+    # 2.3 GiB x 1.0 - 2.0 GiB activations = 0.3 GiB = 322,122,547 B free before weights: stage 0 (46,088,192 B)
+    # fits, stage 1 (413,220,864 B = 0.385 GiB -> "0.4") does not; the message names stage 1 and its weights
+    with pytest.raises(ConfigError) as e:
+        _tiny_moe_pp2(tmp_path, 2.3, gpu_memory_utilization=1.0)
+    assert e.value.key == "topologies.t.device"
+    assert e.value.reason == ("tiny-moe weights (0.4 GiB per GPU of pipeline stage 1 at tp=1 pp=2) plus 2.0 GiB "
+                              "activations do not fit tiny-gpu (2.3 GiB x 1.0); raise tp or use a larger device")
+
+
+def test_a_roofline_pool_on_an_unknown_device_names_the_pools_device_key():
+    # a roofline pool loads its device in make_cost, before the KV pool is sized: the error names the pool's key
+    err = _build_error({"kind": "colocated", "device": "no-such-gpu", "kv_blocks": 100})
+    assert (err.key, err.value) == ("topologies.t.device", "no-such-gpu")
+    assert err.reason.startswith("unknown device; valid presets: ")
+
+
+@pytest.mark.parametrize("moe_tables", [False, True])
+def test_a_pools_moe_tables_choice_reaches_its_cost_model_by_hand(tmp_path, moe_tables):
+    # tests/test_costmodel_by_hand.py's TINY_MOE (hidden 8, routed experts of width 8, top-2 of 4) on an H100
+    # profile whose measured MoE table says the routed experts take 7 ms at 1, 2 and 4 tokens, flat.  With
+    # cost_model.moe_tables the pool's step prices them at the table's 7 ms (one "experts" op); without it, the
+    # roofline's grouped GEMMs (no "experts" op)
+    from pdsim.topology import make_cost
+    dev = _device_file(tmp_path, 80.0)
+    with open(tmp_path / dev, "a") as f:
+        f.write('measured: {device: cuda, moe: [{hidden: 8, inter: 8, topk: 2, experts: 4, dtype: bf16, '
+                'tokens: [1, 2, 4], time_s: [0.007, 0.007, 0.007]}]}\n')
+    moe = {"name": "tiny-moe", "layers": 2, "hidden": 8, "heads": 2, "kv_heads": 1, "head_dim": 4, "mlp_width": 16,
+           "vocab": 32, "experts": 4, "experts_per_token": 2, "shared_experts": 1, "expert_width": 8,
+           "dense_layers": 1}
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    topo = {"kind": "colocated", "device": dev, "kv_blocks": 100,
+            "cost_model": {"kind": "roofline", "moe_tables": moe_tables}}
+    sc = config.parse({"seed": 0, "model": moe, "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    cm = make_cost(sc.topologies["t"], resolve_model(sc), "bf16", "bf16", tmp_path, "topologies.t")
+    ops = cm.breakdown(2, 6.0, 8, 2, 2)            # a decode of 2 at context 3
+    if moe_tables:
+        assert ops["experts"]["time_s"] == pytest.approx(7e-3, rel=1e-12) and ops["experts"]["source"] == "exact"
+    else:
+        assert "experts" not in ops and "experts_gate_up" in ops
+
+
+def _roofline_cost(model, **pool):
+    from pdsim.topology import make_cost
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": model, "workload": w,
+                       "topologies": {"t": {"kind": "colocated", "device": "h100-sxm", "kv_blocks": 100, **pool}}},
+                      "test.yaml")
+    return make_cost(sc.topologies["t"], resolve_model(sc), "bf16", "bf16", None, "topologies.t")
+
+
+def test_a_roofline_pool_hands_its_layout_to_the_cost_model_by_hand():
+    # DP attention over tp = ep = 2 (TINY_MOE: 8 query and 8 KV heads): each GPU is an attention rank of its own,
+    # attention TP 1, so a GPU runs all 8 query and 8 KV heads (tensor-parallel attention would run 4 and 4)
+    cm = _roofline_cost(TINY_MOE, tp=2, ep=2, dp_attention=True)
+    assert (cm.attn_dp, cm.q_heads, cm.kv_heads_shard) == (2, 8, 8)
+    cm = _roofline_cost(TINY_MOE, tp=2, ep=2)
+    assert (cm.attn_dp, cm.q_heads, cm.kv_heads_shard) == (1, 4, 4)
+    # an explicit split [3, 1] (vLLM's default for 4 layers is [2, 2]): the roofline's stages are 3 dense layers,
+    # then the one MoE layer, as (dense, MoE) layers
+    cm = _roofline_cost(TINY_MOE, pp=2, pp_layers=[3, 1])
+    assert cm.stages._split == (3, 1) and cm.stages._stages == [(3, 0), (0, 1)]
+    # expert popularity skew 1 over 4 experts, top 2: popularity 1, 1/2, 1/3, 1/4 (sum 25/12), so a token routes to
+    # expert e with probability 2 x p_e / (25/12) = 0.96, 0.48, 0.32, 0.24 (none above 1: nothing capped)
+    moe4 = {"name": "moe4", "layers": 2, "hidden": 8, "heads": 2, "kv_heads": 1, "head_dim": 4, "mlp_width": 16,
+            "vocab": 32, "experts": 4, "experts_per_token": 2, "expert_width": 8}
+    cm = _roofline_cost(moe4, expert_skew=1.0)
+    assert cm.expert_skew == 1.0 and list(cm._hot_q) == pytest.approx([0.96, 0.48, 0.32, 0.24], rel=1e-12)
+    assert _roofline_cost(moe4)._hot_q is None          # no skew: uniform routing, k/E = 0.5 each
