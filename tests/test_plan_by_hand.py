@@ -26,8 +26,13 @@ from pdsim.workload import FINISHED, REJECTED
     (3, 1.0, 3),
     (5, 0.0, 0),
     (1, 0.5, 1),
+    # the float just above 1/3: 3 x t rounds to exactly 1.0, so the ceiling guess is 1, but 1 / 3 (0.333...33 in
+    # floats) < t: one pass is not enough, the guess must move up to 2 (2 / 3 >= t)
+    (3, math.nextafter(1 / 3, 1), 2),
 ])
 def test_passes_needed_is_the_least_count_meeting_the_target(n, target, want):
+    if n == 3 and want == 2:
+        assert 3 * target == 1.0 and 1 / 3 < target      # the two float facts the case rests on
     assert _passes_needed(n, target) == want
     assert want / n >= target and (want == 0 or (want - 1) / n < target)
 
@@ -967,3 +972,246 @@ def test_two_device_choices_of_one_name_are_refused_not_merged():
     search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}, "a100-80gb-sxm"],
               "colocated": {"replicas": [1]}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
     assert len(parse_plan(_raw(search)).configs) == 2
+
+
+# --- the search's edges, the interval's clip, the miss notes, the ranking and the cache key (branch mutplan3) -----
+import time  # noqa: E402
+
+from pdsim import __version__  # noqa: E402
+from pdsim.config import SLOSpec  # noqa: E402
+from pdsim.plan import _misses, _order, _pooled, _rank, task_key  # noqa: E402
+
+
+def test_goodput_search_doubles_from_a_passed_target_and_without_a_bound():
+    # target mode: run_plan first records the target rate 10 (passed); with the bound at 100 the search doubles
+    # from there: 20 (not 30, and not the bound)
+    s = Search(_cfg(100.0), 0.05)
+    s.update(10.0, {"pass_att": 1.0}, 0.9)
+    assert s.next_rate() == 20.0
+    # no bound: start at 1 req/s and double while it passes; the config passes up to 5 req/s:
+    # 1 P, 2 P, 4 P, 8 F, then bisect [4, 8]: 6 F, 5 P, [5, 6]: 1 > 5% of 6 (0.3): 5.5 F; [5, 5.5]: 0.5 > 0.275:
+    # 5.25 F; [5, 5.25]: 0.25 <= 0.2625: done, goodput 5
+    s = Search(_cfg(math.inf), 0.05)
+    assert _drive(s, lambda r: r <= 5) == [1.0, 2.0, 4.0, 8.0, 6.0, 5.0, 5.5, 5.25]
+    assert (s.lo, s.hi, s.done) == (5.0, 5.25, True)
+
+
+def test_goodput_search_edges_of_its_stopping_rules():
+    # the bound rule is inclusive: lo 10 passed, bound 15, tolerance 50%: doubling gives min(20, 15) = 15, which
+    # is exactly 10 x 1.5: no room above what passed, so the search is done at the bound without running 15
+    s = Search(_cfg(15.0), 0.5)
+    s.update(10.0, {"pass_att": 1.0}, 0.9)
+    assert s.next_rate() is None and s.done and s.note == "reaches the analytic bound"
+    # the trickle rule stops only *below* a thousandth of the highest rate tried: failures at 1000 and 4 req/s:
+    # next 4 / 4 = 1 = 1000 x 1e-3 (exactly, in floats): still tried; after a failure there, 0.25 < 1: done
+    s = Search(_cfg(math.inf), 0.05)
+    s.update(1000.0, {"pass_att": 0.0}, 0.9)
+    s.update(4.0, {"pass_att": 0.0}, 0.9)
+    assert 1000 * 1e-3 == 1.0 and s.next_rate() == 1.0
+    s.update(1.0, {"pass_att": 0.0}, 0.9)
+    assert s.next_rate() is None and s.done and s.note == "misses the SLO even at a trickle"
+    # an attainment exactly at the target passes (>=)
+    s = Search(_cfg(10.0), 0.05)
+    s.update(5.0, {"pass_att": 0.9}, 0.9)
+    assert (s.lo, s.hi) == (5.0, math.inf)
+
+
+def test_search_rounds_left_by_hand():
+    # bracketing (no failure, or no pass, yet): 1 + max(1, ceil(log2(1 / tol))) rounds
+    s = Search(_cfg(10.0), 0.05)
+    assert s.rounds_left() == 6                   # log2(20) = 4.32 -> 5, + 1
+    assert Search(_cfg(10.0), 0.5).rounds_left() == 2      # log2(2) = 1, + 1
+    s.update(5.0, {"pass_att": 0.0}, 0.9)         # a failure, no pass: still bracketing (lo 0)
+    assert s.rounds_left() == 6
+    # bisecting [6, 10] at tol 1/8: width 4 / (1/8 x 10 = 1.25) = 3.2 -> log2 1.68 -> 2 halvings, + 1 = 3
+    s = Search(_cfg(100.0), 0.125)
+    s.update(6.0, {"pass_att": 1.0}, 0.9)
+    s.update(10.0, {"pass_att": 0.0}, 0.9)
+    assert s.rounds_left() == 3
+    # [1, 2] at tol 1/8: 1 / 0.25 = 4 -> 2, + 1 = 3 (a pass at exactly 1 req/s is a pass: bisecting)
+    s = Search(_cfg(100.0), 0.125)
+    s.update(1.0, {"pass_att": 1.0}, 0.9)
+    s.update(2.0, {"pass_att": 0.0}, 0.9)
+    assert s.rounds_left() == 3
+    s.done = True
+    assert s.rounds_left() == 0
+
+
+def test_batch_means_interval_is_clipped_at_one():
+    # 20 batches of 2: the first [1, 0] (mean 0.5), 19 of [1, 1]: mean 39 / 40 = 0.975; batch means deviate
+    # by +0.025 (19x) and -0.475: sum of squares 19 x 0.000625 + 0.225625 = 0.2375, variance / 19 = 0.0125;
+    # half-width 2.093 x sqrt(0.0125 / 20) = 2.093 x 0.025 = 0.052325: [0.922675, 1.027325] clipped to 1
+    ok = np.array([1, 0] + [1, 1] * 19, float)
+    lo, hi = batch_means_ci(ok)
+    assert hi == 1.0 and lo == pytest.approx(0.975 - 0.052325, rel=1e-12)
+
+
+def test_pooled_results_keep_that_a_seed_stopped_early():
+    # a seed stopped at a certain fail reports bounds so far (p_so_far): the pool says so if any seed does
+    assert _pooled([_res(95), dict(_res(50, early="fail"), p_so_far=True)])["p_so_far"] is True
+    assert _pooled([_res(95), _res(96)])["p_so_far"] is False
+
+
+SLO_HAND = SLOSpec(ttft_s=0.5, tpot_s=0.05, attainment_target=0.9, ttft_percentile=90, tpot_percentile=99)
+
+
+def _mr(n, ok, ttft_ok, tpot_ok, ttft_p=None, tpot_p=None, early=None, p_so_far=None):
+    r = {"n": n, "ok": ok, "ttft_ok": ttft_ok, "tpot_ok": tpot_ok, "ttft_p": ttft_p, "tpot_p": tpot_p, "early": early}
+    if p_so_far is not None:
+        r["p_so_far"] = p_so_far
+    return r
+
+
+def test_miss_notes_by_hand():
+    # a run stopped at a certain fail: 8 of 10 within TTFT and 7 within TPOT are upper bounds ("at most"), the
+    # p90 TTFT so far a lower bound (">="); no TPOT percentile known: no parenthesis
+    r = _mr(10, 6, 8, 7, ttft_p=0.734, early="fail", p_so_far=True)
+    assert _misses(r, SLO_HAND) == "TTFT: at most 80% within 0.5 s (p90 >= 0.734 s); TPOT: at most 70% within 0.05 s"
+    # a whole run: TTFT 9 of 10 is exactly the target 0.9 (passes, not named); TPOT 8 of 10 with its p99
+    r = _mr(10, 8, 9, 8, tpot_p=0.0612)
+    assert _misses(r, SLO_HAND) == "TPOT: 80% within 0.05 s (p99 0.0612 s)"
+    # TTFT misses without a known percentile; TPOT 9 of 10 exactly at the target
+    r = _mr(10, 7, 7, 9, tpot_p=0.04)
+    assert _misses(r, SLO_HAND) == "TTFT: 70% within 0.5 s"
+    # each bound passes on its own (19 and 18 of 20) but only 17 meet both: 85% < 90%; stopped early the share
+    # is an upper bound and the misses of the two bounds overlap
+    r = _mr(20, 17, 19, 18, ttft_p=0.4, tpot_p=0.03, early="fail", p_so_far=True)
+    assert _misses(r, SLO_HAND) == ("attainment at most 85% < 90% (run stopped once it could no longer pass; "
+                                    "TTFT and TPOT misses overlap)")
+    r = _mr(20, 17, 19, 18, ttft_p=0.4, tpot_p=0.03)
+    assert _misses(r, SLO_HAND) == "attainment 85% < 90% (TTFT and TPOT each pass)"
+
+
+def _plan_ns(objective, rate=None, att=0.9):
+    return SimpleNamespace(spec=SimpleNamespace(objective=objective, target=SimpleNamespace(rate=rate),
+                                                slo=SimpleNamespace(attainment_target=att)))
+
+
+def _orow(name, usd, goodput, status="ok", gpus=1, at=None, lr=None):
+    """A row as run_plan leaves it for the ranking: at_target (the target-rate result) and long_run only if run."""
+    row = {"config": name, "gpus": gpus, "usd_per_hour": usd, "goodput": goodput, "status": status, "points": {}}
+    if at is not None:
+        row["at_target"] = at
+    if lr is not None:
+        row["long_run"] = lr
+    return row
+
+
+def _at(pass_att, passes=None, early=None, ttft_p=0.1, tpot_p=0.01):
+    at = {"pass_att": pass_att, "early": early, "ttft_p": ttft_p, "tpot_p": tpot_p}
+    if passes is not None:       # set by the runner in worst-seed or percentile mode; absent when pooled
+        at["passes"] = passes
+    return at
+
+
+def _cheapest_rows():
+    # target 0.5 req/s, target attainment 0.9.  Meeting: c $0.5 (dominated, passed the target), b $1 (percentile
+    # mode: passes with only half its requests within both bounds), a $2 (pooled: no "passes", 0.9 is exactly
+    # the target).  Not meeting: z failed its long run (goodput 0.75 stays), y missed the p99 at the target
+    # though 95% met both bounds, d missed at the target (50%), e was pruned by its bound, f is infeasible.
+    return [_orow("a", 2.0, 20.0, at=_at(0.9, early="pass", ttft_p=0.3, tpot_p=0.04),
+                  lr={"attainment": 0.93, "ci": [0.91, 0.95], "passed": True}),
+            _orow("y", 5.0, None, "misses SLO at target", at=_at(0.95, passes=False)),
+            _orow("e", 0.25, None, "below target (bound)"),
+            _orow("b", 1.0, 1.1, at=_at(0.5, passes=True)),
+            _orow("d", 3.0, None, "misses SLO at target", at=_at(0.5, passes=False, early="fail")),
+            _orow("f", 0.25, 0.0, "infeasible"),
+            _orow("c", 0.5, 1.0, "dominated (not fully searched)", at=_at(0.95, passes=True)),
+            _orow("z", 4.5, 0.75, "fails long run", at=_at(0.95, passes=True))]
+
+
+def test_cheapest_ranking_by_hand():
+    rows = {r["config"]: r for r in _cheapest_rows()}
+    ranked = _order(_plan_ns("cheapest", rate=0.5), rows)
+    # meeting rows by $/h: c, b, a; then the rest by their attainment at the target, best first (z and y 0.95,
+    # d 0.5, e and f none: 0), ties by goodput, best first (z 0.75 before y none), then by name (e, f)
+    assert [r["config"] for r in ranked] == ["c", "b", "a", "z", "y", "d", "e", "f"]
+    assert [r["meets"] for r in ranked] == [True] * 3 + [False] * 5
+    a, e = rows["a"], rows["e"]
+    # a: 20 req/s on 1 GPU at $2/h; 20 / 0.5 = 40x the target; its target-rate and long-run figures copied
+    assert (a["goodput_per_gpu"], a["goodput_per_usd_hour"], a["margin"]) == (20.0, 10.0, 40.0)
+    assert (a["attainment_at_target"], a["at_target_early_stop"], a["ttft_p_at_target_s"], a["tpot_p_at_target_s"],
+            a["long_run_attainment"], a["long_run_ci"]) == (0.9, "pass", 0.3, 0.04, 0.93, [0.91, 0.95])
+    assert (e["goodput_per_gpu"], e["goodput_per_usd_hour"], e["margin"], e["attainment_at_target"],
+            e["at_target_early_stop"], e["ttft_p_at_target_s"], e["tpot_p_at_target_s"], e["long_run_attainment"],
+            e["long_run_ci"]) == (None,) * 9
+    assert rows["f"]["goodput_per_usd_hour"] == 0.0 and rows["d"]["at_target_early_stop"] == "fail"
+    # the same rows by goodput per $/h: a (10), c (2), b (1.1), then the non-meeting by goodput per $/h
+    # (z 0.75 / 4.5, then y, d, e none and f 0 at ties: by $/h, then name: e, f, d, y)
+    ranked = _order(_plan_ns("goodput_per_usd", rate=0.5), {r["config"]: r for r in _cheapest_rows()})
+    assert [r["config"] for r in ranked] == ["a", "c", "b", "z", "e", "f", "d", "y"]
+
+
+def test_goodput_per_gpu_ranking_by_hand():
+    # no target.  Goodput per GPU: q 10/2 = 5 ($2), s 20/4 = 5 ($4), r 8/2 = 4 ($1), p 4/1 = 4 ($3), u and v
+    # 3/1 ($6, twins: by name), m 0.5 (still a goodput: it meets); not meeting: x (failed its long runs,
+    # 1.2 / 2 = 0.6 per GPU), w infeasible (0 per GPU)
+    rows = [_orow("w", 0.2, 0.0, "infeasible"), _orow("x", 5.0, 1.2, "fails long run", gpus=2),
+            _orow("m", 0.1, 0.5), _orow("v", 6.0, 3.0), _orow("u", 6.0, 3.0), _orow("p", 3.0, 4.0),
+            _orow("r", 1.0, 8.0, gpus=2), _orow("s", 4.0, 20.0, gpus=4), _orow("q", 2.0, 10.0, gpus=2)]
+    ranked = _order(_plan_ns("goodput_per_gpu"), {r["config"]: r for r in rows})
+    assert [r["config"] for r in ranked] == ["q", "s", "r", "p", "u", "v", "m", "x", "w"]
+    assert [r["meets"] for r in ranked] == [True] * 7 + [False] * 2
+    assert [r["margin"] for r in ranked] == [None] * 9
+
+
+def test_goodput_per_usd_ranking_by_hand():
+    # no target.  Per $/h: B 5 / $1 = 5 and A 10 / $2 = 5 (tie: cheaper first), m 0.5 / $4 = 0.125, C free ($0/h:
+    # no ratio, ranks as 0 but still meets), then the non-meeting: x 1.2 / $2 = 0.6, w infeasible 0
+    rows = [_orow("w", 0.2, 0.0, "infeasible"), _orow("x", 2.0, 1.2, "fails long run"), _orow("C", 0.0, 3.0),
+            _orow("m", 4.0, 0.5), _orow("A", 2.0, 10.0), _orow("B", 1.0, 5.0)]
+    ranked = _order(_plan_ns("goodput_per_usd"), {r["config"]: r for r in rows})
+    assert [r["config"] for r in ranked] == ["B", "A", "m", "C", "x", "w"]
+    assert [r["goodput_per_usd_hour"] for r in ranked] == [5.0, 5.0, 0.125, None, 0.6, 0.0]
+    assert [r["meets"] for r in ranked] == [True] * 4 + [False] * 2
+
+
+def test_rank_frontier_winner_and_the_result_header():
+    plan = parse_plan(_raw(target={"rate": 0.5}, goodput={"min_duration_s": 0, "confirm_top": 0}))
+    # all meet at the target.  Frontier by $/h up, goodput up: k1 $1 0.75 (any goodput > 0 counts), k2 $2 5
+    # (k3 at the same $2 has only 4), k4 $3 has 5 again: not more; k5 $4 8
+    rows = [_orow("k4", 3.0, 5.0, at=_at(0.95, True)), _orow("k3", 2.0, 4.0, at=_at(0.95, True)),
+            _orow("k5", 4.0, 8.0, at=_at(0.95, True)), _orow("k2", 2.0, 5.0, at=_at(0.95, True)),
+            _orow("k1", 1.0, 0.75, at=_at(0.95, True))]
+    runner = SimpleNamespace(simulated=3, cached=1, t0=time.perf_counter() - 5.0)
+    res = _rank(plan, {r["config"]: r for r in rows}, runner)
+    assert res["frontier"] == ["k1", "k2", "k5"]
+    assert [(r["config"], r["rank"], r["pareto"]) for r in res["rows"]] == [
+        ("k1", 1, True), ("k2", 2, True), ("k3", 3, False), ("k4", 4, False), ("k5", 5, True)]
+    assert res["winner"] == "k1"
+    assert {k: res[k] for k in ("plan", "pdsim_version", "objective", "target_rate", "tolerance", "seeds",
+                                "warmup_fraction", "confirm_factor", "excluded", "simulations", "cached")} == {
+        "plan": "hand", "pdsim_version": __version__, "objective": "cheapest", "target_rate": 0.5,
+        "tolerance": 0.05, "seeds": 2, "warmup_fraction": 0.2, "confirm_factor": 10.0, "excluded": [],
+        "simulations": 3, "cached": 1}
+    assert (res["slo"]["ttft_s"], res["slo"]["tpot_s"], res["slo"]["attainment_target"]) == (0.5, 0.05, 0.9)
+    assert 5.0 <= res["wall_s"] < 65.0            # the runner started 5 s before
+    # nothing meets: no winner (the first row is the best of the misses)
+    rows = [_orow("n1", 1.0, None, "misses SLO at target", at=_at(0.5, False)),
+            _orow("n2", 2.0, 0.0, "infeasible")]
+    res = _rank(plan, {r["config"]: r for r in rows}, runner)
+    assert res["winner"] is None and res["rows"][0]["config"] == "n1" and res["frontier"] == []
+
+
+def test_cache_key_is_the_content_of_what_decides_a_result(tmp_path):
+    import pdsim.plan as plan_mod
+    (tmp_path / "p.txt").write_text("100\n")
+    (tmp_path / "o.txt").write_text("10\n")
+    sc = {"seed": 7, "workload": {"rate": 2.0, "prompt_tokens": {"path": "p.txt"}, "output_tokens": {"path": "o.txt"}},
+          "topologies": {"x": {"kind": "colocated", "device": "h100-sxm"}}}
+
+    def key(scenario=sc, early="both", warmup=0.2):
+        plan_mod._FILE_HASHES.clear()          # as run_plan does: files are hashed afresh
+        return task_key({"scenario": scenario, "base_dir": str(tmp_path), "warmup_fraction": warmup, "early": early})
+    k = key()
+    # the same scenario written in another key order is the same task
+    flipped = {"topologies": sc["topologies"], "workload": dict(reversed(list(sc["workload"].items()))), "seed": 7}
+    assert key(flipped) == k
+    # how it is judged is part of the task
+    assert key(early="fail") != k and key(warmup=0.3) != k
+    # so is what each file it reads holds: either length file edited, the key changes; restored, it is back
+    for name, old in (("p.txt", "100\n"), ("o.txt", "10\n")):
+        (tmp_path / name).write_text(old + "5\n")
+        assert key() != k
+        (tmp_path / name).write_text(old)
+        assert key() == k
