@@ -93,6 +93,18 @@ def test_judge_passes_a_run_once_enough_requests_met_both_bounds():
     assert s.decided is None and not s.all_done.triggered
 
 
+def test_judge_without_early_stopping_counts_but_never_decides():
+    # early None (long runs, percentile mode): 3 misses of 10 at target 0.8 (need 8) already make the run a
+    # fail, but the run must go on to its end: no verdict, all_done only once all 10 requests settled
+    s = _sink(early=None)
+    for i in range(3):
+        s.finished(_req(i, 0.9, 0.01))
+    assert (s.miss, s.decided) == (3, None) and not s.all_done.triggered
+    for i in range(3, 10):
+        s.finished(_req(i, 0.1, 0.01))
+    assert (s.ok, s.miss, s.decided) == (7, 3, None) and s.all_done.triggered
+
+
 def test_judge_leaves_out_the_warm_up_and_counts_a_rejection_as_a_miss():
     # 10 requests, the first 4 warm-up: 6 judged, target 0.8 -> 5 needed; misses allowed 1
     s = _sink(expected=10, first=4)
@@ -207,7 +219,7 @@ def test_sweep_counts_a_ttft_miss_once_the_deadline_passes_without_a_first_token
     s = _swept(_sink(early="fail"), [_open(i, 0.125 * i) for i in range(10)])
     assert s.env.now == 1.0 and s.decided == "fail" and s.all_done.triggered
     assert s.premissed == {0: "ttft", 1: "ttft", 2: "ttft", 3: "ttft"}
-    assert (s.miss, s.ttft_miss, s.tpot_miss, s.swept) == (4, 4, 0, 4)
+    assert (s.miss, s.ttft_miss, s.tpot_miss, s.swept, s.swept_misses) == (4, 4, 0, 4, 4)
 
 
 def test_sweep_counts_a_late_first_token_and_leaves_settled_requests_to_the_judge():
@@ -231,6 +243,7 @@ def test_sweep_counts_a_tpot_miss_once_the_request_can_no_longer_meet_the_bound(
     s = _swept(_sink(early="fail"), [_open(i, 0.0, first=0.125, out=23) for i in range(10)])
     assert s.env.now == 1.25 and s.decided == "fail"
     assert s.premissed == {i: "tpot" for i in range(10)} and (s.miss, s.ttft_miss, s.tpot_miss) == (10, 0, 10)
+    assert s.swept_misses == 10
 
 
 def test_a_request_counted_early_is_not_counted_again_when_it_finishes():
@@ -1215,3 +1228,44 @@ def test_cache_key_is_the_content_of_what_decides_a_result(tmp_path):
         assert key() != k
         (tmp_path / name).write_text(old)
         assert key() == k
+
+
+def test_referenced_files_are_the_trace_the_length_files_and_the_device_profiles():
+    from pdsim.plan import _referenced_files
+    base = Path("/plans")
+    # a trace workload, one colocated pool on a profile file: the trace, then the profile
+    sc = {"workload": {"arrival": "trace", "trace": {"path": "t.csv"}},
+          "topologies": {"c": {"kind": "colocated", "device": "profiles/a.yaml"}}}
+    assert _referenced_files(sc, base) == [base / "t.csv", base / "profiles/a.yaml"]
+    # length files (prompt, output), a PD pair on .yml / .json profiles, a preset name (no file) and a
+    # profile path without a suffix (a '/' makes it a path, devices.get_device's rule)
+    sc = {"workload": {"prompt_tokens": {"dist": "file", "path": "p.txt"}, "output_tokens": {"path": "o.txt"}},
+          "topologies": {"pd": {"kind": "disaggregated", "prefill": {"device": "b.yml"}, "decode": {"device": "c.json"}},
+                         "x": {"kind": "colocated", "device": "h100-sxm"},
+                         "y": {"kind": "colocated", "device": "profiles/nosuffix"}}}
+    assert _referenced_files(sc, base) == [base / "p.txt", base / "o.txt", base / "b.yml", base / "c.json",
+                                           base / "profiles/nosuffix"]
+    # numbers and presets only: nothing
+    sc = {"workload": {"prompt_tokens": 100, "output_tokens": 10}, "topologies": {"x": {"device": "h100-sxm"}}}
+    assert _referenced_files(sc, base) == []
+
+
+def test_winner_scenario_by_hand():
+    from pdsim.plan import winner_scenario
+    plan = parse_plan(_raw())
+    x1, x2 = plan.configs
+    rows = [{"config": x2.name, "topology": x2.topology, "gpus": 2, "usd_per_hour": 2.0, "goodput": 6.25},
+            {"config": x1.name, "topology": x1.topology, "gpus": 1, "usd_per_hour": 1.0, "goodput": 3.0}]
+    # no target: the winner's scenario at its goodput, 6.25 req/s, the plan's seed and workload (100 requests,
+    # min_duration_s 0), only the winner's topology
+    sc = winner_scenario(plan, {"winner": x2.name, "rows": rows})
+    assert sc["description"] == (f"Winner of plan 'hand' (goodput_per_usd): 2 GPUs, $2.00/h, goodput 6.25 req/s; "
+                                 "written by pdsim plan")
+    assert (sc["seed"], sc["workload"]["rate"], sc["workload"]["num_requests"]) == (7, 6.25, 100)
+    assert sc["topologies"] == {x2.name: x2.topology} and sc["slo"]["ttft_s"] == 0.5
+    # a target: the scenario runs at the target rate, not at the goodput
+    plan = parse_plan(_raw(target={"rate": 4.0}))
+    sc = winner_scenario(plan, {"winner": x1.name, "rows": rows})
+    assert sc["workload"]["rate"] == 4.0 and sc["description"].startswith(
+        "Winner of plan 'hand' (cheapest): 1 GPUs, $1.00/h, goodput 3 req/s")
+    assert winner_scenario(plan, {"winner": None, "rows": rows}) is None
