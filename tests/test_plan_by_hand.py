@@ -105,6 +105,24 @@ def test_judge_without_early_stopping_counts_but_never_decides():
     assert (s.ok, s.miss, s.decided) == (7, 3, None) and s.all_done.triggered
 
 
+def test_judge_takes_the_clients_first_token_behind_a_pd_proxy():
+    # a PD request: prefill's token at 0.3 s, the decode instance's first at 0.6 s, 11 tokens done at 0.7 s
+    # (TPOT from the prefill token: 0.4 / 10 = 0.04 s; from the decode token: 0.1 / 9 = 0.011 s)
+    req = _req(0, 0.3, 0.04)
+    req.decode_first_s = 0.6
+    slo = SimpleNamespace(ttft_s=0.5, tpot_s=0.05, attainment_target=0.8)
+    # ttft_at prefill_end: the client's first token is the prefill's: TTFT 0.3 s, TPOT 0.04 s: a pass
+    s = _JudgeSink(simpy.Environment(), 10, 0, slo, "both", True,
+                   SimpleNamespace(ttft_at="prefill_end", network_rtt_s=0.0))
+    s.finished(req)
+    assert (s.ok, s.miss, s.ttft_miss, s.tpot_miss) == (1, 0, 0, 0)
+    # first_decode_token (the default): TTFT 0.6 s > 0.5 s misses, TPOT over the 10 decode tokens 0.011 s passes
+    s = _JudgeSink(simpy.Environment(), 10, 0, slo, "both", True,
+                   SimpleNamespace(ttft_at="first_decode_token", network_rtt_s=0.0))
+    s.finished(req)
+    assert (s.ok, s.miss, s.ttft_miss, s.tpot_miss) == (0, 1, 1, 0)
+
+
 def test_judge_leaves_out_the_warm_up_and_counts_a_rejection_as_a_miss():
     # 10 requests, the first 4 warm-up: 6 judged, target 0.8 -> 5 needed; misses allowed 1
     s = _sink(expected=10, first=4)
@@ -260,6 +278,18 @@ def test_a_request_counted_early_is_not_counted_again_when_it_finishes():
     s.premissed[1] = "ttft"
     with pytest.raises(AssertionError):
         s.finished(_req(1, 0.1, 0.01))
+    # ... and so would a request counted as a TPOT miss that then meets both bounds
+    s.premissed[2] = "tpot"
+    with pytest.raises(AssertionError):
+        s.finished(_req(2, 0.1, 0.01))
+
+
+def test_sweep_adds_the_network_rtt_to_the_ttft_deadline():
+    # RTT 0.1 s: a request that arrived at 0 with no first token misses 0.5 s once now + 0.1 > 0.5; at the look
+    # at 0.25 (0.35) not yet, at 0.5 (0.6) all 10 do: 10 misses > the 2 allowed (target 0.8), the run fails at 0.5
+    # (without the RTT it would fail only at 0.75)
+    s = _swept(_sink(early="fail", rtt=0.1), [_open(i, 0.0) for i in range(10)])
+    assert s.env.now == 0.5 and s.decided == "fail" and (s.miss, s.ttft_miss, s.swept_misses) == (10, 10, 10)
 
 
 def test_sweep_syncs_the_decode_instance_before_reading_a_first_decode_token():
