@@ -1265,8 +1265,8 @@ def test_referenced_files_are_the_trace_the_length_files_and_the_device_profiles
     base = Path("/plans")
     # a trace workload, one colocated pool on a profile file: the trace, then the profile
     sc = {"workload": {"arrival": "trace", "trace": {"path": "t.csv"}},
-          "topologies": {"c": {"kind": "colocated", "device": "profiles/a.yaml"}}}
-    assert _referenced_files(sc, base) == [base / "t.csv", base / "profiles/a.yaml"]
+          "topologies": {"c": {"kind": "colocated", "device": "a.yaml"}}}
+    assert _referenced_files(sc, base) == [base / "t.csv", base / "a.yaml"]
     # length files (prompt, output), a PD pair on .yml / .json profiles, a preset name (no file) and a
     # profile path without a suffix (a '/' makes it a path, devices.get_device's rule)
     sc = {"workload": {"prompt_tokens": {"dist": "file", "path": "p.txt"}, "output_tokens": {"path": "o.txt"}},
@@ -1299,3 +1299,62 @@ def test_winner_scenario_by_hand():
     assert sc["workload"]["rate"] == 4.0 and sc["description"].startswith(
         "Winner of plan 'hand' (cheapest): 1 GPUs, $1.00/h, goodput 3 req/s")
     assert winner_scenario(plan, {"winner": None, "rows": rows}) is None
+
+
+def test_winner_scenario_of_a_trace_on_a_profile_reads_the_plans_files_from_anywhere(tmp_path):
+    from pdsim.devices import DATA_DIR
+    from pdsim.plan import winner_scenario
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:4{i}.0000000,100,10\n" for i in range(5)))       # 5 requests 1 s apart: 1 req/s
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "gpu.yaml").write_text((DATA_DIR / "h100-sxm.yaml").read_text())
+    search = {"devices": ["profiles/gpu.yaml"], "disaggregated": {}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    raw = _raw(search, workload={"arrival": "trace", "trace": {"path": "traces/t.csv"}, "num_requests": 4})
+    plan = parse_plan(raw, str(tmp_path / "p.yaml"), tmp_path)
+    (cfg,) = plan.configs
+    row = {"config": cfg.name, "topology": cfg.topology, "gpus": 2, "usd_per_hour": 0.0, "goodput": 2.0}
+    sc = winner_scenario(plan, {"winner": cfg.name, "rows": [row]})
+    # the trace at the goodput, 2 req/s = 2x its own rate; its path and both pools' profile absolute, nothing
+    # else added to them
+    base = tmp_path.resolve()
+    assert sc["workload"]["trace"] == {"path": str(base / "traces" / "t.csv"), "rate_scale": 2.0}
+    (t,) = sc["topologies"].values()
+    profile = str(base / "profiles" / "gpu.yaml")
+    assert t["prefill"] == {**cfg.topology["prefill"], "device": profile}
+    assert t["decode"] == {**cfg.topology["decode"], "device": profile}
+    assert {k: v for k, v in t.items() if k not in ("prefill", "decode")} == {
+        k: v for k, v in cfg.topology.items() if k not in ("prefill", "decode")}
+
+
+def test_file_hash_memo_tells_two_files_of_one_size_and_time_apart():
+    # two files with the same size and timestamps (coarse clocks, copies): the memo keys by path too, so each
+    # gets the sha256 of its own bytes; a file that cannot be read hashes as "missing"
+    import hashlib
+
+    import pdsim.plan as plan_mod
+
+    class Fake:
+        def __init__(self, name, data):
+            self.name, self.data = name, data
+
+        def stat(self):
+            return SimpleNamespace(st_size=len(self.data), st_mtime_ns=0, st_ctime_ns=0)
+
+        def read_bytes(self):
+            return self.data
+
+        def __str__(self):
+            return self.name
+    plan_mod._FILE_HASHES.clear()
+    assert plan_mod._file_hash(Fake("/a", b"1")) == hashlib.sha256(b"1").hexdigest()
+    assert plan_mod._file_hash(Fake("/b", b"2")) == hashlib.sha256(b"2").hexdigest()
+    plan_mod._FILE_HASHES.clear()
+
+
+def test_judge_without_a_client_adds_no_network_time():
+    # no client given: no RTT, a TTFT of 0.45 s meets 0.5 s (with any RTT of 0.05 s or more it would not)
+    slo = SimpleNamespace(ttft_s=0.5, tpot_s=0.05, attainment_target=0.8)
+    s = _JudgeSink(simpy.Environment(), 10, 0, slo, "both")
+    s.finished(_req(0, 0.45, 0.01))
+    assert (s.rtt, s.ok, s.ttft_miss) == (0.0, 1, 0)
