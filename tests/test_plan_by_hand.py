@@ -1358,3 +1358,57 @@ def test_judge_without_a_client_adds_no_network_time():
     s = _JudgeSink(simpy.Environment(), 10, 0, slo, "both")
     s.finished(_req(0, 0.45, 0.01))
     assert (s.rtt, s.ok, s.ttft_miss) == (0.0, 1, 0)
+
+
+def _pd_sink(expected=10, target=0.8, rtt=0.0):
+    slo = SimpleNamespace(ttft_s=0.5, tpot_s=0.05, attainment_target=target)
+    return _JudgeSink(simpy.Environment(), expected, 0, slo, "fail", True,
+                      SimpleNamespace(ttft_at="first_decode_token", network_rtt_s=rtt))
+
+
+def _look(s, stream, until):
+    """Run the sweep alone (every 0.25 s, the run kept alive) up to ``until``."""
+    s.env.timeout(100.0)
+    s.env.process(s.sweep(None, stream, 0.25))
+    s.env.run(until=until)
+    return s
+
+
+def test_sweep_judges_one_and_two_token_replies_by_the_tokens_the_client_sees():
+    # a one-token reply, first token at 0.1 s, not yet settled at the look at 0.75: TTFT met, no TPOT (no gap
+    # between tokens): nothing to count, nothing to watch
+    s = _look(_sink(early="fail"), [_open(0, 0.0, first=0.1, out=1)], 1.0)
+    assert (s.miss, s.premissed, s.decoding, s.swept) == (0, {}, [], 1)
+    # behind a PD proxy too: a one-token reply's first token is the prefill's (there is no decode token)
+    s = _look(_pd_sink(), [_open(0, 0.0, first=0.1, out=1)], 1.0)
+    assert (s.miss, s.premissed, s.decoding) == (0, {}, [])
+    # a two-token reply, first token at 0.1 s: one gap, at most 0.05 s: TPOT deadline 0.15; at 0.75 it has
+    # not finished: (0.75 - 0.1) / 1 > 0.05, a certain TPOT miss
+    s = _look(_sink(early="fail"), [_open(0, 0.0, first=0.1, out=2)], 1.0)
+    assert (s.miss, s.premissed) == (1, {0: "tpot"})
+    # behind a PD proxy a two-token reply's first client token is the decode instance's, at 0.7 s: TTFT 0.7 >
+    # 0.5, a TTFT miss (one token left to stream: no TPOT), whatever the prefill's token at 0.1 s says
+    s = _look(_pd_sink(), [_open(0, 0.0, first=0.1, out=2, decode_first=0.7)], 1.0)
+    assert (s.miss, s.premissed, s.decoding) == (1, {0: "ttft"}, [])
+
+
+def test_sweep_adds_the_rtt_to_a_late_first_token_too():
+    # RTT 0.1 s: a first token 0.45 s after arrival reaches the client at 0.55 s > 0.5: a TTFT miss, counted
+    # at the look at 0.5 (0.5 + 0.1 > 0.5: the deadline has passed); one miss fails (target 1.0)
+    s = _swept(_sink(expected=2, target=1.0, early="fail", rtt=0.1), [_open(0, 0.0, first=0.45), _open(1, 10.0)])
+    assert s.env.now == 0.5 and s.premissed == {0: "ttft"} and s.decided == "fail"
+
+
+def test_sweep_skips_a_settled_request_in_the_tpot_heap_and_looks_at_the_next():
+    # two requests at 0, first tokens at 0.1 (in time), 31 tokens: TPOT deadlines 0.1 + 30 x 0.05 = 1.6; both
+    # enter the heap at 0.75; request 0 finishes at 1.0 (settled), request 1 still decodes at the look at 1.75:
+    # (1.75 - 0.1) / 30 = 0.055 > 0.05, a miss counted there, behind the settled one
+    stream = [_open(0, 0.0, first=0.1, out=31), _open(1, 0.0, first=0.1, out=31)]
+    s = _sink(early="fail")
+
+    def settle():
+        yield s.env.timeout(1.0)
+        stream[0].status = FINISHED
+    s.env.process(settle())
+    _look(s, stream, 1.8)
+    assert s.premissed == {1: "tpot"} and s.miss == 1 and s.decoding == []
