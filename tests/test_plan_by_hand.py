@@ -1412,3 +1412,21 @@ def test_sweep_skips_a_settled_request_in_the_tpot_heap_and_looks_at_the_next():
     s.env.process(settle())
     _look(s, stream, 1.8)
     assert s.premissed == {1: "tpot"} and s.miss == 1 and s.decoding == []
+
+
+def test_sweep_waits_when_a_tpot_deadline_rounds_below_now_but_the_bound_still_holds():
+    # first token at F = 0.05929768490588714 (in time), 76 tokens: 75 gaps, TPOT deadline F + 75 x 0.05 rounds to
+    # d = 3.809297684905887; the look comes at the next float, now = 3.8092976849058875 > d, yet (now - F) / 75 is
+    # exactly 0.05 in floats: finishing now would meet the bound (the judge's <=), so it is no certain miss yet: the
+    # request goes back to the heap.  At the next look (2 x now) (2now - F) / 75 = 0.1 > 0.05: a certain miss.
+    F, now = 0.05929768490588714, 3.8092976849058875
+    d = F + 0.05 * 75
+    assert d < now and (now - F) / 75 == 0.05 and math.nextafter(d, math.inf) == now
+    s = _sink(expected=1, target=1.0, early="fail")
+    stream = [_open(0, 0.0, first=F, out=76)]
+    s.env.timeout(100.0)
+    s.env.process(s.sweep(None, stream, now))
+    s.env.run(until=1.5 * now)
+    assert (s.miss, s.premissed, s.decoding) == (0, {}, [(d, 0, F, 76)])
+    s.env.run(until=2.5 * now)
+    assert (s.miss, s.premissed, s.decided) == (1, {0: "tpot"}, "fail")
