@@ -1270,7 +1270,8 @@ def test_referenced_files_are_the_trace_the_length_files_and_the_device_profiles
     # length files (prompt, output), a PD pair on .yml / .json profiles, a preset name (no file) and a
     # profile path without a suffix (a '/' makes it a path, devices.get_device's rule)
     sc = {"workload": {"prompt_tokens": {"dist": "file", "path": "p.txt"}, "output_tokens": {"path": "o.txt"}},
-          "topologies": {"pd": {"kind": "disaggregated", "prefill": {"device": "b.yml"}, "decode": {"device": "c.json"}},
+          "topologies": {"pd": {"kind": "disaggregated", "prefill": {"device": "b.yml"},
+                                "decode": {"device": "c.json"}},
                          "x": {"kind": "colocated", "device": "h100-sxm"},
                          "y": {"kind": "colocated", "device": "profiles/nosuffix"}}}
     assert _referenced_files(sc, base) == [base / "p.txt", base / "o.txt", base / "b.yml", base / "c.json",
