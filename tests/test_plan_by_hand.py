@@ -1431,3 +1431,41 @@ def test_sweep_waits_when_a_tpot_deadline_rounds_below_now_but_the_bound_still_h
     assert (s.miss, s.premissed, s.decoding) == (0, {}, [(d, 0, F, 76)])
     s.env.run(until=2.5 * now)
     assert (s.miss, s.premissed, s.decided) == (1, {0: "tpot"}, "fail")
+
+
+def test_scenario_dict_sizes_the_window_by_hand():
+    from pdsim.plan import _scenario_dict
+    lengths = {"arrival": "poisson", "prompt_tokens": 100, "output_tokens": 10}
+    # neither num_requests nor duration_s: 1000 requests at the rate asked; a long run (2.5x) 2500
+    plan = parse_plan(_raw(workload=dict(lengths)))
+    w = _scenario_dict(plan, {}, 2.0, 7)["workload"]
+    assert (w["num_requests"], w["rate"], "duration_s" in w) == (1000, 2.0, False)
+    assert _scenario_dict(plan, {}, 2.0, 7, scale=2.5)["workload"]["num_requests"] == 2500
+    # at least min_duration_s of arrivals: 20 requests asked, 2.01 req/s x 10 s = 20.1 -> 21
+    plan = parse_plan(_raw(workload={**lengths, "num_requests": 20}, goodput={"min_duration_s": 10}))
+    assert _scenario_dict(plan, {}, 2.01, 7)["workload"]["num_requests"] == 21
+    assert _scenario_dict(plan, {}, 1.0, 7)["workload"]["num_requests"] == 20
+    # a duration instead: a long run 2x as long (30 -> 60 s), no request count added
+    plan = parse_plan(_raw(workload={**lengths, "duration_s": 30}))
+    w = _scenario_dict(plan, {}, 2.0, 7, scale=2.0)["workload"]
+    assert (w["duration_s"], "num_requests" in w) == (60.0, False)
+
+
+def test_scenario_dict_moves_a_traces_window_for_each_further_seed(tmp_path):
+    from pdsim.plan import _scenario_dict
+    # 9 requests 1 s apart: 1 req/s over an 8 s span.  3 requests need a 3 s window: room 8 - 3 = 5 s, so seed
+    # 7 + k starts at (3k) mod 5: k = 1 -> 3, 2 -> 1, 4 -> 2; the plan's own seed (k = 0) keeps the start
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:4{i}.0000000,100,10\n" for i in range(9)))
+    plan = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "t.csv"}, "num_requests": 3}),
+                      str(tmp_path / "p.yaml"), tmp_path)
+    starts = {}
+    for seed in (7, 8, 9, 11):
+        tr = _scenario_dict(plan, {}, 3.0, seed)["workload"]["trace"]
+        assert tr["rate_scale"] == 3.0 and tr["path"] == str(tmp_path.resolve() / "t.csv")
+        starts[seed] = tr.get("start_s")
+    assert starts == {7: None, 8: 3.0, 9: 1.0, 11: 2.0}
+    # 9 requests need 9 s > the 8 s span: no room to move, every seed replays from the start
+    plan = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "t.csv"}, "num_requests": 9}),
+                      str(tmp_path / "p.yaml"), tmp_path)
+    assert "start_s" not in _scenario_dict(plan, {}, 3.0, 8)["workload"]["trace"]
