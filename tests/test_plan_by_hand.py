@@ -1469,3 +1469,28 @@ def test_scenario_dict_moves_a_traces_window_for_each_further_seed(tmp_path):
     plan = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "t.csv"}, "num_requests": 9}),
                       str(tmp_path / "p.yaml"), tmp_path)
     assert "start_s" not in _scenario_dict(plan, {}, 3.0, 8)["workload"]["trace"]
+
+
+def _trace_plan(folder, seconds, num_requests=None):
+    folder.mkdir(exist_ok=True)
+    (folder / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{s:02d}.0000000,100,10\n" for s in seconds))
+    w = {"arrival": "trace", "trace": {"path": "t.csv"}}
+    if num_requests:
+        w["num_requests"] = num_requests
+    return parse_plan(_raw(workload=w), str(folder / "p.yaml"), folder)
+
+
+def test_plan_base_rate_is_the_whole_windows_rate_per_plan_folder(tmp_path):
+    from pdsim.plan import plan_base_rate
+    # 9 requests at 40, 41, 42, 43, 45, 47, 49, 51, 53 s: 8 gaps over 13 s = 8/13 req/s, though the plan
+    # asks for 3 requests (whose own rate would be 2 / 2 s = 1)
+    plan = _trace_plan(tmp_path / "a", [40, 41, 42, 43, 45, 47, 49, 51, 53], num_requests=3)
+    assert plan_base_rate(plan) == 8 / 13 and plan_base_rate(plan, with_span=True) == (8 / 13, 13.0)
+    # the same file name and workload in another folder: another trace (5 requests 2 s apart: 4 / 8 = 0.5)
+    other = _trace_plan(tmp_path / "b", [40, 42, 44, 46, 48], num_requests=3)
+    assert plan_base_rate(other) == 0.5 and plan_base_rate(plan) == 8 / 13
+    # one request has no span to scale
+    with pytest.raises(ConfigError) as e:
+        _trace_plan(tmp_path / "c", [40])
+    assert str(e.value) == f"{tmp_path / 'c' / 'p.yaml'}: workload.trace: the trace window has no time span to scale"
