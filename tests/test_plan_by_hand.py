@@ -1494,3 +1494,28 @@ def test_plan_base_rate_is_the_whole_windows_rate_per_plan_folder(tmp_path):
     with pytest.raises(ConfigError) as e:
         _trace_plan(tmp_path / "c", [40])
     assert str(e.value) == f"{tmp_path / 'c' / 'p.yaml'}: workload.trace: the trace window has no time span to scale"
+
+
+def test_trace_window_moves_by_hand_at_another_base_rate_and_at_the_edges(tmp_path):
+    from pdsim.plan import _scenario_dict, plan_base_rate
+    # 9 requests 2 s apart (40 ... 56 s): 0.5 req/s over 16 s.  3 requests need 3 / 0.5 = 6 s: room 10 s; at
+    # 3 req/s the trace is scaled 3 / 0.5 = 6x; seed 7 + k starts at 6k mod 10: k = 1 -> 6, 2 -> 2, 4 -> 4
+    even = list(range(40, 57, 2))
+    plan = _trace_plan(tmp_path / "a", even, num_requests=3)
+    trs = {seed: _scenario_dict(plan, {}, 3.0, seed)["workload"]["trace"] for seed in (8, 9, 11)}
+    assert {s: (t["rate_scale"], t["start_s"]) for s, t in trs.items()} == {8: (6.0, 6.0), 9: (6.0, 2.0),
+                                                                            11: (6.0, 4.0)}
+    # 8 requests need exactly the 16 s span: no room (0 s), every seed starts at the start
+    plan = _trace_plan(tmp_path / "b", even, num_requests=8)
+    assert "start_s" not in _scenario_dict(plan, {}, 3.0, 8)["workload"]["trace"]
+    # 1 req/s over 8 s (9 requests 1 s apart), 7 requests: 1 s of room, 7k mod 1 = 0: the window starts at 0
+    plan = _trace_plan(tmp_path / "c", list(range(40, 49)), num_requests=7)
+    assert _scenario_dict(plan, {}, 3.0, 8)["workload"]["trace"]["start_s"] == 0.0
+    # two requests 1 s apart: one gap over 1 s, 1 req/s (a span of 1 s is a span)
+    assert plan_base_rate(_trace_plan(tmp_path / "d", [40, 41]), with_span=True) == (1.0, 1.0)
+    # another trace file in the same folder is another base rate (4 requests, 3 gaps over 6 s: 0.5)
+    (tmp_path / "d" / "u.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{s:02d}.0000000,100,10\n" for s in (40, 42, 44, 46)))
+    u = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "u.csv"}}), str(tmp_path / "d" / "p.yaml"),
+                   tmp_path / "d")
+    assert plan_base_rate(u) == 0.5
