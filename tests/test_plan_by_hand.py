@@ -26,8 +26,13 @@ from pdsim.workload import FINISHED, REJECTED
     (3, 1.0, 3),
     (5, 0.0, 0),
     (1, 0.5, 1),
+    # the float just above 1/3: 3 x t rounds to exactly 1.0, so the ceiling guess is 1, but 1 / 3 (0.333...33 in
+    # floats) < t: one pass is not enough, the guess must move up to 2 (2 / 3 >= t)
+    (3, math.nextafter(1 / 3, 1), 2),
 ])
 def test_passes_needed_is_the_least_count_meeting_the_target(n, target, want):
+    if n == 3 and want == 2:
+        assert 3 * target == 1.0 and 1 / 3 < target      # the two float facts the case rests on
     assert _passes_needed(n, target) == want
     assert want / n >= target and (want == 0 or (want - 1) / n < target)
 
@@ -86,6 +91,36 @@ def test_judge_passes_a_run_once_enough_requests_met_both_bounds():
     for i in range(8):
         s.finished(_req(i, 0.1, 0.01))
     assert s.decided is None and not s.all_done.triggered
+
+
+def test_judge_without_early_stopping_counts_but_never_decides():
+    # early None (long runs, percentile mode): 3 misses of 10 at target 0.8 (need 8) already make the run a
+    # fail, but the run must go on to its end: no verdict, all_done only once all 10 requests settled
+    s = _sink(early=None)
+    for i in range(3):
+        s.finished(_req(i, 0.9, 0.01))
+    assert (s.miss, s.decided) == (3, None) and not s.all_done.triggered
+    for i in range(3, 10):
+        s.finished(_req(i, 0.1, 0.01))
+    assert (s.ok, s.miss, s.decided) == (7, 3, None) and s.all_done.triggered
+
+
+def test_judge_takes_the_clients_first_token_behind_a_pd_proxy():
+    # a PD request: prefill's token at 0.3 s, the decode instance's first at 0.6 s, 11 tokens done at 0.7 s
+    # (TPOT from the prefill token: 0.4 / 10 = 0.04 s; from the decode token: 0.1 / 9 = 0.011 s)
+    req = _req(0, 0.3, 0.04)
+    req.decode_first_s = 0.6
+    slo = SimpleNamespace(ttft_s=0.5, tpot_s=0.05, attainment_target=0.8)
+    # ttft_at prefill_end: the client's first token is the prefill's: TTFT 0.3 s, TPOT 0.04 s: a pass
+    s = _JudgeSink(simpy.Environment(), 10, 0, slo, "both", True,
+                   SimpleNamespace(ttft_at="prefill_end", network_rtt_s=0.0))
+    s.finished(req)
+    assert (s.ok, s.miss, s.ttft_miss, s.tpot_miss) == (1, 0, 0, 0)
+    # first_decode_token (the default): TTFT 0.6 s > 0.5 s misses, TPOT over the 10 decode tokens 0.011 s passes
+    s = _JudgeSink(simpy.Environment(), 10, 0, slo, "both", True,
+                   SimpleNamespace(ttft_at="first_decode_token", network_rtt_s=0.0))
+    s.finished(req)
+    assert (s.ok, s.miss, s.ttft_miss, s.tpot_miss) == (0, 1, 1, 0)
 
 
 def test_judge_leaves_out_the_warm_up_and_counts_a_rejection_as_a_miss():
@@ -202,7 +237,7 @@ def test_sweep_counts_a_ttft_miss_once_the_deadline_passes_without_a_first_token
     s = _swept(_sink(early="fail"), [_open(i, 0.125 * i) for i in range(10)])
     assert s.env.now == 1.0 and s.decided == "fail" and s.all_done.triggered
     assert s.premissed == {0: "ttft", 1: "ttft", 2: "ttft", 3: "ttft"}
-    assert (s.miss, s.ttft_miss, s.tpot_miss, s.swept) == (4, 4, 0, 4)
+    assert (s.miss, s.ttft_miss, s.tpot_miss, s.swept, s.swept_misses) == (4, 4, 0, 4, 4)
 
 
 def test_sweep_counts_a_late_first_token_and_leaves_settled_requests_to_the_judge():
@@ -226,6 +261,7 @@ def test_sweep_counts_a_tpot_miss_once_the_request_can_no_longer_meet_the_bound(
     s = _swept(_sink(early="fail"), [_open(i, 0.0, first=0.125, out=23) for i in range(10)])
     assert s.env.now == 1.25 and s.decided == "fail"
     assert s.premissed == {i: "tpot" for i in range(10)} and (s.miss, s.ttft_miss, s.tpot_miss) == (10, 0, 10)
+    assert s.swept_misses == 10
 
 
 def test_a_request_counted_early_is_not_counted_again_when_it_finishes():
@@ -242,6 +278,18 @@ def test_a_request_counted_early_is_not_counted_again_when_it_finishes():
     s.premissed[1] = "ttft"
     with pytest.raises(AssertionError):
         s.finished(_req(1, 0.1, 0.01))
+    # ... and so would a request counted as a TPOT miss that then meets both bounds
+    s.premissed[2] = "tpot"
+    with pytest.raises(AssertionError):
+        s.finished(_req(2, 0.1, 0.01))
+
+
+def test_sweep_adds_the_network_rtt_to_the_ttft_deadline():
+    # RTT 0.1 s: a request that arrived at 0 with no first token misses 0.5 s once now + 0.1 > 0.5; at the look
+    # at 0.25 (0.35) not yet, at 0.5 (0.6) all 10 do: 10 misses > the 2 allowed (target 0.8), the run fails at 0.5
+    # (without the RTT it would fail only at 0.75)
+    s = _swept(_sink(early="fail", rtt=0.1), [_open(i, 0.0) for i in range(10)])
+    assert s.env.now == 0.5 and s.decided == "fail" and (s.miss, s.ttft_miss, s.swept_misses) == (10, 10, 10)
 
 
 def test_sweep_syncs_the_decode_instance_before_reading_a_first_decode_token():
@@ -967,3 +1015,507 @@ def test_two_device_choices_of_one_name_are_refused_not_merged():
     search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 2.0}, "a100-80gb-sxm"],
               "colocated": {"replicas": [1]}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
     assert len(parse_plan(_raw(search)).configs) == 2
+
+
+# --- the search's edges, the interval's clip, the miss notes, the ranking and the cache key (branch mutplan3) -----
+import time  # noqa: E402
+
+from pdsim import __version__  # noqa: E402
+from pdsim.config import SLOSpec  # noqa: E402
+from pdsim.plan import _misses, _order, _pooled, _rank, task_key  # noqa: E402
+
+
+def test_goodput_search_doubles_from_a_passed_target_and_without_a_bound():
+    # target mode: run_plan first records the target rate 10 (passed); with the bound at 100 the search doubles
+    # from there: 20 (not 30, and not the bound)
+    s = Search(_cfg(100.0), 0.05)
+    s.update(10.0, {"pass_att": 1.0}, 0.9)
+    assert s.next_rate() == 20.0
+    # no bound: start at 1 req/s and double while it passes; the config passes up to 5 req/s:
+    # 1 P, 2 P, 4 P, 8 F, then bisect [4, 8]: 6 F, 5 P, [5, 6]: 1 > 5% of 6 (0.3): 5.5 F; [5, 5.5]: 0.5 > 0.275:
+    # 5.25 F; [5, 5.25]: 0.25 <= 0.2625: done, goodput 5
+    s = Search(_cfg(math.inf), 0.05)
+    assert _drive(s, lambda r: r <= 5) == [1.0, 2.0, 4.0, 8.0, 6.0, 5.0, 5.5, 5.25]
+    assert (s.lo, s.hi, s.done) == (5.0, 5.25, True)
+
+
+def test_goodput_search_edges_of_its_stopping_rules():
+    # the bound rule is inclusive: lo 10 passed, bound 15, tolerance 50%: doubling gives min(20, 15) = 15, which
+    # is exactly 10 x 1.5: no room above what passed, so the search is done at the bound without running 15
+    s = Search(_cfg(15.0), 0.5)
+    s.update(10.0, {"pass_att": 1.0}, 0.9)
+    assert s.next_rate() is None and s.done and s.note == "reaches the analytic bound"
+    # the trickle rule stops only *below* a thousandth of the highest rate tried: failures at 1000 and 4 req/s:
+    # next 4 / 4 = 1 = 1000 x 1e-3 (exactly, in floats): still tried; after a failure there, 0.25 < 1: done
+    s = Search(_cfg(math.inf), 0.05)
+    s.update(1000.0, {"pass_att": 0.0}, 0.9)
+    s.update(4.0, {"pass_att": 0.0}, 0.9)
+    assert 1000 * 1e-3 == 1.0 and s.next_rate() == 1.0
+    s.update(1.0, {"pass_att": 0.0}, 0.9)
+    assert s.next_rate() is None and s.done and s.note == "misses the SLO even at a trickle"
+    # an attainment exactly at the target passes (>=)
+    s = Search(_cfg(10.0), 0.05)
+    s.update(5.0, {"pass_att": 0.9}, 0.9)
+    assert (s.lo, s.hi) == (5.0, math.inf)
+
+
+def test_search_rounds_left_by_hand():
+    # bracketing (no failure, or no pass, yet): 1 + max(1, ceil(log2(1 / tol))) rounds
+    s = Search(_cfg(10.0), 0.05)
+    assert s.rounds_left() == 6                   # log2(20) = 4.32 -> 5, + 1
+    assert Search(_cfg(10.0), 0.5).rounds_left() == 2      # log2(2) = 1, + 1
+    s.update(5.0, {"pass_att": 0.0}, 0.9)         # a failure, no pass: still bracketing (lo 0)
+    assert s.rounds_left() == 6
+    # bisecting [6, 10] at tol 1/8: width 4 / (1/8 x 10 = 1.25) = 3.2 -> log2 1.68 -> 2 halvings, + 1 = 3
+    s = Search(_cfg(100.0), 0.125)
+    s.update(6.0, {"pass_att": 1.0}, 0.9)
+    s.update(10.0, {"pass_att": 0.0}, 0.9)
+    assert s.rounds_left() == 3
+    # [1, 2] at tol 1/8: 1 / 0.25 = 4 -> 2, + 1 = 3 (a pass at exactly 1 req/s is a pass: bisecting)
+    s = Search(_cfg(100.0), 0.125)
+    s.update(1.0, {"pass_att": 1.0}, 0.9)
+    s.update(2.0, {"pass_att": 0.0}, 0.9)
+    assert s.rounds_left() == 3
+    s.done = True
+    assert s.rounds_left() == 0
+
+
+def test_batch_means_interval_is_clipped_at_one():
+    # 20 batches of 2: the first [1, 0] (mean 0.5), 19 of [1, 1]: mean 39 / 40 = 0.975; batch means deviate
+    # by +0.025 (19x) and -0.475: sum of squares 19 x 0.000625 + 0.225625 = 0.2375, variance / 19 = 0.0125;
+    # half-width 2.093 x sqrt(0.0125 / 20) = 2.093 x 0.025 = 0.052325: [0.922675, 1.027325] clipped to 1
+    ok = np.array([1, 0] + [1, 1] * 19, float)
+    lo, hi = batch_means_ci(ok)
+    assert hi == 1.0 and lo == pytest.approx(0.975 - 0.052325, rel=1e-12)
+
+
+def test_pooled_results_keep_that_a_seed_stopped_early():
+    # a seed stopped at a certain fail reports bounds so far (p_so_far): the pool says so if any seed does
+    assert _pooled([_res(95), dict(_res(50, early="fail"), p_so_far=True)])["p_so_far"] is True
+    assert _pooled([_res(95), _res(96)])["p_so_far"] is False
+
+
+SLO_HAND = SLOSpec(ttft_s=0.5, tpot_s=0.05, attainment_target=0.9, ttft_percentile=90, tpot_percentile=99)
+
+
+def _mr(n, ok, ttft_ok, tpot_ok, ttft_p=None, tpot_p=None, early=None, p_so_far=None):
+    r = {"n": n, "ok": ok, "ttft_ok": ttft_ok, "tpot_ok": tpot_ok, "ttft_p": ttft_p, "tpot_p": tpot_p, "early": early}
+    if p_so_far is not None:
+        r["p_so_far"] = p_so_far
+    return r
+
+
+def test_miss_notes_by_hand():
+    # a run stopped at a certain fail: 8 of 10 within TTFT and 7 within TPOT are upper bounds ("at most"), the
+    # p90 TTFT so far a lower bound (">="); no TPOT percentile known: no parenthesis
+    r = _mr(10, 6, 8, 7, ttft_p=0.734, early="fail", p_so_far=True)
+    assert _misses(r, SLO_HAND) == "TTFT: at most 80% within 0.5 s (p90 >= 0.734 s); TPOT: at most 70% within 0.05 s"
+    # a whole run: TTFT 9 of 10 is exactly the target 0.9 (passes, not named); TPOT 8 of 10 with its p99
+    r = _mr(10, 8, 9, 8, tpot_p=0.0612)
+    assert _misses(r, SLO_HAND) == "TPOT: 80% within 0.05 s (p99 0.0612 s)"
+    # TTFT misses without a known percentile; TPOT 9 of 10 exactly at the target
+    r = _mr(10, 7, 7, 9, tpot_p=0.04)
+    assert _misses(r, SLO_HAND) == "TTFT: 70% within 0.5 s"
+    # each bound passes on its own (19 and 18 of 20) but only 17 meet both: 85% < 90%; stopped early the share
+    # is an upper bound and the misses of the two bounds overlap
+    r = _mr(20, 17, 19, 18, ttft_p=0.4, tpot_p=0.03, early="fail", p_so_far=True)
+    assert _misses(r, SLO_HAND) == ("attainment at most 85% < 90% (run stopped once it could no longer pass; "
+                                    "TTFT and TPOT misses overlap)")
+    r = _mr(20, 17, 19, 18, ttft_p=0.4, tpot_p=0.03)
+    assert _misses(r, SLO_HAND) == "attainment 85% < 90% (TTFT and TPOT each pass)"
+
+
+def _plan_ns(objective, rate=None, att=0.9):
+    return SimpleNamespace(spec=SimpleNamespace(objective=objective, target=SimpleNamespace(rate=rate),
+                                                slo=SimpleNamespace(attainment_target=att)))
+
+
+def _orow(name, usd, goodput, status="ok", gpus=1, at=None, lr=None):
+    """A row as run_plan leaves it for the ranking: at_target (the target-rate result) and long_run only if run."""
+    row = {"config": name, "gpus": gpus, "usd_per_hour": usd, "goodput": goodput, "status": status, "points": {}}
+    if at is not None:
+        row["at_target"] = at
+    if lr is not None:
+        row["long_run"] = lr
+    return row
+
+
+def _at(pass_att, passes=None, early=None, ttft_p=0.1, tpot_p=0.01):
+    at = {"pass_att": pass_att, "early": early, "ttft_p": ttft_p, "tpot_p": tpot_p}
+    if passes is not None:       # set by the runner in worst-seed or percentile mode; absent when pooled
+        at["passes"] = passes
+    return at
+
+
+def _cheapest_rows():
+    # target 0.5 req/s, target attainment 0.9.  Meeting: c $0.5 (dominated, passed the target), b $1 (percentile
+    # mode: passes with only half its requests within both bounds), a $2 (pooled: no "passes", 0.9 is exactly
+    # the target).  Not meeting: z failed its long run (goodput 0.75 stays), y missed the p99 at the target
+    # though 95% met both bounds, d missed at the target (50%), e was pruned by its bound, f is infeasible.
+    return [_orow("a", 2.0, 20.0, at=_at(0.9, early="pass", ttft_p=0.3, tpot_p=0.04),
+                  lr={"attainment": 0.93, "ci": [0.91, 0.95], "passed": True}),
+            _orow("y", 5.0, None, "misses SLO at target", at=_at(0.95, passes=False)),
+            _orow("e", 0.25, None, "below target (bound)"),
+            _orow("b", 1.0, 1.1, at=_at(0.5, passes=True)),
+            _orow("d", 3.0, None, "misses SLO at target", at=_at(0.5, passes=False, early="fail")),
+            _orow("f", 0.25, 0.0, "infeasible"),
+            _orow("c", 0.5, 1.0, "dominated (not fully searched)", at=_at(0.95, passes=True)),
+            _orow("z", 4.5, 0.75, "fails long run", at=_at(0.95, passes=True))]
+
+
+def test_cheapest_ranking_by_hand():
+    rows = {r["config"]: r for r in _cheapest_rows()}
+    ranked = _order(_plan_ns("cheapest", rate=0.5), rows)
+    # meeting rows by $/h: c, b, a; then the rest by their attainment at the target, best first (z and y 0.95,
+    # d 0.5, e and f none: 0), ties by goodput, best first (z 0.75 before y none), then by name (e, f)
+    assert [r["config"] for r in ranked] == ["c", "b", "a", "z", "y", "d", "e", "f"]
+    assert [r["meets"] for r in ranked] == [True] * 3 + [False] * 5
+    a, e = rows["a"], rows["e"]
+    # a: 20 req/s on 1 GPU at $2/h; 20 / 0.5 = 40x the target; its target-rate and long-run figures copied
+    assert (a["goodput_per_gpu"], a["goodput_per_usd_hour"], a["margin"]) == (20.0, 10.0, 40.0)
+    assert (a["attainment_at_target"], a["at_target_early_stop"], a["ttft_p_at_target_s"], a["tpot_p_at_target_s"],
+            a["long_run_attainment"], a["long_run_ci"]) == (0.9, "pass", 0.3, 0.04, 0.93, [0.91, 0.95])
+    assert (e["goodput_per_gpu"], e["goodput_per_usd_hour"], e["margin"], e["attainment_at_target"],
+            e["at_target_early_stop"], e["ttft_p_at_target_s"], e["tpot_p_at_target_s"], e["long_run_attainment"],
+            e["long_run_ci"]) == (None,) * 9
+    assert rows["f"]["goodput_per_usd_hour"] == 0.0 and rows["d"]["at_target_early_stop"] == "fail"
+    # the same rows by goodput per $/h: a (10), c (2), b (1.1), then the non-meeting by goodput per $/h
+    # (z 0.75 / 4.5, then y, d, e none and f 0 at ties: by $/h, then name: e, f, d, y)
+    ranked = _order(_plan_ns("goodput_per_usd", rate=0.5), {r["config"]: r for r in _cheapest_rows()})
+    assert [r["config"] for r in ranked] == ["a", "c", "b", "z", "e", "f", "d", "y"]
+
+
+def test_goodput_per_gpu_ranking_by_hand():
+    # no target.  Goodput per GPU: q 10/2 = 5 ($2), s 20/4 = 5 ($4), r 8/2 = 4 ($1), p 4/1 = 4 ($3), u and v
+    # 3/1 ($6, twins: by name), m 0.5 (still a goodput: it meets); not meeting: x (failed its long runs,
+    # 1.2 / 2 = 0.6 per GPU), w infeasible (0 per GPU)
+    rows = [_orow("w", 0.2, 0.0, "infeasible"), _orow("x", 5.0, 1.2, "fails long run", gpus=2),
+            _orow("m", 0.1, 0.5), _orow("v", 6.0, 3.0), _orow("u", 6.0, 3.0), _orow("p", 3.0, 4.0),
+            _orow("r", 1.0, 8.0, gpus=2), _orow("s", 4.0, 20.0, gpus=4), _orow("q", 2.0, 10.0, gpus=2)]
+    ranked = _order(_plan_ns("goodput_per_gpu"), {r["config"]: r for r in rows})
+    assert [r["config"] for r in ranked] == ["q", "s", "r", "p", "u", "v", "m", "x", "w"]
+    assert [r["meets"] for r in ranked] == [True] * 7 + [False] * 2
+    assert [r["margin"] for r in ranked] == [None] * 9
+
+
+def test_goodput_per_usd_ranking_by_hand():
+    # no target.  Per $/h: B 5 / $1 = 5 and A 10 / $2 = 5 (tie: cheaper first), m 0.5 / $4 = 0.125, C free ($0/h:
+    # no ratio, ranks as 0 but still meets), then the non-meeting: x 1.2 / $2 = 0.6, w infeasible 0
+    rows = [_orow("w", 0.2, 0.0, "infeasible"), _orow("x", 2.0, 1.2, "fails long run"), _orow("C", 0.0, 3.0),
+            _orow("m", 4.0, 0.5), _orow("A", 2.0, 10.0), _orow("B", 1.0, 5.0)]
+    ranked = _order(_plan_ns("goodput_per_usd"), {r["config"]: r for r in rows})
+    assert [r["config"] for r in ranked] == ["B", "A", "m", "C", "x", "w"]
+    assert [r["goodput_per_usd_hour"] for r in ranked] == [5.0, 5.0, 0.125, None, 0.6, 0.0]
+    assert [r["meets"] for r in ranked] == [True] * 4 + [False] * 2
+
+
+def test_rank_frontier_winner_and_the_result_header():
+    plan = parse_plan(_raw(target={"rate": 0.5}, goodput={"min_duration_s": 0, "confirm_top": 0}))
+    # all meet at the target.  Frontier by $/h up, goodput up: k1 $1 0.75 (any goodput > 0 counts), k2 $2 5
+    # (k3 at the same $2 has only 4), k4 $3 has 5 again: not more; k5 $4 8
+    rows = [_orow("k4", 3.0, 5.0, at=_at(0.95, True)), _orow("k3", 2.0, 4.0, at=_at(0.95, True)),
+            _orow("k5", 4.0, 8.0, at=_at(0.95, True)), _orow("k2", 2.0, 5.0, at=_at(0.95, True)),
+            _orow("k1", 1.0, 0.75, at=_at(0.95, True))]
+    runner = SimpleNamespace(simulated=3, cached=1, t0=time.perf_counter() - 5.0)
+    res = _rank(plan, {r["config"]: r for r in rows}, runner)
+    assert res["frontier"] == ["k1", "k2", "k5"]
+    assert [(r["config"], r["rank"], r["pareto"]) for r in res["rows"]] == [
+        ("k1", 1, True), ("k2", 2, True), ("k3", 3, False), ("k4", 4, False), ("k5", 5, True)]
+    assert res["winner"] == "k1"
+    assert {k: res[k] for k in ("plan", "pdsim_version", "objective", "target_rate", "tolerance", "seeds",
+                                "warmup_fraction", "confirm_factor", "excluded", "simulations", "cached")} == {
+        "plan": "hand", "pdsim_version": __version__, "objective": "cheapest", "target_rate": 0.5,
+        "tolerance": 0.05, "seeds": 2, "warmup_fraction": 0.2, "confirm_factor": 10.0, "excluded": [],
+        "simulations": 3, "cached": 1}
+    assert (res["slo"]["ttft_s"], res["slo"]["tpot_s"], res["slo"]["attainment_target"]) == (0.5, 0.05, 0.9)
+    assert 5.0 <= res["wall_s"] < 65.0            # the runner started 5 s before
+    # nothing meets: no winner (the first row is the best of the misses)
+    rows = [_orow("n1", 1.0, None, "misses SLO at target", at=_at(0.5, False)),
+            _orow("n2", 2.0, 0.0, "infeasible")]
+    res = _rank(plan, {r["config"]: r for r in rows}, runner)
+    assert res["winner"] is None and res["rows"][0]["config"] == "n1" and res["frontier"] == []
+
+
+def test_cache_key_is_the_content_of_what_decides_a_result(tmp_path):
+    import pdsim.plan as plan_mod
+    (tmp_path / "p.txt").write_text("100\n")
+    (tmp_path / "o.txt").write_text("10\n")
+    sc = {"seed": 7, "workload": {"rate": 2.0, "prompt_tokens": {"path": "p.txt"}, "output_tokens": {"path": "o.txt"}},
+          "topologies": {"x": {"kind": "colocated", "device": "h100-sxm"}}}
+
+    def key(scenario=sc, early="both", warmup=0.2):
+        plan_mod._FILE_HASHES.clear()          # as run_plan does: files are hashed afresh
+        return task_key({"scenario": scenario, "base_dir": str(tmp_path), "warmup_fraction": warmup, "early": early})
+    k = key()
+    # the same scenario written in another key order is the same task
+    flipped = {"topologies": sc["topologies"], "workload": dict(reversed(list(sc["workload"].items()))), "seed": 7}
+    assert key(flipped) == k
+    # how it is judged is part of the task
+    assert key(early="fail") != k and key(warmup=0.3) != k
+    # so is what each file it reads holds: either length file edited, the key changes; restored, it is back
+    for name, old in (("p.txt", "100\n"), ("o.txt", "10\n")):
+        (tmp_path / name).write_text(old + "5\n")
+        assert key() != k
+        (tmp_path / name).write_text(old)
+        assert key() == k
+
+
+def test_referenced_files_are_the_trace_the_length_files_and_the_device_profiles():
+    from pdsim.plan import _referenced_files
+    base = Path("/plans")
+    # a trace workload, one colocated pool on a profile file: the trace, then the profile
+    sc = {"workload": {"arrival": "trace", "trace": {"path": "t.csv"}},
+          "topologies": {"c": {"kind": "colocated", "device": "a.yaml"}}}
+    assert _referenced_files(sc, base) == [base / "t.csv", base / "a.yaml"]
+    # length files (prompt, output), a PD pair on .yml / .json profiles, a preset name (no file) and a
+    # profile path without a suffix (a '/' makes it a path, devices.get_device's rule)
+    sc = {"workload": {"prompt_tokens": {"dist": "file", "path": "p.txt"}, "output_tokens": {"path": "o.txt"}},
+          "topologies": {"pd": {"kind": "disaggregated", "prefill": {"device": "b.yml"},
+                                "decode": {"device": "c.json"}},
+                         "x": {"kind": "colocated", "device": "h100-sxm"},
+                         "y": {"kind": "colocated", "device": "profiles/nosuffix"}}}
+    assert _referenced_files(sc, base) == [base / "p.txt", base / "o.txt", base / "b.yml", base / "c.json",
+                                           base / "profiles/nosuffix"]
+    # numbers and presets only: nothing
+    sc = {"workload": {"prompt_tokens": 100, "output_tokens": 10}, "topologies": {"x": {"device": "h100-sxm"}}}
+    assert _referenced_files(sc, base) == []
+
+
+def test_winner_scenario_by_hand():
+    from pdsim.plan import winner_scenario
+    plan = parse_plan(_raw())
+    x1, x2 = plan.configs
+    rows = [{"config": x2.name, "topology": x2.topology, "gpus": 2, "usd_per_hour": 2.0, "goodput": 6.25},
+            {"config": x1.name, "topology": x1.topology, "gpus": 1, "usd_per_hour": 1.0, "goodput": 3.0}]
+    # no target: the winner's scenario at its goodput, 6.25 req/s, the plan's seed and workload (100 requests,
+    # min_duration_s 0), only the winner's topology
+    sc = winner_scenario(plan, {"winner": x2.name, "rows": rows})
+    assert sc["description"] == (f"Winner of plan 'hand' (goodput_per_usd): 2 GPUs, $2.00/h, goodput 6.25 req/s; "
+                                 "written by pdsim plan")
+    assert (sc["seed"], sc["workload"]["rate"], sc["workload"]["num_requests"]) == (7, 6.25, 100)
+    assert sc["topologies"] == {x2.name: x2.topology} and sc["slo"]["ttft_s"] == 0.5
+    # a target: the scenario runs at the target rate, not at the goodput
+    plan = parse_plan(_raw(target={"rate": 4.0}))
+    sc = winner_scenario(plan, {"winner": x1.name, "rows": rows})
+    assert sc["workload"]["rate"] == 4.0 and sc["description"].startswith(
+        "Winner of plan 'hand' (cheapest): 1 GPUs, $1.00/h, goodput 3 req/s")
+    assert winner_scenario(plan, {"winner": None, "rows": rows}) is None
+
+
+def test_winner_scenario_of_a_trace_on_a_profile_reads_the_plans_files_from_anywhere(tmp_path):
+    from pdsim.devices import DATA_DIR
+    from pdsim.plan import winner_scenario
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:4{i}.0000000,100,10\n" for i in range(5)))       # 5 requests 1 s apart: 1 req/s
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "gpu.yaml").write_text((DATA_DIR / "h100-sxm.yaml").read_text())
+    search = {"devices": ["profiles/gpu.yaml"], "disaggregated": {}, "pool": {"kv_blocks": 2000, "cost_model": LINEAR}}
+    raw = _raw(search, workload={"arrival": "trace", "trace": {"path": "traces/t.csv"}, "num_requests": 4})
+    plan = parse_plan(raw, str(tmp_path / "p.yaml"), tmp_path)
+    (cfg,) = plan.configs
+    row = {"config": cfg.name, "topology": cfg.topology, "gpus": 2, "usd_per_hour": 0.0, "goodput": 2.0}
+    sc = winner_scenario(plan, {"winner": cfg.name, "rows": [row]})
+    # the trace at the goodput, 2 req/s = 2x its own rate; its path and both pools' profile absolute, nothing
+    # else added to them
+    base = tmp_path.resolve()
+    assert sc["workload"]["trace"] == {"path": str(base / "traces" / "t.csv"), "rate_scale": 2.0}
+    (t,) = sc["topologies"].values()
+    profile = str(base / "profiles" / "gpu.yaml")
+    assert t["prefill"] == {**cfg.topology["prefill"], "device": profile}
+    assert t["decode"] == {**cfg.topology["decode"], "device": profile}
+    assert {k: v for k, v in t.items() if k not in ("prefill", "decode")} == {
+        k: v for k, v in cfg.topology.items() if k not in ("prefill", "decode")}
+
+
+def test_file_hash_memo_tells_two_files_of_one_size_and_time_apart():
+    # two files with the same size and timestamps (coarse clocks, copies): the memo keys by path too, so each
+    # gets the sha256 of its own bytes; a file that cannot be read hashes as "missing"
+    import hashlib
+
+    import pdsim.plan as plan_mod
+
+    class Fake:
+        def __init__(self, name, data):
+            self.name, self.data = name, data
+
+        def stat(self):
+            return SimpleNamespace(st_size=len(self.data), st_mtime_ns=0, st_ctime_ns=0)
+
+        def read_bytes(self):
+            return self.data
+
+        def __str__(self):
+            return self.name
+    plan_mod._FILE_HASHES.clear()
+    assert plan_mod._file_hash(Fake("/a", b"1")) == hashlib.sha256(b"1").hexdigest()
+    assert plan_mod._file_hash(Fake("/b", b"2")) == hashlib.sha256(b"2").hexdigest()
+    plan_mod._FILE_HASHES.clear()
+
+
+def test_judge_without_a_client_adds_no_network_time():
+    # no client given: no RTT, a TTFT of 0.45 s meets 0.5 s (with any RTT of 0.05 s or more it would not)
+    slo = SimpleNamespace(ttft_s=0.5, tpot_s=0.05, attainment_target=0.8)
+    s = _JudgeSink(simpy.Environment(), 10, 0, slo, "both")
+    s.finished(_req(0, 0.45, 0.01))
+    assert (s.rtt, s.ok, s.ttft_miss) == (0.0, 1, 0)
+
+
+def _pd_sink(expected=10, target=0.8, rtt=0.0):
+    slo = SimpleNamespace(ttft_s=0.5, tpot_s=0.05, attainment_target=target)
+    return _JudgeSink(simpy.Environment(), expected, 0, slo, "fail", True,
+                      SimpleNamespace(ttft_at="first_decode_token", network_rtt_s=rtt))
+
+
+def _look(s, stream, until):
+    """Run the sweep alone (every 0.25 s, the run kept alive) up to ``until``."""
+    s.env.timeout(100.0)
+    s.env.process(s.sweep(None, stream, 0.25))
+    s.env.run(until=until)
+    return s
+
+
+def test_sweep_judges_one_and_two_token_replies_by_the_tokens_the_client_sees():
+    # a one-token reply, first token at 0.1 s, not yet settled at the look at 0.75: TTFT met, no TPOT (no gap
+    # between tokens): nothing to count, nothing to watch
+    s = _look(_sink(early="fail"), [_open(0, 0.0, first=0.1, out=1)], 1.0)
+    assert (s.miss, s.premissed, s.decoding, s.swept) == (0, {}, [], 1)
+    # behind a PD proxy too: a one-token reply's first token is the prefill's (there is no decode token)
+    s = _look(_pd_sink(), [_open(0, 0.0, first=0.1, out=1)], 1.0)
+    assert (s.miss, s.premissed, s.decoding) == (0, {}, [])
+    # a two-token reply, first token at 0.1 s: one gap, at most 0.05 s: TPOT deadline 0.15; at 0.75 it has
+    # not finished: (0.75 - 0.1) / 1 > 0.05, a certain TPOT miss
+    s = _look(_sink(early="fail"), [_open(0, 0.0, first=0.1, out=2)], 1.0)
+    assert (s.miss, s.premissed) == (1, {0: "tpot"})
+    # behind a PD proxy a two-token reply's first client token is the decode instance's, at 0.7 s: TTFT 0.7 >
+    # 0.5, a TTFT miss (one token left to stream: no TPOT), whatever the prefill's token at 0.1 s says
+    s = _look(_pd_sink(), [_open(0, 0.0, first=0.1, out=2, decode_first=0.7)], 1.0)
+    assert (s.miss, s.premissed, s.decoding) == (1, {0: "ttft"}, [])
+
+
+def test_sweep_adds_the_rtt_to_a_late_first_token_too():
+    # RTT 0.1 s: a first token 0.45 s after arrival reaches the client at 0.55 s > 0.5: a TTFT miss, counted
+    # at the look at 0.5 (0.5 + 0.1 > 0.5: the deadline has passed); one miss fails (target 1.0)
+    s = _swept(_sink(expected=2, target=1.0, early="fail", rtt=0.1), [_open(0, 0.0, first=0.45), _open(1, 10.0)])
+    assert s.env.now == 0.5 and s.premissed == {0: "ttft"} and s.decided == "fail"
+
+
+def test_sweep_skips_a_settled_request_in_the_tpot_heap_and_looks_at_the_next():
+    # two requests at 0, first tokens at 0.1 (in time), 31 tokens: TPOT deadlines 0.1 + 30 x 0.05 = 1.6; both
+    # enter the heap at 0.75; request 0 finishes at 1.0 (settled), request 1 still decodes at the look at 1.75:
+    # (1.75 - 0.1) / 30 = 0.055 > 0.05, a miss counted there, behind the settled one
+    stream = [_open(0, 0.0, first=0.1, out=31), _open(1, 0.0, first=0.1, out=31)]
+    s = _sink(early="fail")
+
+    def settle():
+        yield s.env.timeout(1.0)
+        stream[0].status = FINISHED
+    s.env.process(settle())
+    _look(s, stream, 1.8)
+    assert s.premissed == {1: "tpot"} and s.miss == 1 and s.decoding == []
+
+
+def test_sweep_waits_when_a_tpot_deadline_rounds_below_now_but_the_bound_still_holds():
+    # first token at F = 0.05929768490588714 (in time), 76 tokens: 75 gaps, TPOT deadline F + 75 x 0.05 rounds to
+    # d = 3.809297684905887; the look comes at the next float, now = 3.8092976849058875 > d, yet (now - F) / 75 is
+    # exactly 0.05 in floats: finishing now would meet the bound (the judge's <=), so it is no certain miss yet: the
+    # request goes back to the heap.  At the next look (2 x now) (2now - F) / 75 = 0.1 > 0.05: a certain miss.
+    F, now = 0.05929768490588714, 3.8092976849058875
+    d = F + 0.05 * 75
+    assert d < now and (now - F) / 75 == 0.05 and math.nextafter(d, math.inf) == now
+    s = _sink(expected=1, target=1.0, early="fail")
+    stream = [_open(0, 0.0, first=F, out=76)]
+    s.env.timeout(100.0)
+    s.env.process(s.sweep(None, stream, now))
+    s.env.run(until=1.5 * now)
+    assert (s.miss, s.premissed, s.decoding) == (0, {}, [(d, 0, F, 76)])
+    s.env.run(until=2.5 * now)
+    assert (s.miss, s.premissed, s.decided) == (1, {0: "tpot"}, "fail")
+
+
+def test_scenario_dict_sizes_the_window_by_hand():
+    from pdsim.plan import _scenario_dict
+    lengths = {"arrival": "poisson", "prompt_tokens": 100, "output_tokens": 10}
+    # neither num_requests nor duration_s: 1000 requests at the rate asked; a long run (2.5x) 2500
+    plan = parse_plan(_raw(workload=dict(lengths)))
+    w = _scenario_dict(plan, {}, 2.0, 7)["workload"]
+    assert (w["num_requests"], w["rate"], "duration_s" in w) == (1000, 2.0, False)
+    assert _scenario_dict(plan, {}, 2.0, 7, scale=2.5)["workload"]["num_requests"] == 2500
+    # at least min_duration_s of arrivals: 20 requests asked, 2.01 req/s x 10 s = 20.1 -> 21
+    plan = parse_plan(_raw(workload={**lengths, "num_requests": 20}, goodput={"min_duration_s": 10}))
+    assert _scenario_dict(plan, {}, 2.01, 7)["workload"]["num_requests"] == 21
+    assert _scenario_dict(plan, {}, 1.0, 7)["workload"]["num_requests"] == 20
+    # a duration instead: a long run 2x as long (30 -> 60 s), no request count added
+    plan = parse_plan(_raw(workload={**lengths, "duration_s": 30}))
+    w = _scenario_dict(plan, {}, 2.0, 7, scale=2.0)["workload"]
+    assert (w["duration_s"], "num_requests" in w) == (60.0, False)
+
+
+def test_scenario_dict_moves_a_traces_window_for_each_further_seed(tmp_path):
+    from pdsim.plan import _scenario_dict
+    # 9 requests 1 s apart: 1 req/s over an 8 s span.  3 requests need a 3 s window: room 8 - 3 = 5 s, so seed
+    # 7 + k starts at (3k) mod 5: k = 1 -> 3, 2 -> 1, 4 -> 2; the plan's own seed (k = 0) keeps the start
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:4{i}.0000000,100,10\n" for i in range(9)))
+    plan = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "t.csv"}, "num_requests": 3}),
+                      str(tmp_path / "p.yaml"), tmp_path)
+    starts = {}
+    for seed in (7, 8, 9, 11):
+        tr = _scenario_dict(plan, {}, 3.0, seed)["workload"]["trace"]
+        assert tr["rate_scale"] == 3.0 and tr["path"] == str(tmp_path.resolve() / "t.csv")
+        starts[seed] = tr.get("start_s")
+    assert starts == {7: None, 8: 3.0, 9: 1.0, 11: 2.0}
+    # 9 requests need 9 s > the 8 s span: no room to move, every seed replays from the start
+    plan = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "t.csv"}, "num_requests": 9}),
+                      str(tmp_path / "p.yaml"), tmp_path)
+    assert "start_s" not in _scenario_dict(plan, {}, 3.0, 8)["workload"]["trace"]
+
+
+def _trace_plan(folder, seconds, num_requests=None):
+    folder.mkdir(exist_ok=True)
+    (folder / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{s:02d}.0000000,100,10\n" for s in seconds))
+    w = {"arrival": "trace", "trace": {"path": "t.csv"}}
+    if num_requests:
+        w["num_requests"] = num_requests
+    return parse_plan(_raw(workload=w), str(folder / "p.yaml"), folder)
+
+
+def test_plan_base_rate_is_the_whole_windows_rate_per_plan_folder(tmp_path):
+    from pdsim.plan import plan_base_rate
+    # 9 requests at 40, 41, 42, 43, 45, 47, 49, 51, 53 s: 8 gaps over 13 s = 8/13 req/s, though the plan
+    # asks for 3 requests (whose own rate would be 2 / 2 s = 1)
+    plan = _trace_plan(tmp_path / "a", [40, 41, 42, 43, 45, 47, 49, 51, 53], num_requests=3)
+    assert plan_base_rate(plan) == 8 / 13 and plan_base_rate(plan, with_span=True) == (8 / 13, 13.0)
+    # the same file name and workload in another folder: another trace (5 requests 2 s apart: 4 / 8 = 0.5)
+    other = _trace_plan(tmp_path / "b", [40, 42, 44, 46, 48], num_requests=3)
+    assert plan_base_rate(other) == 0.5 and plan_base_rate(plan) == 8 / 13
+    # one request has no span to scale
+    with pytest.raises(ConfigError) as e:
+        _trace_plan(tmp_path / "c", [40])
+    assert str(e.value) == f"{tmp_path / 'c' / 'p.yaml'}: workload.trace: the trace window has no time span to scale"
+
+
+def test_trace_window_moves_by_hand_at_another_base_rate_and_at_the_edges(tmp_path):
+    from pdsim.plan import _scenario_dict, plan_base_rate
+    # 9 requests 2 s apart (40 ... 56 s): 0.5 req/s over 16 s.  3 requests need 3 / 0.5 = 6 s: room 10 s; at
+    # 3 req/s the trace is scaled 3 / 0.5 = 6x; seed 7 + k starts at 6k mod 10: k = 1 -> 6, 2 -> 2, 4 -> 4
+    even = list(range(40, 57, 2))
+    plan = _trace_plan(tmp_path / "a", even, num_requests=3)
+    trs = {seed: _scenario_dict(plan, {}, 3.0, seed)["workload"]["trace"] for seed in (8, 9, 11)}
+    assert {s: (t["rate_scale"], t["start_s"]) for s, t in trs.items()} == {8: (6.0, 6.0), 9: (6.0, 2.0),
+                                                                            11: (6.0, 4.0)}
+    # 8 requests need exactly the 16 s span: no room (0 s), every seed starts at the start
+    plan = _trace_plan(tmp_path / "b", even, num_requests=8)
+    assert "start_s" not in _scenario_dict(plan, {}, 3.0, 8)["workload"]["trace"]
+    # 1 req/s over 8 s (9 requests 1 s apart), 7 requests: 1 s of room, 7k mod 1 = 0: the window starts at 0
+    plan = _trace_plan(tmp_path / "c", list(range(40, 49)), num_requests=7)
+    assert _scenario_dict(plan, {}, 3.0, 8)["workload"]["trace"]["start_s"] == 0.0
+    # two requests 1 s apart: one gap over 1 s, 1 req/s (a span of 1 s is a span)
+    assert plan_base_rate(_trace_plan(tmp_path / "d", [40, 41]), with_span=True) == (1.0, 1.0)
+    # another trace file in the same folder is another base rate (4 requests, 3 gaps over 6 s: 0.5)
+    (tmp_path / "d" / "u.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{s:02d}.0000000,100,10\n" for s in (40, 42, 44, 46)))
+    u = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "u.csv"}}), str(tmp_path / "d" / "p.yaml"),
+                   tmp_path / "d")
+    assert plan_base_rate(u) == 0.5
