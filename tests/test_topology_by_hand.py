@@ -581,6 +581,18 @@ def test_weights_that_do_not_fit_the_device_name_it_with_the_numbers_by_hand(tmp
                           "(4.0 GiB x 0.9); raise tp or use a larger device")
 
 
+def _lone_instance(tmp_path, model, topo: dict):
+    """The one instance of a single-topology scenario after serving one 10 + 2-token request (it sizes its
+    KV pool as any run would)."""
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    sc = config.parse({"seed": 0, "model": model, "workload": w, "topologies": {"t": topo}},
+                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
+    (name, spec), = sc.topologies.items()
+    res = run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
+    (inst,) = res.topology.instances
+    return inst
+
+
 TINY_MOE = {"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "head_dim": 128,
             "mlp_width": 1024, "vocab": 1000, "experts": 64, "experts_per_token": 2, "expert_width": 1024,
             "dense_layers": 3}
@@ -604,12 +616,7 @@ def test_a_two_stage_pipeline_split_unevenly_keeps_the_fewest_blocks_either_stag
     dev = _device_file(tmp_path, 0.5)
     topo = {"kind": "colocated", "device": dev, "pp": 2, "pp_layers": [3, 1], "gpu_memory_utilization": 1.0,
             "activation_reserve_GiB": 0, "cost_model": CONST(0.1)}
-    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
-    sc = config.parse({"seed": 0, "model": moe, "workload": w, "topologies": {"t": topo}},
-                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
-    (name, spec), = sc.topologies.items()
-    res = run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
-    (inst,) = res.topology.instances
+    inst = _lone_instance(tmp_path, moe, topo)
     assert inst.kv.total_blocks == 1886 and inst.block_bytes == 196_608
 
 
@@ -656,12 +663,7 @@ def test_a_dp_attention_pool_sums_its_ranks_blocks_by_hand(tmp_path, kv_blocks):
             "gpu_memory_utilization": 1.0, "activation_reserve_GiB": 0, "cost_model": CONST(0.1)}
     if kv_blocks is not None:
         topo["kv_blocks"] = kv_blocks
-    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
-    sc = config.parse({"seed": 0, "model": TINY_MOE, "workload": w, "topologies": {"t": topo}},
-                      str(tmp_path / "s.yaml"), base_dir=tmp_path)
-    (name, spec), = sc.topologies.items()
-    res = run_topology(sc, name, spec, [Request(0, 0.0, 10, 2)], resolve_model(sc), 0.1)
-    (inst,) = res.topology.instances
+    inst = _lone_instance(tmp_path, TINY_MOE, topo)
     assert inst.kv.total_blocks == (2126 if kv_blocks is None else 100) and type(inst.kv.total_blocks) is int
     assert inst.block_bytes == 131_072
 
