@@ -1519,3 +1519,17 @@ def test_trace_window_moves_by_hand_at_another_base_rate_and_at_the_edges(tmp_pa
     u = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "u.csv"}}), str(tmp_path / "d" / "p.yaml"),
                    tmp_path / "d")
     assert plan_base_rate(u) == 0.5
+
+
+def test_trace_window_moves_from_the_traces_own_start(tmp_path):
+    from pdsim.plan import _scenario_dict, plan_base_rate
+    # 9 requests 1 s apart (40 ... 48 s) read from start_s = 1 s: 8 requests at 1 ... 8 s, 7 gaps over 7 s,
+    # 1 req/s.  3 requests need 3 s: room 7 - 3 = 4 s; seed 7 + k starts at 1 + (3k mod 4): k = 1 -> 4,
+    # 2 -> 1 + 2 = 3, 4 -> 1 + 0 = 1; the plan's own seed keeps the trace's own start (1 s, untouched)
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:4{i}.0000000,100,10\n" for i in range(9)))
+    plan = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "t.csv", "start_s": 1.0},
+                                     "num_requests": 3}), str(tmp_path / "p.yaml"), tmp_path)
+    assert plan_base_rate(plan, with_span=True) == (1.0, 7.0)
+    starts = {seed: _scenario_dict(plan, {}, 3.0, seed)["workload"]["trace"]["start_s"] for seed in (7, 8, 9, 11)}
+    assert starts == {7: 1.0, 8: 4.0, 9: 3.0, 11: 1.0}
