@@ -637,7 +637,6 @@ def band_notes(band: dict) -> str:
     return out
 
 
-
 ERROR_TABLE = Path(__file__).parent / "data" / "validation_error.json"
 
 
