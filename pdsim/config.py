@@ -97,12 +97,16 @@ class ChunkedPrefillSpec(_Strict):
 
 
 class StepOverheadSpec(_Strict):
-    """Per-step engine CPU/scheduling overhead: base + per_seq x batch + per_token x tokens (+ tp_extra if tp > 1).
+    """Per-step engine CPU/scheduling overhead: base + per_seq x batch + per_token x tokens (+ tp_extra if tp > 1),
+    plus, for a step holding prompt tokens, prefill_per_layer x layers + prefill_per_moe_layer x MoE layers.
     Each key left out comes from the pool's ``engine`` preset (0 without one)."""
     base_us: NonNegFloat | None = None
     per_seq_us: NonNegFloat | None = None
     per_token_us: NonNegFloat | None = None
     tp_extra_us: NonNegFloat | None = None
+    # CPU dispatch of a step holding prompt tokens (eager prefill): per layer, and extra per MoE layer
+    prefill_per_layer_us: NonNegFloat | None = None
+    prefill_per_moe_layer_us: NonNegFloat | None = None
 
 class HostTierSpec(_Strict):
     """A host-memory KV tier per instance: blocks evicted from GPU wait here, hits load back over PCIe."""
@@ -196,6 +200,9 @@ class PoolSpec(_Strict):
     # cache as the engine does and adds its per-step overhead; absent: the idealised engine
     engine: Literal["vllm-v1", "vllm-v0", "sglang", "trtllm"] | None = None
     step_overhead: StepOverheadSpec | None = None
+    # per-request latency before the engine schedules a request (no GPU time; adds to TTFT and E2E):
+    # default the engine preset's fitted value for the model (engines.frontend_latency_s), 0 without one
+    frontend_latency_ms: NonNegFloat | None = None
     cuda_graph_GiB: NonNegFloat | None = None
     prefix_cache: PrefixCacheSpec | None = None
     speculative: SpeculativeSpec | None = None     # decode-capable pools only

@@ -69,6 +69,12 @@ class EnginePreset:
     watermark: float                  # admission headroom (vLLM v0's 1%; v1, SGLang, TRT-LLM keep none)
     source: str
     kv_reservation: str = "incremental"   # "full": blocks for prompt + output at admission (TRT-LLM)
+    # CPU dispatch of a step that holds prompt tokens (eager, no CUDA graph): per layer, and extra per MoE layer
+    prefill_per_layer_us: float = 0.0
+    prefill_per_moe_layer_us: float = 0.0
+    # per-request latency before the engine schedules a request, no GPU time (frontend_latency_s)
+    frontend_per_layer_us: float = 0.0
+    frontend_per_moe_layer_us: float = 0.0
 
 
 PRESETS: dict[str, EnginePreset] = {p.name: p for p in [
@@ -172,16 +178,28 @@ def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float, w
 # --- per-step overhead -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class StepOverhead:
+    """``base + per_seq x batch + per_token x tokens``, plus ``prefill_s`` for a step that holds prompt
+    tokens: engines run such steps eagerly (decode steps replay CUDA graphs), so the CPU dispatches every
+    layer's kernels itself.  ``prefill`` (None: ``tokens > batch``, i.e. some item brings more than one new
+    token) lets a caller that knows better say so (a speculative verify step has several tokens per
+    request and no prompt)."""
     base_s: float
     per_seq_s: float
     per_token_s: float
+    prefill_s: float = 0.0
 
-    def __call__(self, batch, tokens):
-        return self.base_s + self.per_seq_s * batch + self.per_token_s * tokens
+    def __call__(self, batch, tokens, prefill=None):
+        t = self.base_s + self.per_seq_s * batch + self.per_token_s * tokens
+        if self.prefill_s and (tokens > batch if prefill is None else prefill):
+            t += self.prefill_s
+        return t
 
 
-def step_overhead(pool) -> StepOverhead | None:
-    """The pool's per-step engine overhead: its ``step_overhead`` keys over its engine's preset."""
+def step_overhead(pool, model=None) -> StepOverhead | None:
+    """The pool's per-step engine overhead: its ``step_overhead`` keys over its engine's preset.
+
+    ``model`` (a :class:`pdsim.models.ModelSpec`): prices the prefill dispatch term, ``prefill_per_layer_us``
+    x layers + ``prefill_per_moe_layer_us`` x MoE layers (none without a model: constant/linear what-ifs)."""
     if pool.engine is None and pool.step_overhead is None:
         return None
     p = PRESETS[pool.engine] if pool.engine is not None else None
@@ -193,9 +211,14 @@ def step_overhead(pool) -> StepOverhead | None:
 
     base = pick("base_us", p.overhead_base_us if p else 0.0)
     tp_extra = pick("tp_extra_us", p.overhead_tp_extra_us if p else 0.0)
+    prefill = 0.0
+    if model is not None:
+        prefill = (pick("prefill_per_layer_us", p.prefill_per_layer_us if p else 0.0) * model.layers
+                   + pick("prefill_per_moe_layer_us", p.prefill_per_moe_layer_us if p else 0.0) * model.moe_layers)
     return StepOverhead((base + (tp_extra if pool.tp > 1 else 0.0)) * 1e-6,
                         pick("per_seq_us", p.overhead_per_seq_us if p else 0.0) * 1e-6,
-                        pick("per_token_us", p.overhead_per_token_us if p else 0.0) * 1e-6)
+                        pick("per_token_us", p.overhead_per_token_us if p else 0.0) * 1e-6,
+                        prefill * 1e-6)
 
 
 class EngineCost:
@@ -221,12 +244,13 @@ class EngineCost:
             c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch)
         else:
             c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, swa=swa)
-        return StepCost(c.time_s + self.overhead(batch, tokens) - self.replaced_s, c.flops, c.bytes)
+        # prompt tokens in the step: more new tokens than sampled ones (a decode or verify step samples each)
+        return StepCost(c.time_s + self.overhead(batch, tokens, tokens > sampled) - self.replaced_s, c.flops, c.bytes)
 
     def decode_steps(self, batch, attn0, kv0, k, swa=None):
         t, f, b = self.inner.decode_steps(batch, attn0, kv0, k) if swa is None else \
             self.inner.decode_steps(batch, attn0, kv0, k, swa=swa)
-        return t + (self.overhead(batch, batch) - self.replaced_s), f, b
+        return t + (self.overhead(batch, batch, False) - self.replaced_s), f, b
 
     def prefill_time(self, prompt_tokens: int) -> float:
         return CostModel.prefill_time(self, prompt_tokens)      # this step (sliding layers' aggregates too)
@@ -235,9 +259,31 @@ class EngineCost:
         return CostModel.decode_time(self, batch, context)
 
 
+def frontend_latency_s(pool, model) -> float:
+    """Seconds from a request's send to the engine's scheduler seeing it, during which it takes no GPU
+    time: the pool's ``frontend_latency_ms`` if given, else its engine preset's
+    ``frontend_per_layer_us`` x layers + ``frontend_per_moe_layer_us`` x MoE layers for a roofline
+    pool (0 for constant / linear what-if models and without an engine).  A fitted residual, not a
+    measured cost: see the presets' ``source``."""
+    if pool.frontend_latency_ms is not None:
+        return pool.frontend_latency_ms * 1e-3
+    if pool.engine is None or pool.cost_model.kind != "roofline" or model is None:
+        return 0.0
+    p = PRESETS[pool.engine]
+    return (p.frontend_per_layer_us * model.layers + p.frontend_per_moe_layer_us * model.moe_layers) * 1e-6
+
+
+def _model_of(cost):
+    """The model shape a cost model prices (a pipeline's stages'), or None (constant / linear models)."""
+    m = getattr(cost, "model", None)
+    if m is None and hasattr(cost, "stages"):
+        m = getattr(cost.stages, "model", None)
+    return m if hasattr(m, "moe_layers") else None
+
+
 def wrap_cost(cost, pool):
     """``cost`` with the pool's engine overhead, or ``cost`` unchanged when it has none."""
-    ovh = step_overhead(pool)
+    ovh = step_overhead(pool, _model_of(cost))
     if ovh is None:
         return cost
     if pool.step_overhead is None and getattr(cost, "device", None) is None:

@@ -132,8 +132,8 @@ class PipelineCost(CostModel):
         """The same pipeline with an engine's per-step overhead ``overhead(b, tokens)`` per micro-batch."""
         return PipelineCost(self.stages, self.pp, self.micro_batches, overhead)
 
-    def _o(self, b, tokens):
-        return self._flat_overhead_s if self.overhead is None else self.overhead(b, tokens)
+    def _o(self, b, tokens, prefill=False):
+        return self._flat_overhead_s if self.overhead is None else self.overhead(b, tokens, prefill)
 
     def split(self, batch: int) -> list[tuple[int, int]]:
         """[(micro-batch size in requests, how many of that size)], largest first."""
@@ -150,6 +150,7 @@ class PipelineCost(CostModel):
         load = [0.0] * self.pp
         cpu = flops = bytes_ = 0.0
         trip = None
+        prefill = tokens > sampled       # prompt tokens in the iteration: every micro-batch runs eagerly (an upper bound)
         for b, n in parts:
             if swa is None:
                 s, f, by = self.stages.stage_times(tokens * b / B, attn_work * b / B, kv_read_tokens * b / B,
@@ -157,7 +158,7 @@ class PipelineCost(CostModel):
             else:
                 s, f, by = self.stages.stage_times(tokens * b / B, attn_work * b / B, kv_read_tokens * b / B,
                                                    sampled * b / B, b, swa=(swa[0] * b / B, swa[1] * b / B))
-            o = self._o(b, tokens * b / B)
+            o = self._o(b, tokens * b / B, prefill)
             for j in range(self.pp):
                 load[j] = load[j] + n * s[j]
             cpu += n * o

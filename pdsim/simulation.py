@@ -131,7 +131,11 @@ def _send(env, topo, r, model, timeout_s):
                                   f"exceed the {model.max_context}-token context of {model.name}")
     if timeout_s is not None:
         env.timeout(timeout_s).callbacks.append(lambda _ev, r=r: topo.abandon(r))
-    topo.route(r)
+    f = topo.frontend_s
+    if f > 0:       # the engine's front end (engines.frontend_latency_s): no GPU time, then the router
+        env.timeout(f).callbacks.append(lambda _ev, r=r: topo.route(r) if r.status == UNFINISHED else None)
+    else:
+        topo.route(r)
 
 
 def _open_loop(env, topo, reqs, model, timeout_s=None):

@@ -232,7 +232,7 @@ class Speculator:
         t, f, b = t_s + t_a * L, f_s + att.flops * L, b_s + att.bytes * L
         for w in reversed(wrappers):                 # as each wrapper's step() would adjust it
             if type(w).__name__ == "EngineCost":
-                t += w.overhead(B, T) - w.replaced_s
+                t += w.overhead(B, T, prefill=False) - w.replaced_s   # a verify step holds no prompt
             else:
                 t *= float(w._stretch(f, b))
         return StepCost(float(t), float(f), float(b))

@@ -241,6 +241,8 @@ class Pool:
         self.pp_layers = list(model.stage_split(spec.pp, spec.pp_layers)) if spec.pp > 1 else None
         from .engines import wrap_cost
         self.cost = wrap_cost(self.cost, spec)      # the engine's per-step overhead, if any
+        from .engines import frontend_latency_s
+        self.frontend_s = frontend_latency_s(spec, model)    # before a request reaches the scheduler
         blocks, self.block_bytes = kv_blocks(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
         self.device = get_device(spec.device, key=f"{key}.device", base_dir=ctx.base_dir) \
             if spec.cost_model.kind == "roofline" or spec.kv_blocks is None else None
@@ -381,6 +383,8 @@ class _Serving:
             return
         if req in self.backlog:
             self.backlog.remove(req)
+        elif not req.instance:
+            pass                                        # still in the engine's front end: never routed
         else:
             inst = self.by_name.get(req.instance)
             if inst is None or not inst.drop(req):
@@ -399,6 +403,7 @@ class Colocated(_Serving):
                            a.replicas.max if a is not None else None)]
         self.instances = self.pools[0].instances
         self.entry = self.instances
+        self.frontend_s = self.pools[0].frontend_s
         self.router = make_router(spec)
         self.links = []
         self._setup_common()
@@ -456,6 +461,7 @@ class Disaggregated(_Serving):
                            f"{key}.decode", a.decode.max if a is not None else None)
         self.pools = [self.prefill, self.decode]
         self.instances = self.prefill.instances + self.decode.instances
+        self.frontend_s = self.prefill.frontend_s      # the engine that receives a request first
         self.router = make_router(spec)
         self.assign = ASSIGNERS[spec.assignment]()
         link = spec.kv_link
