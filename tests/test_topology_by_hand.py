@@ -795,7 +795,9 @@ def test_build_wires_every_pool_and_instance_of_a_disaggregated_topology_by_hand
     # is 1,048,576 B, split over the prefill side's tp 2 GPUs (4 KV heads each): 524,288 B a GPU.
     # Both pools constant-cost with kv_blocks given: no device is loaded, so no price but the one given
     # (3.6 $/GPU-hour on prefill, 0.0 on decode), no power model.  kv_reservation full: the decode side reserves
-    # the whole sequence, the prefill side (it hands off after the prompt) only the prompt.
+    # the whole sequence, the prefill side (it hands off after the prompt) only the prompt.  Decode keeps the
+    # defaults: max_batched_tokens 8192, watermark 0.01 (int(0.01 x 500) = 5 blocks spare; prefill int(0.05 x 1000)
+    # = 50); ctx.fast on, but a prefill instance never opens multi-step windows.
     from pdsim.scheduler import Limits
     topo = {"kind": "disaggregated",
             "prefill": {"instances": 2, "tp": 2, "kv_blocks": 1000, "cost_model": CONST(0.05), "watermark": 0.05,
