@@ -100,6 +100,14 @@ def test_uneven_pipeline_link_speed_is_set_by_the_busiest_stage():
     assert r.kv_transfer_s == pytest.approx(1e-5 + 320 * KV_BYTES_PER_TOKEN / 1.6e9, abs=1e-12)
 
 
+def test_uneven_pipeline_link_speed_counts_each_stages_tensor_parallel_links():
+    # the split above at tp 2: each stage's 2 GPUs send their halves of its layers' KV in parallel, so the
+    # busiest stage (20/32 of the bytes) moves them over 2 links of 1 GB/s: 1e9 x 2 x 32 / 20 = 3.2e9 B/s
+    t, _, _, _ = _built(_dis(prefill={"tp": 2, "pp": 2, "pp_layers": [20, 12]}, kv_link={"bandwidth_GBps": 1}))
+    (link,) = t.links
+    assert t.prefill.pp_layers == [20, 12] and link.bandwidth_Bps == pytest.approx(3.2e9, rel=1e-12)
+
+
 @pytest.mark.parametrize("assignment, r2_on", [("least_loaded", "decode-0"), ("least_decode_work", "decode-1"),
                                                ("round_robin", "decode-0")])
 def test_decode_assignment_policies_by_hand(assignment, r2_on):
@@ -760,3 +768,263 @@ def test_a_roofline_pool_hands_its_layout_to_the_cost_model_by_hand():
     cm = _roofline_cost(moe4, expert_skew=1.0)
     assert cm.expert_skew == 1.0 and list(cm._hot_q) == pytest.approx([0.96, 0.48, 0.32, 0.24], rel=1e-12)
     assert _roofline_cost(moe4)._hot_q is None          # no skew: uniform routing, k/E = 0.5 each
+
+
+# --- construction paths, fourth session (branch muttopo4): Pool.__init__, Disaggregated.__init__, build ------
+def _built(topo, model="llama-3.1-8b", tmp_path=None, bin_s=0.25, fast=True, **top):
+    """``build`` called directly, as simulation.run_topology does (nothing run): (topology, env, sink, context).
+    ``top``: scenario fields (seed, kv_dtype, weight_dtype); ``tmp_path``: the scenario's directory."""
+    from pathlib import Path
+
+    import simpy
+
+    from pdsim.simulation import Context, Sink
+    from pdsim.topology import build
+    w = {"arrival": "poisson", "rate": 1.0, "num_requests": 1, "prompt_tokens": 10, "output_tokens": 2}
+    d = {"seed": 0, "model": model, "workload": w, "topologies": {"t": topo}, **top}
+    sc = config.parse(d, str(tmp_path / "s.yaml") if tmp_path else "test.yaml",
+                      **({"base_dir": tmp_path} if tmp_path else {}))
+    env = simpy.Environment()
+    sink = Sink(env)
+    ctx = Context(resolve_model(sc), sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s, fast, sc.seed)
+    return build("t", sc.topologies["t"], env, ctx, sink), env, sink, ctx
+
+
+def test_build_wires_every_pool_and_instance_of_a_disaggregated_topology_by_hand():
+    # fp8 KV: llama-3.1-8b holds 2 x 32 layers x 8 KV heads x 128 x 1 B = 65,536 B a token; a 16-token block
+    # is 1,048,576 B, split over the prefill side's tp 2 GPUs (4 KV heads each): 524,288 B a GPU.
+    # Both pools constant-cost with kv_blocks given: no device is loaded, so no price but the one given
+    # (3.6 $/GPU-hour on prefill, 0.0 on decode), no power model.  kv_reservation full: the decode side reserves
+    # the whole sequence, the prefill side (it hands off after the prompt) only the prompt.  Decode keeps the
+    # defaults: max_batched_tokens 8192, watermark 0.01 (int(0.01 x 500) = 5 blocks spare; prefill int(0.05 x 1000)
+    # = 50); ctx.fast on, but a prefill instance never opens multi-step windows.
+    from pdsim.scheduler import Limits
+    topo = {"kind": "disaggregated",
+            "prefill": {"instances": 2, "tp": 2, "kv_blocks": 1000, "cost_model": CONST(0.05), "watermark": 0.05,
+                        "price_per_gpu_hour_usd": 3.6, "max_running": 8, "max_batched_tokens": 512,
+                        "kv_reservation": "full"},
+            "decode": {"instances": 3, "kv_blocks": 500, "cost_model": CONST(0.01), "block_size": 32,
+                       "max_running": 16, "kv_reservation": "full"},
+            "kv_link": {"bandwidth_GBps": 2, "latency_us": 50}}
+    t, env, sink, ctx = _built(topo, kv_dtype="fp8")
+    assert (t.name, t.env, t.sink, t.model) == ("t", env, sink, ctx.model) and t.kind == "disaggregated"
+    p, d = t.prefill, t.decode
+    assert t.pools == [p, d] and (p.name, p.role, d.name, d.role) == ("prefill", "prefill", "decode", "decode")
+    assert [i.name for i in t.instances] == ["prefill-0", "prefill-1", "decode-0", "decode-1", "decode-2"]
+    assert t.entry == p.instances and len(p.instances) == 2 and len(d.instances) == 3
+    assert (p.initial_instances, p.peak_instances, d.initial_instances, d.peak_instances) == (2, 2, 3, 3)
+    assert (p.gpus, d.gpus) == (4, 3) and p.pp_layers is None and d.pp_layers is None
+    assert (p.device, p.power, p.spec_dec, d.device, d.power, d.spec_dec) == (None,) * 6
+    assert p.price_per_gpu_hour_usd == 3.6
+    assert d.price_per_gpu_hour_usd == 0.0 and type(d.price_per_gpu_hour_usd) is float
+    assert (p.block_bytes, d.block_bytes) == (524_288, 2 * 1_048_576)          # decode: 32-token blocks at tp 1
+    for pool, spec, role, gpus, limits, blocks, size, water in (
+            (p, t.spec.prefill, "prefill", 2, Limits(8, 512, False, None), 1000, 16, int(0.05 * 1000)),
+            (d, t.spec.decode, "decode", 1, Limits(16, 8192, True, None), 500, 32, int(0.01 * 500))):
+        for inst in pool.instances:
+            assert (inst.env, inst.pool, inst.role, inst.gpus, inst.sink) == (env, pool.name, role, gpus, t)
+            assert inst.cost is pool.cost and inst.pool_spec is spec and inst.limits == limits
+            assert (inst.kv.total_blocks, inst.kv.block_size, inst.kv.watermark_blocks) == (blocks, size, water)
+            assert inst.block_bytes == pool.block_bytes and inst.reserved_count == 0
+            assert inst.series.bin_s == 0.25 and inst.power is None and inst.spec is None
+            assert inst.fast is (role != "prefill")     # a prefill instance hands off after one step: no windows
+    assert len({id(i.kv) for i in t.instances}) == 5    # a KV pool of its own each
+    # one link per prefill instance, 2 GB/s per GPU x 2 GPUs, 50 us
+    assert [(l.name, l.bandwidth_Bps) for l in t.links] == [("kv-link-prefill-0", 4e9), ("kv-link-prefill-1", 4e9)]
+    assert all(l.latency_s == pytest.approx(5e-5, rel=1e-12) for l in t.links)
+    assert t.link_of == {"prefill-0": t.links[0], "prefill-1": t.links[1]}
+    assert (t.kv_bytes_per_token, t.window, t.window_kv_bytes) == (65_536, None, 0)
+    assert t.pending == {"decode-0": [], "decode-1": [], "decode-2": []}
+    assert (t.decode_up, t.decode_backlog, t.xfer_hit, t.backlog) == ([], [], {}, [])
+    assert t.transfer_bytes_saved == 0.0 and type(t.transfer_bytes_saved) is float
+
+
+def test_build_hands_a_colocated_topology_its_name_environment_and_sink():
+    t, env, sink, _ = _built({"kind": "colocated", "replicas": 2, "kv_blocks": 100, "cost_model": CONST(0.1)},
+                             fast=False)
+    assert (t.name, t.env, t.sink, t.kind) == ("t", env, sink, "colocated")
+    assert [(i.name, i.pool, i.role, i.fast) for i in t.instances] == [("replica-0", "replica", "both", False),
+                                                                      ("replica-1", "replica", "both", False)]
+
+
+def test_a_shared_kv_link_is_one_link_for_every_prefill_instance_by_hand():
+    # shared: one "kv-link" for the pool; its speed is still one instance's: 3 GB/s x tp 2 x pp 2 GPUs = 12 GB/s
+    topo = _dis(prefill={"instances": 3, "tp": 2, "pp": 2},
+                kv_link={"bandwidth_GBps": 3, "latency_us": 7, "shared": True})
+    t, env, _, _ = _built(topo)
+    (link,) = t.links
+    assert (link.name, link.bandwidth_Bps) == ("kv-link", 12e9)
+    assert link.latency_s == pytest.approx(7e-6, rel=1e-12) and link.res._env is env
+    assert t.link_of == {"prefill-0": link, "prefill-1": link, "prefill-2": link}
+    t, env, _, _ = _built({**topo, "kv_link": {**topo["kv_link"], "shared": False}})
+    assert all(l.res._env is env for l in t.links)
+    assert [l.latency_s for l in t.links] == pytest.approx([7e-6] * 3, rel=1e-12)
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_a_disaggregated_pools_errors_name_its_own_key(side):
+    # each pool is built under topologies.<name>.<side>: a roofline pool of tp 3 (llama's 32 heads) is refused there
+    topo = _dis(**{side: {"tp": 3, "cost_model": {"kind": "roofline"}}})
+    err = _build_error(topo)
+    assert (err.key, err.value) == (f"topologies.t.{side}.tp", 3)
+
+
+def test_an_autoscaled_disaggregated_topology_builds_each_pool_up_to_its_max():
+    # schedule 1P1D -> 3P2D at 5 s: the pools' max are the largest targets, 3 and 2; instances beyond the
+    # initial count are built (off) up front
+    topo = _dis(autoscaler={"policy": "schedule", "schedule": [{"at_s": 5.0, "prefill": 3, "decode": 2}]})
+    t, _, _, _ = _built(topo)
+    assert [i.name for i in t.instances] == ["prefill-0", "prefill-1", "prefill-2", "decode-0", "decode-1"]
+    assert (t.prefill.initial_instances, t.decode.initial_instances) == (1, 1)
+    assert sorted(t.link_of) == ["prefill-0", "prefill-1", "prefill-2"] and len(t.pending) == 2
+
+
+@pytest.mark.parametrize("topo, device, price", [
+    # a constant cost model with kv_blocks given needs no device: none loaded, no price unless given
+    ({"kv_blocks": 100, "cost_model": CONST(0.1)}, None, 0.0),
+    ({"kv_blocks": 100, "cost_model": CONST(0.1), "price_per_gpu_hour_usd": 3.6}, None, 3.6),
+    # the KV pool sized from the device (no kv_blocks), or a roofline pool: the device file's price, 2.99 $/h
+    ({"cost_model": CONST(0.1)}, "h100-sxm", 2.99),
+    ({"kv_blocks": 100}, "h100-sxm", 2.99),
+    ({"kv_blocks": 100, "price_per_gpu_hour_usd": 3.6}, "h100-sxm", 3.6),       # a given price wins
+])
+def test_a_pool_loads_its_device_only_when_it_needs_one_and_takes_its_price_by_hand(topo, device, price):
+    t, _, _, _ = _built({"kind": "colocated", **topo})
+    (pool,) = t.pools
+    assert getattr(pool.device, "name", None) == device
+    assert pool.price_per_gpu_hour_usd == price and type(pool.price_per_gpu_hour_usd) is float
+    # h100-sxm.yaml: power {idle_W: 70, max_W: 700}; 989 TFLOP/s bf16, 3350 GB/s: each instance's energy
+    # inputs are 1 / peak FLOP/s and 1 / peak B/s
+    if device is None:
+        assert pool.power is None and t.instances[0].power is None
+    else:
+        pm = pool.power
+        assert (pm.idle_W, pm.max_W, pm.clock_fraction, pm.cap_W) == (70, 700, 1.0, None)
+        (inv_flops, inv_Bps), = {i.power for i in t.instances}      # (approx's abs 1e-12 would hide these)
+        assert (1 / inv_flops, 1 / inv_Bps) == pytest.approx((989e12, 3350e9), rel=1e-12)
+
+
+def test_a_power_capped_pool_slows_compute_bound_steps_by_the_cube_law_by_hand():
+    # fp8 weights on an H100 (1979 TFLOP/s fp8), cap 385 W: clock fraction ((385 - 70) / (700 - 70))^(1/3)
+    # = 0.5^(1/3) = 0.7937; the capped peak is 1979e12 x 0.7937 FLOP/s, memory bandwidth unchanged (3350 GB/s)
+    f = 0.5 ** (1 / 3)
+    base = {"kind": "colocated", "replicas": 2, "kv_blocks": 100}
+    free, _, _, _ = _built(base, weight_dtype="fp8")
+    capped, _, _, _ = _built({**base, "power_cap_W": 385}, weight_dtype="fp8")
+    pm = capped.pools[0].power
+    assert (pm.cap_W, pm.max_W, pm.idle_W) == (385, 385, 70) and pm.clock_fraction == pytest.approx(f, rel=1e-12)
+    assert pm.peak_flops == pytest.approx(1979e12 * f, rel=1e-12) and pm.peak_Bps == 3350e9
+    for inst in capped.instances:
+        assert (1 / inst.power[0], 1 / inst.power[1]) == pytest.approx((1979e12 * f, 3350e9), rel=1e-12)
+        assert inst.cost is capped.pools[0].cost
+    inv_flops, inv_Bps = free.instances[0].power
+    assert (1 / inv_flops, 1 / inv_Bps) == pytest.approx((1979e12, 3350e9), rel=1e-12)
+    # a 4096-token prefill is compute-bound (~2 x 8e9 x 4096 = 6.6e13 FLOPs: ~33 ms at full clock, against ~8 GB
+    # of fp8 weights: ~2.4 ms of memory), so the whole step stretches by 1 / f = 2^(1/3); a decode of one
+    # request is memory-bound (~16 GFLOPs: 8 us, 10 us capped, under ~2.4 ms of weights): unchanged
+    fc, cc = free.pools[0].cost, capped.pools[0].cost
+    assert cc.prefill_time(4096) == pytest.approx(fc.prefill_time(4096) * 2 ** (1 / 3), rel=1e-9)
+    assert cc.decode_time(1, 100) == pytest.approx(fc.decode_time(1, 100), rel=1e-12)
+
+
+def test_a_power_cap_without_a_device_or_at_idle_power_is_refused_under_the_pools_key():
+    # a constant-cost pool with kv_blocks loads no device, so there is no power model to cap
+    err = _build_error({"kind": "colocated", "kv_blocks": 100, "cost_model": CONST(0.1), "power_cap_W": 300})
+    assert (err.key, err.value, err.reason) == ("topologies.t.power_cap_W", 300,
+                                                "a power cap needs a device profile with a power model")
+    # at or below the H100's 70 W idle power: no clock would do
+    err = _build_error({"kind": "colocated", "kv_blocks": 100, "power_cap_W": 50})
+    assert (err.key, err.value) == ("topologies.t.power_cap_W", 50) and "idle power" in err.reason
+
+
+def test_speculative_decoding_on_a_prefill_pool_is_refused_under_its_key():
+    spec = {"method": "draft", "draft_cost_fraction": 0.1, "k": 2}
+    err = _build_error(_dis(prefill={"speculative": spec}))
+    assert (err.key, err.value, err.reason) == ("topologies.t.prefill.speculative", "draft",
+                                                "a prefill pool does not decode: put speculative on the decode pool")
+
+
+def test_a_speculative_pool_hands_its_one_speculator_to_every_instance_by_hand():
+    # a fraction-priced draft (no memory, no device): the decode pool keeps its 1000 blocks; one Speculator for
+    # the pool, seeded with the scenario's seed (7), priced on the pool's cost model; no multi-step windows
+    spec = {"method": "draft", "draft_cost_fraction": 0.1, "k": 2, "acceptance": 0.6}
+    t, _, _, _ = _built(_dis(decode={"instances": 2, "speculative": spec}), seed=7)
+    sd = t.decode.spec_dec
+    assert (sd.k, sd.acceptance, sd.fraction, sd.seed, sd.draft) == (2, 0.6, 0.1, 7, None)
+    assert sd.target is t.decode.cost and t.prefill.spec_dec is None
+    assert all(i.spec is sd and i.fast is False and i.kv.total_blocks == 1000 for i in t.decode.instances)
+    assert all(i.spec is None for i in t.prefill.instances)
+
+
+# a one-layer draft (inline): attention 4 x 1024 x 1024 = 4,194,304, gated MLP 3 x 1024 x 1024 = 3,145,728,
+# embedding and LM head 2 x 1000 x 1024 = 2,048,000 parameters: 9,388,032 x 2 B = 18,776,064 B in bf16;
+# its KV 2 x 1 layer x 8 heads x 128 x 2 B = 4,096 B a token, 1/32 of llama-3.1-8b's 131,072
+TINY_DRAFT = {"name": "tiny-draft", "layers": 1, "hidden": 1024, "heads": 8, "kv_heads": 8, "head_dim": 128,
+              "mlp_width": 1024, "vocab": 1000}
+
+
+@pytest.mark.parametrize("pp, blocks", [
+    # pp 1: device 15,316 + 2,000 MiB (utilisation 1.0, no reserve): 1000 target blocks of 2 MiB.  With the
+    # draft: (1000 x 2,097,152 - 18,776,064) // (2,097,152 x (1 + 1/32)) = 2,078,375,936 // 2,162,688 = 961
+    (1, 961),
+    # pp 2: each stage 7,658 MiB of weights (test_weights_that_do_not_fit...), device 7,658 + 1,000 MiB:
+    # 1000 blocks of 1 MiB a GPU (half the layers).  The draft sits on the last stage, whose GPUs hold half the
+    # target's KV a token, so a token there costs 1 + 2 x 1/32: (1,048,576,000 - 18,776,064) // (1,048,576 x
+    # 17/16) = 1,029,799,936 // 1,114,112 = 924
+    (2, 924),
+])
+def test_a_draft_models_weights_and_kv_come_off_the_pools_kv_blocks_by_hand(tmp_path, pp, blocks):
+    dev = _device_file(tmp_path, (LLAMA8_WEIGHT_MIB // pp + 1000 * BLOCK_MIB // pp) / 1024)
+    topo = {"kind": "colocated", "device": dev, "pp": pp, "gpu_memory_utilization": 1.0,
+            "activation_reserve_GiB": 0, "speculative": {"method": "draft", "draft_model": TINY_DRAFT, "k": 2}}
+    t, _, _, _ = _built(topo, tmp_path=tmp_path)
+    (inst,) = t.instances
+    assert inst.kv.total_blocks == blocks and inst.block_bytes == 2_097_152 // pp
+    sd = t.pools[0].spec_dec
+    assert sd.draft.model.name == "tiny-draft" and (sd.draft.weight_dtype, sd.draft.kv_dtype) == ("bf16", "bf16")
+
+
+def test_a_draft_under_a_power_cap_runs_on_the_same_capped_clock(tmp_path):
+    from pdsim.energy import CappedCost
+    dev = _device_file(tmp_path, (LLAMA8_WEIGHT_MIB + 1000 * BLOCK_MIB) / 1024)
+    topo = {"kind": "colocated", "device": dev, "power_cap_W": 385, "gpu_memory_utilization": 1.0,
+            "activation_reserve_GiB": 0, "speculative": {"method": "draft", "draft_model": TINY_DRAFT, "k": 2}}
+    t, _, _, _ = _built(topo, tmp_path=tmp_path)
+    draft = t.pools[0].spec_dec.draft
+    assert isinstance(draft, CappedCost) and draft.f == pytest.approx(0.5 ** (1 / 3), rel=1e-12)
+
+
+def test_a_draft_that_leaves_no_kv_memory_is_refused_under_the_pools_key(tmp_path):
+    # one 2 MiB block of room (test_a_device_with_room_for_exactly_one_kv_block...) against 18,776,064 B of draft
+    # weights = 0.0175 GiB -> "0.02"
+    dev = _device_file(tmp_path, (LLAMA8_WEIGHT_MIB + BLOCK_MIB) / 1024)
+    topo = {"kind": "colocated", "device": dev, "gpu_memory_utilization": 1.0, "activation_reserve_GiB": 0,
+            "cost_model": CONST(0.1), "speculative": {"method": "draft", "draft_model": TINY_DRAFT, "k": 2}}
+    with pytest.raises(ConfigError) as e:
+        _built(topo, tmp_path=tmp_path)
+    assert (e.value.key, e.value.value) == ("topologies.t.speculative", "draft")
+    assert e.value.reason == "the draft (tiny-draft, 0.02 GiB per GPU) leaves no memory for the KV cache"
+
+
+def test_a_draft_model_on_a_constant_cost_pool_is_refused_under_the_pools_key():
+    topo = {"kind": "colocated", "kv_blocks": 100, "cost_model": CONST(0.1),
+            "speculative": {"method": "draft", "draft_model": TINY_DRAFT, "k": 2}}
+    err = _build_error(topo)
+    assert (err.key, err.value) == ("topologies.t.speculative", "draft")
+    assert err.reason.startswith("a draft model (or MTP head) is priced on the device")
+
+
+def test_an_mtp_head_under_dp_attention_comes_off_the_kv_blocks_by_hand(tmp_path):
+    # TINY_MOE with DP attention over tp = ep = 2 on 0.5 GiB (test_a_dp_attention_pool_sums_its_ranks_blocks...):
+    # 2126 blocks, 131,072 B a block per GPU.  The MTP head is one more MoE layer sharded as the target's:
+    # attention whole on each GPU (DP attention) 4,194,304 x 2 B = 8,388,608 B, 64 experts over ep 2:
+    # 32 x 3,145,728 x 2 B = 201,326,592 B, the router whole 1024 x 64 x 2 B = 131,072 B: 209,846,272 B a GPU.
+    # Its KV: one layer of the target's 4, 1/4 more a token.
+    # (2126 x 131,072 - 209,846,272) // (131,072 x 1.25) = 68,812,800 // 163,840 = 420
+    dev = _device_file(tmp_path, 0.5)
+    topo = {"kind": "colocated", "device": dev, "tp": 2, "ep": 2, "dp_attention": True,
+            "gpu_memory_utilization": 1.0, "activation_reserve_GiB": 0,
+            "speculative": {"method": "mtp", "k": 1}}
+    t, _, _, _ = _built(topo, model=TINY_MOE, tmp_path=tmp_path)
+    (inst,) = t.instances
+    assert inst.kv.total_blocks == 420 and inst.block_bytes == 131_072
