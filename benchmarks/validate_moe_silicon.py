@@ -14,7 +14,7 @@ Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTF
 
     .venv/bin/python benchmarks/validate_moe_silicon.py [--sample N (default 150, about 100 s)] [--seed S]
         [--dp-attention-only] [--ep-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables] [--no-mla-tables]
-        [--a2a-tables]] [--csv OUT.csv] [--write-error-table (with --sample 0 only)]
+        [--a2a-tables]] [--frontend ENGINE=US,...] [--csv OUT.csv] [--write-error-table (with --sample 0 only)]
 """
 from __future__ import annotations
 
@@ -82,12 +82,17 @@ def _rows(path: Path) -> tuple[list[dict], dict]:
 
 
 def simulate_row(r: dict, profiles: dict | None = None, moe_tables: bool = False, mla_tables: bool = True,
-                 a2a_tables: bool = False) -> dict:
+                 a2a_tables: bool = False, frontend: dict | None = None) -> dict:
     """The row's closed-loop run as ``pdsim validate`` simulates it (``validate.simulate_row``'s dict: mean TTFT
-    and TPOT in ms, the KV pool it ran with)."""
+    and TPOT in ms, the KV pool it ran with); ``frontend``: {engine: us per MoE layer} of a per-request
+    front-end latency (``frontend_latency_ms``; benchmarks/fit_prefill_dispatch.py)."""
+    fe = None
+    if frontend and r["engine"] in frontend:
+        from pdsim.models import get_model
+        fe = frontend[r["engine"]] * get_model(r["model"]).moe_layers * 1e-3
     return V.simulate_row(r, True, 10, "auto", None, profiles,
                           cost_model={"kind": "roofline", "moe_tables": moe_tables, "mla_tables": mla_tables,
-                                      "a2a_tables": a2a_tables})
+                                      "a2a_tables": a2a_tables}, frontend_ms=fe)
 
 
 def main() -> int:
@@ -104,11 +109,17 @@ def main() -> int:
     ap.add_argument("--a2a-tables", action="store_true",
                     help="with --profiles: also use their measured DeepEP all-to-all tables")
     ap.add_argument("--csv", help="write the per-row results here")
+    ap.add_argument("--frontend", metavar="ENGINE=US,...",
+                    help="a per-request front-end latency of US microseconds per MoE layer for that engine's rows "
+                         "(the InferenceMAX TTFT floor, benchmarks/fit_prefill_dispatch.py; e.g. "
+                         "sglang=3250,trtllm=1850,vllm-v1=800)")
     ap.add_argument("--write-error-table", action="store_true",
                     help="store the MoE band per engine|GPU (rows not KV-bound) in pdsim/data/validation_error.json, "
                          "which `pdsim run` shows for MoE pools (needs --sample 0, no --profiles or filters)")
     args = ap.parse_args()
-    if args.write_error_table and (args.sample or args.profiles or args.dp_attention_only or args.ep_only):
+    frontend = {k: float(v) for k, v in (x.split("=") for x in args.frontend.split(","))} if args.frontend else None
+    if args.write_error_table and (args.sample or args.profiles or args.dp_attention_only or args.ep_only
+                                   or frontend):
         raise SystemExit("--write-error-table stores the band of every MoE row on the datasheet presets: "
                          "use it with --sample 0 and without --profiles / --dp-attention-only / --ep-only")
     profiles = V.parse_profiles(None, args.profiles) if args.profiles else None
@@ -125,7 +136,7 @@ def main() -> int:
     res = []
     for r in rows:
         try:
-            sim = simulate_row(r, profiles, args.moe_tables, args.mla_tables, args.a2a_tables)
+            sim = simulate_row(r, profiles, args.moe_tables, args.mla_tables, args.a2a_tables, frontend)
         except ConfigError as exc:
             print(f"  skip {r['id']}: {exc}")
             continue

@@ -312,11 +312,12 @@ def parse_profiles(pairs: list[str] | None = None, pattern: str | None = None,
 # --- simulate a row ------------------------------------------------------------------------------
 def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 10, min_requests: int = 16,
                  client: dict | None = None, step_overhead: dict | None = None, profiles: dict | None = None,
-                 cost_model: dict | None = None):
+                 cost_model: dict | None = None, frontend_ms: float | None = None):
     """The closed-loop scenario of one measured row (``engine_presets=False``: the idealised engine);
     ``client``: Scenario.client keys (ramp-up, jitter, warm-up); ``profiles``: {device preset: profile
     path} to price the row's GPU with a measured profile instead of its datasheet preset;
-    ``cost_model``: a pool ``cost_model`` (constant / linear what-if models, for tests)."""
+    ``cost_model``: a pool ``cost_model`` (constant / linear what-if models, for tests); ``frontend_ms``: the
+    pool's ``frontend_latency_ms`` (a per-request TTFT floor, benchmarks/fit_prefill_dispatch.py)."""
     from . import config
     c = r["concurrency"]
     ratio = r.get("length_ratio", 1.0)
@@ -336,6 +337,8 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
         pool["engine"] = r["engine"]
         if step_overhead and r["engine"] in step_overhead:     # fitted overhead (calibration) over the preset's
             pool["step_overhead"] = step_overhead[r["engine"]]
+        if frontend_ms is not None:
+            pool["frontend_latency_ms"] = frontend_ms
     raw = {"name": str(r["id"])[:80], "model": r["model"], "weight_dtype": r["weight_dtype"],
            "kv_dtype": r["kv_dtype"],
            "workload": {"arrival": "closed", "clients": c, "num_requests": max(min_requests, requests_per_client * c),
@@ -371,7 +374,7 @@ def client_mode_for(r: dict, client_mode: str = "auto") -> str:
 
 def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 10,
                  client_mode: str = "auto", step_overhead: dict | None = None, profiles: dict | None = None,
-                 cost_model: dict | None = None) -> dict:
+                 cost_model: dict | None = None, frontend_ms: float | None = None) -> dict:
     """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them
     (``client_mode``: see :data:`CLIENT_MODES`; the mode used is returned as ``client_mode``)."""
     from .metrics import requests_frame
@@ -384,7 +387,7 @@ def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int 
     elif mode == "steady":
         client = {"warmup_requests": r["concurrency"]}
     sc = row_scenario(r, engine_presets, requests_per_client, client=client, step_overhead=step_overhead,
-                      profiles=profiles, cost_model=cost_model)
+                      profiles=profiles, cost_model=cost_model, frontend_ms=frontend_ms)
     res = simulate(sc)
     df = requests_frame(res, sc.client)
     done = df[df.status == "finished"]
@@ -454,8 +457,11 @@ GROUP = ("model", "device", "engine", "mode")
 
 def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 10,
              progress=None, client_mode: str = "auto", step_overhead: dict | None = None,
-             profiles: dict | None = None, length_ratio: float | None = None) -> dict:
+             profiles: dict | None = None, length_ratio: float | None = None, frontend: dict | None = None) -> dict:
     """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}.
+
+    ``frontend``: {engine: (us per layer, us per MoE layer)}: each row of that engine gets that per-request
+    front-end latency (``frontend_latency_ms``) for its model (benchmarks/fit_prefill_dispatch.py).
 
     ``length_ratio``: the benchmark's random range ratio for every row (lengths uniform in
     [int(L x ratio), L]); None: each row's own (:func:`silicon_harness`; 1.0 = fixed lengths).
@@ -470,7 +476,13 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
         if length_ratio is not None:
             r = {**r, "length_ratio": length_ratio}
         try:
-            sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead, profiles)
+            fe = None
+            if frontend and r.get("engine") in frontend and engine_presets:
+                from .models import get_model
+                m = get_model(r["model"])
+                fe = (frontend[r["engine"]][0] * m.layers + frontend[r["engine"]][1] * m.moe_layers) * 1e-3
+            sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead, profiles,
+                               frontend_ms=fe)
         except ConfigError as exc:          # e.g. weights do not fit the GPU at this TP
             skipped.append((r, "does_not_fit: " + str(exc)[:160]))
             continue

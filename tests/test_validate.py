@@ -45,12 +45,13 @@ BAD = [({"id": "moe", "model_path": "MiniMaxAI/MiniMax-M2"}, "moe_model"),
 
 def _lone_trtllm_ms():
     """Hand-composed expectation for one client: the roofline step times plus TRT-LLM's preset overhead
-    (base + per_seq x 1) in place of the device's flat overhead; decode step k reads 128 + k tokens."""
+    (base + per_seq x 1) in place of the device's flat overhead; decode step k reads 128 + k tokens; the
+    first token also waits for the preset's front end, 32 layers (Llama-3.1-8B) x frontend_per_layer_us."""
     p = PRESETS["trtllm"]
     dev = get_device("h100-sxm")
     cm = RooflineCost(get_model("llama-3.1-8b"), dev, 1)
     extra = (p.overhead_base_us + p.overhead_per_seq_us) * 1e-6 - dev.step_overhead_s
-    ttft = cm.prefill_time(128) + extra
+    ttft = cm.prefill_time(128) + extra + 32 * p.frontend_per_layer_us * 1e-6
     decode = [cm.step(1, 128.0 + k - 1, 128 + k, 1, 1).time_s + extra for k in range(1, 9)]
     return ttft * 1e3, float(np.mean(decode)) * 1e3 * 8 / 8
 
@@ -479,3 +480,16 @@ def test_cli_names_the_kv_bound_rows(tmp_path, capsys):
     with open(tmp_path / "o" / "validate.csv") as f:
         (row,) = csv.DictReader(f)
     assert (row["sim_kv_tokens"], row["kv_holds_requests"], row["concurrency"]) == ("454188", "3", "4")
+
+
+def test_validate_adds_a_per_engine_frontend_floor_by_layers(tmp_path):
+    # one client on Llama-3.1-8B (32 layers, no MoE layer): 1000 us per layer is 32 ms more on every TTFT,
+    # nothing on TPOT; a floor given for another engine changes nothing
+    path = _silicon(tmp_path / "silicon.csv", [{"id": "ok"}])
+    rows = read_measured(path)
+    base = validate(rows)["rows"][0]
+    other = validate(rows, frontend={"sglang": (1000.0, 0.0)})["rows"][0]
+    got = validate(rows, frontend={"trtllm": (1000.0, 5000.0)})["rows"][0]
+    assert got["sim_ttft_ms"] - base["sim_ttft_ms"] == pytest.approx(32.0, rel=1e-9)
+    assert got["sim_tpot_ms"] == pytest.approx(base["sim_tpot_ms"], rel=1e-12)
+    assert other["sim_ttft_ms"] == base["sim_ttft_ms"]
