@@ -14,12 +14,13 @@ Needs the ``aic`` extra (aiconfigurator-core, pyarrow).  Prints MAPE of mean TTF
 
     .venv/bin/python benchmarks/validate_moe_silicon.py [--sample N (default 150, about 100 s)] [--seed S]
         [--dp-attention-only] [--ep-only] [--profiles 'calibration/profiles/*-aic.yaml' [--moe-tables] [--no-mla-tables]
-        [--a2a-tables]] [--frontend ENGINE=US,...] [--csv OUT.csv] [--write-error-table (with --sample 0 only)]
+        [--a2a-tables]] [--split train|test] [--frontend ENGINE=US,...] [--csv OUT.csv] [--write-error-table (with --sample 0 only)]
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,8 @@ def main() -> int:
     ap.add_argument("--a2a-tables", action="store_true",
                     help="with --profiles: also use their measured DeepEP all-to-all tables")
     ap.add_argument("--csv", help="write the per-row results here")
+    ap.add_argument("--split", choices=["all", "train", "test"], default="all",
+                    help="rows whose id has an even (train) or odd (test: held out) CRC32, as validate_silicon.py")
     ap.add_argument("--frontend", metavar="ENGINE=US,...",
                     help="a per-request front-end latency of US microseconds per MoE layer for that engine's rows "
                          "(the InferenceMAX TTFT floor, benchmarks/fit_prefill_dispatch.py; e.g. "
@@ -117,11 +120,16 @@ def main() -> int:
                     help="store the MoE band per engine|GPU (rows not KV-bound) in pdsim/data/validation_error.json, "
                          "which `pdsim run` shows for MoE pools (needs --sample 0, no --profiles or filters)")
     args = ap.parse_args()
-    frontend = {k: float(v) for k, v in (x.split("=") for x in args.frontend.split(","))} if args.frontend else None
+    try:
+        frontend = {k: float(v) for k, v in (x.split("=") for x in args.frontend.split(","))} \
+            if args.frontend else None
+    except ValueError:
+        raise SystemExit(f"--frontend {args.frontend!r}: give ENGINE=US,... (microseconds per MoE layer)") from None
     if args.write_error_table and (args.sample or args.profiles or args.dp_attention_only or args.ep_only
-                                   or frontend):
+                                   or frontend or args.split != "all"):
         raise SystemExit("--write-error-table stores the band of every MoE row on the datasheet presets: "
-                         "use it with --sample 0 and without --profiles / --dp-attention-only / --ep-only")
+                         "use it with --sample 0 and without --profiles / --dp-attention-only / --ep-only / "
+                         "--frontend / --split")
     profiles = V.parse_profiles(None, args.profiles) if args.profiles else None
     root, version = aic_systems_dir()
     rows, skipped = _rows(Path(root) / "silicon_sample.csv")
@@ -129,6 +137,8 @@ def main() -> int:
         rows = [r for r in rows if r["dp_attention"]]
     if args.ep_only:
         rows = [r for r in rows if r["ep"] > 1]
+    if args.split != "all":
+        rows = [r for r in rows if (zlib.crc32(str(r["id"]).encode()) % 2 == 1) == (args.split == "test")]
     print(f"aiconfigurator-core {version} silicon sample: {len(rows)} MoE rows pdsim can express; skipped {skipped}")
     if args.sample and len(rows) > args.sample:
         idx = np.random.default_rng(args.seed).choice(len(rows), args.sample, replace=False)
@@ -166,6 +176,15 @@ def main() -> int:
     print(f"KV-bound rows (pool holds fewer full-length requests than clients): {len(bound)}; "
           f"the other {len(rest)}: TTFT MAPE {rest.ttft_ape.mean():.1f}% (median {rest.ttft_ape.median():.1f}%), "
           f"TPOT MAPE {rest.tpot_ape.mean():.1f}%")
+    # per engine, GPU and harness (InferenceMAX or NVIDIA's own sweeps), not KV-bound, each measurement once
+    once = rest.drop_duplicates(["model", "device", "engine", "tp", "ep", "dp_attention", "isl", "osl",
+                                 "concurrency", "ttft_ms", "tpot_ms"])
+    h = once.groupby(["engine", "device", "harness"]).agg(
+        rows=("id", "size"), ttft_mape=("ttft_ape", "mean"), ttft_median_ape=("ttft_ape", "median"),
+        ttft_bias_pct=("ttft_ratio", lambda x: (x.mean() - 1) * 100), tpot_mape=("tpot_ape", "mean"))
+    print(f"per engine, GPU and harness (not KV-bound, each measurement once; split {args.split}):")
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(h.round(1).to_string())
     for _, x in bound.iterrows():
         print(f"  {x['id'][:72]:72s} {x.engine} {x.device} tp{x.tp} c{x.concurrency}: pool holds "
               f"{x.kv_holds_requests} ({x.sim_kv_tokens} tokens); TTFT {x.ttft_ms:.0f} ms measured, "

@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--only-before", action="store_true", help="only the idealised-engine (no presets) variants")
     ap.add_argument("--profiles", default=str(Path(__file__).parent.parent / "calibration/profiles/*-aic.yaml"),
                     help="measured profiles per GPU (pdsim validate --profiles); '' for the datasheet only")
+    ap.add_argument("--frontend", metavar="ENGINE=US[:US],...",
+                    help="each engine's rows with a per-request front-end latency of US per layer [and US per MoE "
+                         "layer] (benchmarks/fit_prefill_dispatch.py); not with --write-error-table")
     ap.add_argument("--fit-overhead", action="store_true",
                     help="fit each engine's step overhead on the train split, report the test split with it")
     args = ap.parse_args()
@@ -80,6 +83,18 @@ def main() -> None:
         sampled = f"all {len(usable)}"
     print(f"{path.name}: {len(rows)} rows; not expressible: {reasons}; simulating {sampled} usable rows "
           f"(split {args.split}, clients {args.client}, {args.requests_per_client} requests per client)")
+    frontend = None
+    if args.frontend:
+        try:
+            frontend = {}
+            for item in args.frontend.split(","):
+                eng, us = item.split("=")
+                a, _, b = us.partition(":")
+                frontend[eng] = (float(a), float(b or 0.0))
+        except ValueError:
+            raise SystemExit(f"--frontend {args.frontend!r}: give ENGINE=US[:US],...") from None
+        if args.write_error_table:
+            raise SystemExit("--write-error-table stores the presets' figures: drop --frontend")
     profiles = parse_profiles(None, args.profiles) if args.profiles else {}
     variants = [("datasheet", False, None), ("datasheet", True, None), ("measured", False, profiles),
                 ("measured", True, profiles)]
@@ -95,7 +110,7 @@ def main() -> None:
         t0 = time.perf_counter()
         res[label] = (presets, prof, validate(usable, engine_presets=presets, requests_per_client=args.requests_per_client,
                                               client_mode=args.client, profiles=prof,
-                                              length_ratio=args.range_ratio))
+                                              length_ratio=args.range_ratio, frontend=frontend))
         bound = [x["id"] for x in res[label][2]["rows"] if kv_bound(x)]
         print(f"  {label}: {res[label][2]['counts']['simulated']} simulated in {time.perf_counter() - t0:.0f} s; "
               f"{len(bound)} KV-bound (the pool holds fewer full-length requests than the run had clients)")

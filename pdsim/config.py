@@ -200,8 +200,9 @@ class PoolSpec(_Strict):
     # cache as the engine does and adds its per-step overhead; absent: the idealised engine
     engine: Literal["vllm-v1", "vllm-v0", "sglang", "trtllm"] | None = None
     step_overhead: StepOverheadSpec | None = None
-    # per-request latency before the engine schedules a request (no GPU time; adds to TTFT and E2E):
-    # default the engine preset's fitted value for the model (engines.frontend_latency_s), 0 without one
+    # per-request latency before the engine schedules a request (no GPU time; adds to TTFT, E2E and queue_s):
+    # default the engine preset's (engines.frontend_latency_s: 0 in every preset today), 0 without one; the
+    # entry pool's (colocated, or a disaggregated topology's prefill pool) counts
     frontend_latency_ms: NonNegFloat | None = None
     cuda_graph_GiB: NonNegFloat | None = None
     prefix_cache: PrefixCacheSpec | None = None

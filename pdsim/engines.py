@@ -181,19 +181,18 @@ def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float, w
 # --- per-step overhead -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class StepOverhead:
-    """``base + per_seq x batch + per_token x tokens``, plus ``prefill_s`` for a step that holds prompt
-    tokens: engines run such steps eagerly (decode steps replay CUDA graphs), so the CPU dispatches every
-    layer's kernels itself.  ``prefill`` (None: ``tokens > batch``, i.e. some item brings more than one new
-    token) lets a caller that knows better say so (a speculative verify step has several tokens per
-    request and no prompt)."""
+    """``base + per_seq x batch + per_token x tokens``, plus ``prefill_s`` when ``prefill``: a step the caller
+    counts as a prefill (more new tokens than sampled ones: :class:`EngineCost`, :class:`PipelineCost`; so a
+    1-token prompt or a 1-token last chunk counts as decode; a speculative verify step never).  Engines run
+    such steps eagerly (decode steps replay CUDA graphs), so the CPU dispatches every layer's kernels."""
     base_s: float
     per_seq_s: float
     per_token_s: float
     prefill_s: float = 0.0
 
-    def __call__(self, batch, tokens, prefill=None):
+    def __call__(self, batch, tokens, prefill: bool):
         t = self.base_s + self.per_seq_s * batch + self.per_token_s * tokens
-        if self.prefill_s and (tokens > batch if prefill is None else prefill):
+        if self.prefill_s and prefill:
             t += self.prefill_s
         return t
 
@@ -276,17 +275,14 @@ def frontend_latency_s(pool, model) -> float:
     return (p.frontend_per_layer_us * model.layers + p.frontend_per_moe_layer_us * model.moe_layers) * 1e-6
 
 
-def _model_of(cost):
-    """The model shape a cost model prices (a pipeline's stages'), or None (constant / linear models)."""
-    m = getattr(cost, "model", None)
-    if m is None and hasattr(cost, "stages"):
-        m = getattr(cost.stages, "model", None)
-    return m if hasattr(m, "moe_layers") else None
-
-
-def wrap_cost(cost, pool):
-    """``cost`` with the pool's engine overhead, or ``cost`` unchanged when it has none."""
-    ovh = step_overhead(pool, _model_of(cost))
+def wrap_cost(cost, pool, model=None):
+    """``cost`` with the pool's engine overhead, or ``cost`` unchanged when it has none.  ``model``: the shape
+    the prefill dispatch counts layers of (default: the cost model's own; constant / linear models have none,
+    so a pool of one passes it for an explicit ``step_overhead.prefill_per_layer_us`` to count)."""
+    if model is None:
+        m = getattr(cost, "model", None)         # a roofline (or a pipeline of roofline stages) prices one
+        model = m if hasattr(m, "moe_layers") else None
+    ovh = step_overhead(pool, model)
     if ovh is None:
         return cost
     if pool.step_overhead is None and getattr(cost, "device", None) is None:

@@ -240,7 +240,7 @@ class Pool:
         # layers of each pipeline stage (vLLM's split or the pool's pp_layers); None without PP
         self.pp_layers = list(model.stage_split(spec.pp, spec.pp_layers)) if spec.pp > 1 else None
         from .engines import wrap_cost
-        self.cost = wrap_cost(self.cost, spec)      # the engine's per-step overhead, if any
+        self.cost = wrap_cost(self.cost, spec, model)      # the engine's per-step overhead, if any
         from .engines import frontend_latency_s
         self.frontend_s = frontend_latency_s(spec, model)    # before a request reaches the scheduler
         blocks, self.block_bytes = kv_blocks(spec, model, ctx.weight_dtype, ctx.kv_dtype, ctx.base_dir, key)
@@ -462,6 +462,10 @@ class Disaggregated(_Serving):
         self.pools = [self.prefill, self.decode]
         self.instances = self.prefill.instances + self.decode.instances
         self.frontend_s = self.prefill.frontend_s      # the engine that receives a request first
+        if spec.decode.frontend_latency_ms:
+            raise ConfigError("a decode pool never receives a request from a client: set frontend_latency_ms "
+                              "on the prefill pool", key=f"{key}.decode.frontend_latency_ms",
+                              value=spec.decode.frontend_latency_ms)
         self.router = make_router(spec)
         self.assign = ASSIGNERS[spec.assignment]()
         link = spec.kv_link

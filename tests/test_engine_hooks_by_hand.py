@@ -139,7 +139,7 @@ def test_frontend_latency_defaults_from_the_engine_preset(monkeypatch):
 
 
 def test_frontend_latency_of_a_disaggregated_topology_is_the_prefill_pools():
-    # the prefill engine receives the request: its 100 ms delay the first token; the decode pool's does not
+    # the prefill engine receives the request: its 100 ms delay the first token (a decode pool's is refused)
     def ttft(pf, dc):
         topo = {"kind": "disaggregated", "kv_link": {"bandwidth_GBps": 10, "latency_us": 100},
                 "prefill": {"cost_model": {"kind": "constant", "step_s": 0.05}, "kv_blocks": 1000,
@@ -148,5 +148,43 @@ def test_frontend_latency_of_a_disaggregated_topology_is_the_prefill_pools():
                            "frontend_latency_ms": dc}}
         r = simulate(scenario({"d": topo}, num_requests=1, prompt_tokens=100, output_tokens=4))[0].requests[0]
         return r.token_s[0] - r.arrival_s
-    assert ttft(100.0, 0.0) - ttft(0.0, 0.0) == pytest.approx(0.1, rel=1e-9)
-    assert ttft(0.0, 100.0) == ttft(0.0, 0.0)
+    assert ttft(100.0, None) - ttft(0.0, None) == pytest.approx(0.1, rel=1e-9)
+
+
+def test_prefill_dispatch_counts_steps_with_more_new_tokens_than_sampled():
+    # the rule, by hand: a 257-token prompt in chunks of 256 runs a 256-token step (256 new, 0 sampled: a
+    # prefill) then a 1-token last chunk (1 new, 1 sampled: counted as decode), so it pays 32 ms once
+    a = _lone("llama-3.1-8b", {"prefill_per_layer_us": 0.0}, prompt=257, chunk=256)
+    b = _lone("llama-3.1-8b", {"prefill_per_layer_us": 1000.0}, prompt=257, chunk=256)
+    assert (b.token_s[0] - b.arrival_s) - (a.token_s[0] - a.arrival_s) == pytest.approx(0.032, rel=1e-9)
+
+
+def test_explicit_prefill_dispatch_on_a_constant_cost_pool_counts_the_models_layers():
+    # a constant 10 ms step: with step_overhead set the engine overhead applies, and so does the prefill
+    # dispatch over Llama-3.1-8B's 32 layers (1000 us each): 10 + 32 ms to the first token
+    topo = {"kind": "colocated", "cost_model": {"kind": "constant", "step_s": 0.01}, "kv_blocks": 1000,
+            "step_overhead": {"base_us": 0.0, "per_seq_us": 0.0, "prefill_per_layer_us": 1000.0}}
+    r = simulate(scenario({"c": topo}, num_requests=1, prompt_tokens=100, output_tokens=3))[0].requests[0]
+    assert r.token_s[0] - r.arrival_s == pytest.approx(0.042, rel=1e-9)
+    assert np.diff(r.token_s) == pytest.approx([0.01, 0.01], rel=1e-9)
+
+
+def test_frontend_latency_on_a_decode_pool_is_refused():
+    topo = {"kind": "disaggregated", "prefill": {"cost_model": {"kind": "constant", "step_s": 0.05},
+                                                 "kv_blocks": 1000},
+            "decode": {"cost_model": {"kind": "constant", "step_s": 0.01}, "kv_blocks": 1000,
+                       "frontend_latency_ms": 5.0}}
+    with pytest.raises(config.ConfigError, match="decode.frontend_latency_ms"):
+        simulate(scenario({"d": topo}, num_requests=1))
+
+
+def test_negative_frontend_latency_is_refused():
+    with pytest.raises(config.ConfigError, match="frontend_latency_ms"):
+        _pool(frontend_latency_ms=-1)
+
+
+def test_a_pool_with_a_frontend_latency_shows_no_stored_error_band():
+    from pdsim.metrics import expected_error
+    topo = {"kind": "colocated", "device": "h100-sxm", "engine": "sglang", "frontend_latency_ms": 50.0}
+    res = simulate(scenario({"c": topo}, num_requests=2, prompt_tokens=50, output_tokens=2))[0]
+    assert expected_error(res.topology)["replica"].startswith("unvalidated: frontend_latency_ms 50")
