@@ -3,7 +3,7 @@
 NVIDIA's measured serving runs (aiconfigurator-core 0.12.0's silicon sample) show a floor under the
 first token that no kernel explains: DeepSeek-R1 on 8 H200 (SGLang 0.5.9, InferenceMAX, 4 clients) takes
 260 ms to the first token of a 1024-token prompt and 447 ms for 8192 tokens, where pdsim (kernels, step
-overheads) said 72 and 352 ms; TRT-LLM and SGLang on B200 show the same 150-200 ms at 1024 tokens, and the
+overheads) said 72 and 352 ms; TRT-LLM and SGLang on B200 show the same 150-230 ms at 1024 tokens, and the
 floor grows with the model (gpt-oss-120b 20-30 ms, Llama-3.1-70B TP8 15-35 ms).  The same rows' TPOT is
 already right (SGLang H200 DeepSeek: 9.3 / 12.3 / 17.5 / 24.9 ms simulated against 10.3 / 12.5 / 16.6 /
 23.3 measured at 4-32 clients), so the floor does not stall the GPU: a cost added to every prefill step

@@ -46,12 +46,12 @@ BAD = [({"id": "moe", "model_path": "MiniMaxAI/MiniMax-M2"}, "moe_model"),
 def _lone_trtllm_ms():
     """Hand-composed expectation for one client: the roofline step times plus TRT-LLM's preset overhead
     (base + per_seq x 1) in place of the device's flat overhead; decode step k reads 128 + k tokens; the
-    first token also waits for the preset's front end, 32 layers (Llama-3.1-8B) x frontend_per_layer_us."""
+    first token also waits for the preset's front end (0 in every preset today; engines.frontend_latency_s)."""
     p = PRESETS["trtllm"]
     dev = get_device("h100-sxm")
     cm = RooflineCost(get_model("llama-3.1-8b"), dev, 1)
     extra = (p.overhead_base_us + p.overhead_per_seq_us) * 1e-6 - dev.step_overhead_s
-    ttft = cm.prefill_time(128) + extra + 32 * p.frontend_per_layer_us * 1e-6
+    ttft = cm.prefill_time(128) + extra + cm.model.layers * p.frontend_per_layer_us * 1e-6
     decode = [cm.step(1, 128.0 + k - 1, 128 + k, 1, 1).time_s + extra for k in range(1, 9)]
     return ttft * 1e3, float(np.mean(decode)) * 1e3 * 8 / 8
 
