@@ -16,11 +16,12 @@ NVIDIA's AIConfigurator adds a per-layer constant to each request's TTFT for vLL
 **Not adopted as a default** (the presets keep 0): the floor is a property of the InferenceMAX runs, not of
 every run of an engine.  Fitted on the train half's rows with at most 8 clients, MoE layers only
 (``--fit-max-concurrency 8 --moe-only``: SGLang 3250, TRT-LLM 1850, vLLM 800 us per MoE layer), then
-simulated (benchmarks/validate_moe_silicon.py --frontend ...), held-out InferenceMAX MoE rows improve
-(SGLang H200 TTFT MAPE 58% -> 9%, TRT-LLM B200 58% -> 26%) while NVIDIA's own sweeps of the same engines get
-far worse (TRT-LLM H100 Qwen3-235B / gpt-oss 38% -> 88%, vLLM H200 Qwen3-235B 60% -> 148%); with a
-per-layer term for dense models too, the held-out dense rows of those sweeps go from 43% to 68% (TRT-LLM
-H100) and 53% to 94% (vLLM H100), partly because a constant delay re-synchronises pdsim's closed-loop
+simulated (benchmarks/validate_moe_silicon.py --split test --frontend ...), held-out InferenceMAX MoE rows
+improve (SGLang H200 TTFT MAPE 55.8% -> 9.1%, TRT-LLM B200 57.7% -> 25.8%) while NVIDIA's own sweeps of the
+same engines get far worse (TRT-LLM H100 Qwen3-235B / gpt-oss 38.1% -> 90.8%, vLLM H200 Qwen3-235B 59.8% ->
+148.5%); with a
+per-layer term for dense models too, the held-out dense rows of those sweeps go from 42.7% to 67.8% (TRT-LLM
+H100) and 52.7% to 94.1% (vLLM H100), partly because a constant delay re-synchronises pdsim's closed-loop
 clients into lock-stepped waves.  What the floor is physically is not known.  A user whose stack shows
 one (TTFT of a lone short request minus ``pdsim estimate``'s prefill step) sets ``frontend_latency_ms``.
 
