@@ -1533,3 +1533,303 @@ def test_trace_window_moves_from_the_traces_own_start(tmp_path):
     assert plan_base_rate(plan, with_span=True) == (1.0, 7.0)
     starts = {seed: _scenario_dict(plan, {}, 3.0, seed)["workload"]["trace"]["start_s"] for seed in (7, 8, 9, 11)}
     assert starts == {7: 1.0, 8: 4.0, 9: 3.0, 11: 1.0}
+
+
+# --- pricing and the analytic bound (_price_and_bound) and the plan file's own checks (parse_plan), branch mutplan4 --
+# The bound is worked out by hand from a linear cost model (step = base + per_token x tokens + per_kv x KV read) on a
+# request stream written in the test: shared_stream (what every config's bound reads) is replaced by it, so the means
+# and the largest prompt are known exactly.
+LIN = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-3}
+
+
+def _stream(monkeypatch, prompts, outputs):
+    import pdsim.simulation
+    reqs = [SimpleNamespace(prompt_tokens=p, output_tokens=o) for p, o in zip(prompts, outputs)]
+    monkeypatch.setattr(pdsim.simulation, "shared_stream", lambda sc, model: list(reqs))
+
+
+def _bounds(search, slo=None, **over) -> dict:
+    raw = _raw(search, slo=slo or {"ttft_s": 5.0, "tpot_s": 1.0, "attainment_target": 0.9}, **over)
+    return {c.name: c for c in parse_plan(raw).configs}
+
+
+def test_colocated_bound_and_price_by_hand(monkeypatch):
+    # prompts 100 and 316 (mean 208, largest 316), outputs 1 and 11 (decode tokens 0 and 10: mean 5).
+    # tp 2 x 2 replicas at $1.5 per GPU-hour: 4 GPUs, $6/h.
+    # fcfs, max_running 4, max_batched_tokens 8192: the largest prefill step is 4 prompts of 316 = 1264 tokens,
+    #   (0.01 + 1.264) / 1264 s per prompt token; a decode batch: 208 + 1 tokens need 14 blocks of 16, 39 // 14 = 2
+    #   requests fit (not 3: 13 blocks would give 3), so (0.01 + 2 x 0.001) / 2 = 6 ms per output token;
+    #   per request 208 x 1.274 / 1264 + 5 x 0.006 s, 2 replicas: 2 / that = 8.35 req/s.
+    # chunked, budget 256: one whole 316-token prompt is the largest step (above the budget): 0.326 / 316 s per
+    #   token (256 tokens: 0.266 / 256, more), cheaper than a decode token: (208 + 5) x 0.326 / 316 s a request.
+    _stream(monkeypatch, [100, 316], [1, 11])
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.5}],
+              "colocated": {"tp": [2], "replicas": [2], "chunked_prefill": [None, 256]},
+              "pool": {"max_running": 4, "kv_blocks": 39, "cost_model": LIN}}
+    cfg = _bounds(search)
+    fcfs, chunk = cfg["colo-h100-sxm-tp2x2"], cfg["colo-h100-sxm-tp2x2-chunk256"]
+    assert (fcfs.gpus, fcfs.usd_per_hour, chunk.gpus, chunk.usd_per_hour) == (4, 6.0, 4, 6.0)
+    assert fcfs.bound_rate == pytest.approx(2 / (208 * 1.274 / 1264 + 5 * 0.012 / 2), rel=1e-12)
+    assert chunk.bound_rate == pytest.approx(2 / (213 * 0.326 / 316), rel=1e-12)
+    assert fcfs.infeasible == chunk.infeasible == ""
+    # the pool's error band (metrics.expected_error) travels with the config: a linear model is unvalidated
+    assert fcfs.expected_error == {"replica": "unvalidated: a linear cost model (a what-if, not the roofline)"}
+    # the in-flight scheduler mixes prefills and decodes too: the chunked rule, at the fcfs step sizes
+    # (1264 tokens): 213 x 1.274 / 1264 s a request.  max_running 1: prefill steps of one 316-token prompt,
+    # (0.01 + 0.316) / 316 s a token, a decode batch of 1 (0.011 s a token): 208 x 0.326 / 316 + 5 x 0.011 s.
+    search["colocated"] = {"tp": [2], "replicas": [2]}
+    search["pool"] = {"max_running": 4, "kv_blocks": 39, "cost_model": LIN, "scheduler": "inflight"}
+    assert _bounds(search)["colo-h100-sxm-tp2x2"].bound_rate == pytest.approx(2 / (213 * 1.274 / 1264), rel=1e-12)
+    search["pool"] = {"max_running": 1, "kv_blocks": 39, "cost_model": LIN}
+    assert _bounds(search)["colo-h100-sxm-tp2x2"].bound_rate == pytest.approx(2 / (208 * 0.326 / 316 + 5 * 0.011),
+                                                                              rel=1e-12)
+    # max_batched_tokens 1000: the largest step is 1000 tokens (4 x 316 = 1264 above it), (0.01 + 1.0) / 1000 s a
+    # token; kv_blocks 1000: the batch is max_running (4: 1000 // 14 = 71 fit), (0.01 + 0.004) / 4 s a token
+    search["pool"] = {"max_running": 4, "max_batched_tokens": 1000, "kv_blocks": 1000, "cost_model": LIN}
+    assert _bounds(search)["colo-h100-sxm-tp2x2"].bound_rate == pytest.approx(
+        2 / (208 * 1.01 / 1000 + 5 * 0.014 / 4), rel=1e-12)
+    # the decode batch's blocks are for the mean prompt and the first output token: prompts 100 and 314 (mean 207):
+    # 208 tokens fill exactly 13 blocks, 39 // 13 = 3 fit (209 tokens would need 14: 2); the largest prefill step
+    # 4 x 314 = 1256 tokens.  8-token prompts: 9 tokens in 1 block, 3 blocks hold 3 (the guard max(1, blocks)
+    # binds nothing); the largest prefill step 4 x 8 = 32 tokens; 10 decode tokens each
+    search["pool"] = {"max_running": 4, "kv_blocks": 39, "cost_model": LIN}
+    _stream(monkeypatch, [100, 314], [1, 11])
+    assert _bounds(search)["colo-h100-sxm-tp2x2"].bound_rate == pytest.approx(
+        2 / (207 * 1.266 / 1256 + 5 * 0.013 / 3), rel=1e-12)
+    search["pool"]["kv_blocks"] = 3
+    _stream(monkeypatch, [8, 8], [11, 11])
+    assert _bounds(search)["colo-h100-sxm-tp2x2"].bound_rate == pytest.approx(
+        2 / (8 * 0.042 / 32 + 10 * 0.013 / 3), rel=1e-12)
+    _stream(monkeypatch, [100, 316], [1, 11])
+    search["pool"] = {"max_running": 4, "max_batched_tokens": 1000, "kv_blocks": 1000, "cost_model": LIN}
+    # max_batched_tokens 200, below the 316-token prompt: the largest step is that one prompt, 0.326 / 316 s a token
+    search["pool"]["max_batched_tokens"] = 200
+    assert _bounds(search)["colo-h100-sxm-tp2x2"].bound_rate == pytest.approx(
+        2 / (208 * 0.326 / 316 + 5 * 0.014 / 4), rel=1e-12)
+
+
+def test_disaggregated_bound_is_the_slower_side_and_prices_both_pools(monkeypatch):
+    # prompts 100 and 316 (mean 208), outputs 1 and 67 (decode tokens 0 and 66: mean 33).  Prefill on h100 at
+    # $1/GPU-h, tp 1, 1 or 2 instances; decode one tp-2 a100 at $3/GPU-h: 3 GPUs $1 + $6 = $7/h, 4 GPUs $8/h.
+    # prefill: 208 x 1.274 / 1264 = 0.20965 s a request per instance (as the colocated fcfs case);
+    # decode: 33 x 6 ms = 0.198 s a request (batch of 2, as there).
+    # 1 prefill instance: min(1 / 0.20965, 1 / 0.198) = 4.77 (prefill); 2: min(9.54, 5.05) = 5.05 (decode)
+    _stream(monkeypatch, [100, 316], [1, 67])
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}],
+              "disaggregated": {"prefill_instances": [1, 2], "decode_tp": [2], "kv_link": ["nvlink"],
+                                "decode_devices": [{"name": "a100-80gb-sxm", "price_per_hour_usd": 3.0}]},
+              "pool": {"max_running": 4, "kv_blocks": 39, "cost_model": LIN}}
+    cfg = _bounds(search)
+    one, two = cfg["pd-h100-sxm-1p1-1d2-a100-80gb-sxm-nvlink"], cfg["pd-h100-sxm-2p1-1d2-a100-80gb-sxm-nvlink"]
+    assert (one.gpus, one.usd_per_hour, two.gpus, two.usd_per_hour) == (3, 7.0, 4, 8.0)
+    band = "unvalidated: a linear cost model (a what-if, not the roofline)"
+    assert one.expected_error == {"prefill": band, "decode": band}
+    pre = 208 * 1.274 / 1264
+    assert one.bound_rate == pytest.approx(1 / pre, rel=1e-12)
+    assert two.bound_rate == pytest.approx(1 / (33 * 0.006), rel=1e-12)
+    # every reply one token long: no decode work, the decode side bounds nothing (2 / 0.20965 req/s)
+    _stream(monkeypatch, [100, 316], [1, 1])
+    assert _bounds(search)["pd-h100-sxm-2p1-1d2-a100-80gb-sxm-nvlink"].bound_rate == pytest.approx(2 / pre, rel=1e-12)
+    # a step priced only per KV token read: the bound's steps read none (prefill of new tokens, decode at no
+    # context), so no side costs anything and nothing bounds the rate, colocated or not
+    search["colocated"] = {}
+    search["pool"]["cost_model"] = {"kind": "linear", "per_kv_token_s": 1e-4}
+    _stream(monkeypatch, [100, 316], [1, 67])
+    assert {n: c.bound_rate for n, c in _bounds(search).items()} == {
+        "colo-h100-sxm-tp1x1": math.inf, "pd-h100-sxm-1p1-1d2-a100-80gb-sxm-nvlink": math.inf,
+        "pd-h100-sxm-2p1-1d2-a100-80gb-sxm-nvlink": math.inf}
+
+
+def test_pipelined_prefill_is_priced_over_its_micro_batches_and_its_lone_prefill_takes_every_stage(monkeypatch):
+    # prefill pp 2 (2 micro-batches, the default), decode pp 1, one instance each, $1/GPU-h: 3 GPUs, $3/h.
+    # A linear stage prices one stage of one micro-batch: a prefill step of T tokens as 2 micro-batches of
+    # T / 2 is bound by one stage's work on both, 2 x (0.01 + 0.001 T / 2) = 0.02 + 0.001 T (pipeline.py's
+    # docstring): at T = 1264, 1.284 / 1264 s a token; prompts 100 and 316 (mean 208), outputs 11 (mean 10):
+    # prefill side 1 / (208 x 1.284 / 1264), decode side 1 / (10 x 6 ms) (batch 39 // 14 = 2).
+    # A lone prefill runs through both stages: 2 x (0.01 + 0.001 p + 1e-4 p) = 0.24 s (p = 100), 0.715 s
+    # (p = 316: 2 x 0.3576 = 0.7152); the decode pool's lone step (pp 1) 0.01 + 0.001 + 1e-4 (p + 1) = 0.0211 s
+    # and 0.0427 s.  TTFT 0.5 s: the long prompt (half the requests) misses; TPOT 0.05 s: all meet
+    # (priced on the prefill pool, 0.0422 and 0.0854 s, half would miss)
+    _stream(monkeypatch, [100, 316], [11, 11])
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}],
+              "disaggregated": {"prefill_pp": [2], "kv_link": ["nvlink"]},
+              "pool": {"max_running": 4, "kv_blocks": 39, "cost_model": dict(LIN, per_kv_token_s=1e-4)}}
+    (cfg,) = _bounds(search, slo={"ttft_s": 0.5, "tpot_s": 0.05, "attainment_target": 0.9}).values()
+    assert (cfg.name, cfg.gpus, cfg.usd_per_hour) == ("pd-h100-sxm-1p1pp2-1d1-nvlink", 3, 3.0)
+    assert cfg.bound_rate == pytest.approx(min(1 / (208 * 1.284 / 1264), 1 / (10 * 0.006)), rel=1e-12)
+    assert cfg.infeasible == "TTFT: a lone prefill exceeds 0.5 s for 50%"
+
+
+# lone steps of the linear model with per_kv 1e-4: prefill 0.01 + 0.0011 p (p = 100: 0.12, 180: 0.208, 300: 0.34 s);
+# decode 0.011 + 1e-4 (p + 1) (0.0211, 0.0291, 0.0411 s)
+_TEN = [100] * 8 + [180, 300]
+
+
+@pytest.mark.parametrize("ttft, tpot, outputs, want, target", [
+    # 2 of 10 lone prefills over 0.2 s: 80% < 90%; 1 of 10 decode steps over 0.03 s: 90% is enough (no TPOT note)
+    (0.2, 0.03, [11] * 10, "TTFT: a lone prefill exceeds 0.2 s for 20%", 0.9),
+    (0.5, 0.025, [11] * 10, "TPOT: a lone decode step exceeds 0.025 s for 20%", 0.9),
+    (0.2, 0.025, [11] * 10, "TTFT: a lone prefill exceeds 0.2 s for 20%; TPOT: a lone decode step exceeds 0.025 s "
+                            "for 20%", 0.9),
+    # the two slow decoders reply with one token: no decode step to miss, all 10 can meet the SLO alone
+    (0.5, 0.025, [11] * 8 + [1, 1], "", 0.9),
+    # one of them replies with 2 tokens: 9 of 10 can (90%, exactly the target: feasible)
+    (0.5, 0.025, [11] * 8 + [1, 2], "", 0.9),
+    # ... but not at a 95% target (the note counts every slow decoder, one-token replies too: 2 of 10)
+    (0.5, 0.025, [11] * 8 + [1, 2], "TPOT: a lone decode step exceeds 0.025 s for 20%", 0.95),
+    # 9 of 10 lone prefills meet 0.3 s (exactly the target: no TTFT note); 2 of 10 decode steps miss 0.025 s
+    (0.3, 0.025, [11] * 10, "TPOT: a lone decode step exceeds 0.025 s for 20%", 0.9),
+])
+def test_lone_request_slo_bounds_by_hand(monkeypatch, ttft, tpot, outputs, want, target):
+    _stream(monkeypatch, _TEN, outputs)
+    search = {"devices": ["h100-sxm"], "colocated": {},
+              "pool": {"kv_blocks": 2000, "cost_model": dict(LIN, per_kv_token_s=1e-4)}}
+    (cfg,) = _bounds(search, slo={"ttft_s": ttft, "tpot_s": tpot, "attainment_target": target}).values()
+    assert cfg.infeasible == want
+
+
+@pytest.mark.parametrize("cost, prompts, ttft, tpot, want", [
+    # 1/1024 s per token, nothing else: a lone prefill of 256 tokens takes exactly 0.25 s (meets 0.25 s), of 512
+    # tokens 0.5 s; the share that exceeds counts only the 512-token ones
+    ({"kind": "linear", "per_token_s": 1 / 1024}, [256] * 5 + [512] * 5, 0.25, 1.0,
+     "TTFT: a lone prefill exceeds 0.25 s for 50%"),
+    # 1/1024 s per KV token read only: a lone decode step at context p reads p + 1 tokens: (255 + 1) / 1024 = 0.25 s
+    # exactly, (511 + 1) / 1024 = 0.5 s (their prefills, 255 / 1024 and 511 / 1024 s, meet 1 s)
+    ({"kind": "linear", "per_kv_token_s": 1 / 1024}, [255] * 5 + [511] * 5, 1.0, 0.25,
+     "TPOT: a lone decode step exceeds 0.25 s for 50%"),
+    # a constant 0.25 s step: every TTFT exactly at its 0.25 s bound (no TTFT note), every decode step over 0.2 s
+    ({"kind": "constant", "step_s": 0.25}, [100] * 10, 0.25, 0.2, "TPOT: a lone decode step exceeds 0.2 s for 100%"),
+    ({"kind": "constant", "step_s": 0.25}, [100] * 10, 0.2, 0.25, "TTFT: a lone prefill exceeds 0.2 s for 100%"),
+])
+def test_lone_request_slo_notes_at_their_edges(monkeypatch, cost, prompts, ttft, tpot, want):
+    _stream(monkeypatch, prompts, [11] * 10)
+    search = {"devices": ["h100-sxm"], "colocated": {}, "pool": {"kv_blocks": 2000, "cost_model": cost}}
+    (cfg,) = _bounds(search, slo={"ttft_s": ttft, "tpot_s": tpot, "attainment_target": 0.9}).values()
+    assert cfg.infeasible == want
+
+
+def test_lone_request_slo_bounds_are_inclusive_and_read_the_first_400_requests(monkeypatch):
+    # a constant 0.25 s step: every lone prefill and decode step takes exactly the 0.25 s bounds: feasible at 100%
+    _stream(monkeypatch, [100, 300], [11, 11])
+    search = {"devices": ["h100-sxm"], "colocated": {},
+              "pool": {"kv_blocks": 2000, "cost_model": {"kind": "constant", "step_s": 0.25}}}
+    slo = {"ttft_s": 0.25, "tpot_s": 0.25, "attainment_target": 1.0}
+    assert _bounds(search, slo=slo)["colo-h100-sxm-tp1x1"].infeasible == ""
+    # the lone-request check samples the first 400 requests: a 401st that could never meet 0.2 s (0.34 s) is not
+    # read; at the 400th it is (1 of 400 over: 99.75% < 100%, shown rounded)
+    search["pool"]["cost_model"] = dict(LIN, per_kv_token_s=1e-4)
+    slo = {"ttft_s": 0.2, "tpot_s": 1.0, "attainment_target": 1.0}
+    _stream(monkeypatch, [100] * 400 + [300], [11] * 401)
+    assert _bounds(search, slo=slo)["colo-h100-sxm-tp1x1"].infeasible == ""
+    _stream(monkeypatch, [100] * 399 + [300], [11] * 400)
+    assert _bounds(search, slo=slo)["colo-h100-sxm-tp1x1"].infeasible == "TTFT: a lone prefill exceeds 0.2 s for 0%"
+
+
+def test_speculative_decoding_divides_the_decode_time_by_the_tokens_a_step_can_emit(monkeypatch):
+    # k = 3 drafts: a verify step emits up to 4 tokens.  As the fcfs case of test_colocated_bound_and_price_by_hand
+    # (one replica) but a decode token costs 6 / 4 = 1.5 ms; the lone decode steps (0.0211 .. 0.0411 s, /4: at
+    # most 0.0103 s) all meet 0.025 s, which 2 of 10 plain ones miss
+    spec = {"method": "draft", "k": 3, "draft_cost_fraction": 0.1}
+    search = {"devices": ["h100-sxm"], "colocated": {},
+              "pool": {"max_running": 4, "kv_blocks": 39, "cost_model": LIN, "speculative": spec}}
+    _stream(monkeypatch, [100, 316], [1, 11])
+    assert _bounds(search)["colo-h100-sxm-tp1x1"].bound_rate == pytest.approx(
+        1 / (208 * 1.274 / 1264 + 5 * 0.006 / 4), rel=1e-12)
+    _stream(monkeypatch, _TEN, [11] * 10)
+    search["pool"] = {"kv_blocks": 2000, "cost_model": dict(LIN, per_kv_token_s=1e-4), "speculative": spec}
+    slo = {"ttft_s": 0.5, "tpot_s": 0.025, "attainment_target": 0.9}
+    assert _bounds(search, slo=slo)["colo-h100-sxm-tp1x1"].infeasible == ""
+
+
+def test_parse_plan_refuses_a_closed_loop_workload_naming_file_key_and_value():
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(workload={"arrival": "closed", "clients": 2, "num_requests": 5}), "p.yaml")
+    assert str(e.value) == ("p.yaml: workload.arrival = 'closed': a plan searches over the arrival rate: use an "
+                            "open-loop arrival (poisson, gamma, constant or trace)")
+    # without a file name: the default, plan.yaml
+    with pytest.raises(ConfigError, match=r"^plan\.yaml: workload\.arrival = 'closed': "):
+        parse_plan(_raw(workload={"arrival": "closed", "clients": 2, "num_requests": 5}))
+    # no arrival key: Poisson (open loop), accepted; the plan keeps its file and folder (default: plan.yaml, ".")
+    plan = parse_plan(_raw(workload={"num_requests": 100, "prompt_tokens": 100, "output_tokens": 10}), "q.yaml",
+                      "plans")
+    assert (plan.file, plan.base_dir, plan.spec.name, len(plan.configs)) == ("q.yaml", Path("plans"), "hand", 2)
+    plan = parse_plan(_raw())
+    assert (plan.file, plan.base_dir) == ("plan.yaml", Path("."))
+
+
+def test_parse_plan_errors_name_the_plan_file_and_suggest_the_plans_own_keys():
+    # a typo of a plan key: the suggestion comes from the plan's keys (prefill_instances is no scenario key), the
+    # key path keeps 'disaggregated' (a key of the plan; in a scenario it is a topology's tag)
+    search = {"devices": ["h100-sxm"], "disaggregated": {"prefill_instance": [1]}}
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(search), "p.yaml")
+    assert str(e.value) == ("p.yaml: search.disaggregated.prefill_instance: unknown key; did you mean "
+                            "'prefill_instances'?")
+    # the workload is checked as a scenario's (the plan only holds it as a mapping), in the plan's file
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(workload={"arrival": "poisson", "num_requests": 100, "prompt_tokens": 100,
+                                  "output_tokens": 10, "rat": 3}), "p.yaml")
+    assert str(e.value) == "p.yaml: workload.rat: unknown key; did you mean 'rate'?"
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "gpt-oss-120b"])
+def test_lone_prefill_is_the_cost_models_idle_instance_ttft(monkeypatch, model):
+    # On the roofline the plan's lone TTFT is the cost model's lone prefill (CostModel.prefill_time: the whole
+    # prompt's causal attention, p^2 / 2, and with gpt-oss's sliding-window layers only their window; its values
+    # are checked by hand in tests/test_costmodel*.py): a TTFT bound at exactly that time is met, one a float
+    # below it is not.  401 requests: the check reads the first 400 (the sliding layers' path too).
+    from pdsim.config import PoolSpec
+    from pdsim.models import get_model
+    from pdsim.topology import make_cost
+    lone = make_cost(PoolSpec(device="h100-sxm", kv_blocks=2000), get_model(model), "bf16", "bf16", ".",
+                     "x").prefill_time(1000)
+    _stream(monkeypatch, [1000] * 401, [11] * 401)
+    search = {"devices": ["h100-sxm"], "colocated": {}, "pool": {"kv_blocks": 2000}}
+    below = math.nextafter(lone, 0)
+    for ttft, want in [(lone, ""), (below, f"TTFT: a lone prefill exceeds {below} s for 100%")]:
+        (cfg,) = _bounds(search, slo={"ttft_s": ttft, "tpot_s": 1.0, "attainment_target": 0.9},
+                         model=model).values()
+        assert cfg.infeasible == want
+
+
+def test_bound_and_lone_prefill_count_the_engine_overhead_per_request_in_a_step(monkeypatch):
+    # an explicit step overhead of 1 ms per request in the step (per_seq_us 1000, nothing else) on the linear model:
+    # the bound's prefill step holds one prompt's worth of requests (1): (0.01 + 1.264 + 0.001) / 1264 s a token
+    # (one 316-token prompt: 0.327 / 316, more); its decode batch of 2 pays 2 ms: (0.01 + 0.002 + 0.002) / 2 = 7 ms
+    # a token.  As test_colocated_bound_and_price_by_hand's fcfs case otherwise.
+    _stream(monkeypatch, [100, 316], [1, 11])
+    search = {"devices": ["h100-sxm"], "colocated": {"tp": [2], "replicas": [2]},
+              "pool": {"max_running": 4, "kv_blocks": 39, "cost_model": LIN, "step_overhead": {"per_seq_us": 1000}}}
+    assert _bounds(search)["colo-h100-sxm-tp2x2"].bound_rate == pytest.approx(
+        2 / (208 * 1.275 / 1264 + 5 * 0.007), rel=1e-12)
+    # a lone prefill is one request: 1/1024 s a token and 1 ms: 256 tokens take 0.251 s (meets 0.2515 s; priced as a
+    # step of 2 requests, 0.252 s, it would not); 512 tokens 0.501 s; a decode step (1 / 1024 + 0.001 s) meets 1 s
+    _stream(monkeypatch, [256] * 9 + [512], [11] * 10)
+    search["pool"]["cost_model"] = {"kind": "linear", "per_token_s": 1 / 1024}
+    (cfg,) = _bounds(search, slo={"ttft_s": 0.2515, "tpot_s": 1.0, "attainment_target": 0.9}).values()
+    assert cfg.infeasible == ""
+    (cfg,) = _bounds(search, slo={"ttft_s": 0.2515, "tpot_s": 1.0, "attainment_target": 0.95}).values()
+    assert cfg.infeasible == "TTFT: a lone prefill exceeds 0.2515 s for 10%"
+
+
+def test_a_bad_trace_workload_is_reported_in_the_plan_file(tmp_path):
+    # a trace workload is first read for its base rate (plan_base_rate, while the plan is parsed): a typo in its
+    # trace mapping is reported there, naming the plan file and the key
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:4{i}.0000000,100,10\n" for i in range(3)))
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "t.csv", "rate_scal": 2.0}}), "p.yaml",
+                   tmp_path)
+    assert str(e.value) == "p.yaml: workload.trace.rate_scal: unknown key; did you mean 'rate_scale'?"
+
+
+def test_plan_base_rate_spans_the_first_to_the_last_arrival_after_an_idle_start(tmp_path):
+    # requests at 0, 2, 3 and 4 s into the trace, read from start_s = 1 s: the window keeps 2, 3, 4 s, re-based
+    # on start_s (traces.window keeps the idle second): arrivals at 1, 2 and 3 s.  The base rate is over the
+    # arrivals' own span: 2 gaps over 3 - 1 = 2 s, 1 req/s (not over 3 s from the window's start)
+    from pdsim.plan import plan_base_rate
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:4{s}.0000000,100,10\n" for s in (0, 2, 3, 4)))
+    plan = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "t.csv", "start_s": 1.0}}),
+                      str(tmp_path / "p.yaml"), tmp_path)
+    assert plan_base_rate(plan, with_span=True) == (1.0, 2.0)
