@@ -452,6 +452,7 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
         lone_ttft = np.array([first.step(int(pt), pt * pt / 2.0, int(pt), 1, 1).time_s for pt in prompt[:400]])
     else:       # sliding-window layers: prefill_time adds their aggregates
         lone_ttft = np.array([first.prefill_time(int(pt)) for pt in prompt[:400]])
+    lone_ttft = lone_ttft + topo.frontend_s      # the entry engine's front end (engines.frontend_latency_s), if any
     lone_tpot = np.array([last.decode_time(1, int(pt)) for pt in prompt[:400]]) / tokens_per_step(topo.pools[-1])
     ok = (lone_ttft <= slo.ttft_s) & ((out[:400] <= 1) | (lone_tpot <= slo.tpot_s))
     if ok.mean() < need:

@@ -1833,3 +1833,15 @@ def test_plan_base_rate_spans_the_first_to_the_last_arrival_after_an_idle_start(
     plan = parse_plan(_raw(workload={"arrival": "trace", "trace": {"path": "t.csv", "start_s": 1.0}}),
                       str(tmp_path / "p.yaml"), tmp_path)
     assert plan_base_rate(plan, with_span=True) == (1.0, 2.0)
+
+
+def test_lone_request_ttft_bound_counts_the_front_end(monkeypatch):
+    # a constant 0.2 s step meets a 0.25 s TTFT bound alone; 60 ms in the engine's front end (no GPU time) makes
+    # every lone first token 0.26 s: infeasible for all; 50 ms makes it exactly 0.25 s: feasible (inclusive)
+    _stream(monkeypatch, [100] * 10, [11] * 10)
+    for fe, want in ((60.0, "TTFT: a lone prefill exceeds 0.25 s for 100%"), (50.0, ""), (0.0, "")):
+        search = {"devices": ["h100-sxm"], "colocated": {},
+                  "pool": {"kv_blocks": 2000, "cost_model": {"kind": "constant", "step_s": 0.2},
+                           "frontend_latency_ms": fe}}
+        (cfg,) = _bounds(search, slo={"ttft_s": 0.25, "tpot_s": 1.0, "attainment_target": 0.9}).values()
+        assert cfg.infeasible == want, fe
