@@ -520,8 +520,9 @@ def expected_error(topo) -> dict:
                            "with its own (a `pdsim calibrate --from-benchmark` file states its held-out error)")
         elif getattr(p.spec, "frontend_latency_ms", None):
             # the bands were measured without a front-end latency (every preset has none)
-            out[p.name] = (f"unvalidated: frontend_latency_ms {p.spec.frontend_latency_ms:g} set; the "
-                           f"{p.spec.engine or 'pool'}'s band was measured without one")
+            out[p.name] = (f"unvalidated: frontend_latency_ms {p.spec.frontend_latency_ms:g} set; "
+                           + (f"the {p.spec.engine} preset's band" if p.spec.engine else "every stored band")
+                           + " was measured without one")
         elif p.spec.cost_model.kind != "roofline":
             # the bands were measured with the roofline cost model (device profile x model); a constant or
             # linear step time is a what-if nobody measured
