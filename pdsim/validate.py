@@ -637,7 +637,7 @@ def band_text(band: dict | str) -> str:
 def band_notes(band: dict) -> str:
     """What a band's MAPE alone hides, as '; ...' clauses: an in-sample MoE band and the models it was measured
     on; and where pdsim is fast by 1.5x or more at the median (an APE never passes 100%, however fast), the
-    measured/simulated factor."""
+    measured/simulated factor (for an MoE band's TTFT, with where much of it comes from)."""
     out = ""
     if band.get("in_sample"):
         models = band.get("models")
@@ -646,6 +646,10 @@ def band_notes(band: dict) -> str:
         med, p90 = band.get(f"{m}_measured_over_sim_median"), band.get(f"{m}_measured_over_sim_p90")
         if med is not None and med == med and med >= 1.5:
             out += f"; measured {name} is a median {med:.1f}x pdsim's (p90 {p90:.1f}x)"
+            if m == "ttft" and band.get("in_sample"):
+                # the MoE rows (README "A TTFT floor in the InferenceMAX runs"): mostly a per-request floor
+                out += (", much of it a per-request floor of the InferenceMAX runs (README 'A TTFT floor'): "
+                        "set frontend_latency_ms if your stack shows one")
     return out
 
 

@@ -346,6 +346,9 @@ def test_error_stats_and_band_notes_by_hand():
     assert band_notes({**st, "in_sample": True, "models": ["deepseek-r1", "qwen3-235b-a22b"]}).startswith(
         "; in sample, not held out (rows of deepseek-r1, qwen3-235b-a22b); measured TTFT")
     assert band_notes({"ttft_measured_over_sim_median": 1.4}) == ""
+    # an MoE band's fast TTFT points at the InferenceMAX floor and the key that sets one; a dense band's does not
+    assert "set frontend_latency_ms" in band_notes({**st, "in_sample": True})
+    assert "frontend_latency_ms" not in band_notes(st)
     assert error_stats([rows[2]])["ttft_mape_pct"] != error_stats([rows[2]])["ttft_mape_pct"]   # nothing: NaN
 
 
