@@ -200,7 +200,7 @@ class StepOverhead:
 def step_overhead(pool, model=None) -> StepOverhead | None:
     """The pool's per-step engine overhead: its ``step_overhead`` keys over its engine's preset.
 
-    ``model`` (a :class:`pdsim.models.ModelSpec`): prices the prefill dispatch term, ``prefill_per_layer_us``
+    ``model`` (a :class:`pdsim.models.ModelShape`): prices the prefill dispatch term, ``prefill_per_layer_us``
     x layers + ``prefill_per_moe_layer_us`` x MoE layers (none without a model: constant/linear what-ifs)."""
     if pool.engine is None and pool.step_overhead is None:
         return None
@@ -265,8 +265,8 @@ def frontend_latency_s(pool, model) -> float:
     """Seconds from a request's send to the engine's scheduler seeing it, during which it takes no GPU
     time: the pool's ``frontend_latency_ms`` if given, else its engine preset's
     ``frontend_per_layer_us`` x layers + ``frontend_per_moe_layer_us`` x MoE layers for a roofline
-    pool (0 for constant / linear what-if models and without an engine).  A fitted residual, not a
-    measured cost: see the presets' ``source``."""
+    pool (0 for constant / linear what-if models and without an engine).  Every preset's is 0 (README "A TTFT
+    floor in the InferenceMAX runs": the floor fitted there is a property of those runs, not of the engines)."""
     if pool.frontend_latency_ms is not None:
         return pool.frontend_latency_ms * 1e-3
     if pool.engine is None or pool.cost_model.kind != "roofline" or model is None:
