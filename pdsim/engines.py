@@ -189,6 +189,9 @@ class StepOverhead:
     per_seq_s: float
     per_token_s: float
     prefill_s: float = 0.0
+    # under pipeline parallelism: each stage's share of prefill_s (its own layers), which that stage's worker
+    # dispatches itself (pdsim.pipeline.PipelineCost adds it to the stage, not to the driver's serial time)
+    stage_prefill_s: tuple | None = None
 
     def __call__(self, batch, tokens, prefill: bool):
         t = self.base_s + self.per_seq_s * batch + self.per_token_s * tokens
@@ -213,14 +216,17 @@ def step_overhead(pool, model=None) -> StepOverhead | None:
 
     base = pick("base_us", p.overhead_base_us if p else 0.0)
     tp_extra = pick("tp_extra_us", p.overhead_tp_extra_us if p else 0.0)
-    prefill = 0.0
+    prefill, stages = 0.0, None
     if model is not None:
-        prefill = (pick("prefill_per_layer_us", p.prefill_per_layer_us if p else 0.0) * model.layers
-                   + pick("prefill_per_moe_layer_us", p.prefill_per_moe_layer_us if p else 0.0) * model.moe_layers)
+        a = pick("prefill_per_layer_us", p.prefill_per_layer_us if p else 0.0)
+        b = pick("prefill_per_moe_layer_us", p.prefill_per_moe_layer_us if p else 0.0)
+        prefill = a * model.layers + b * model.moe_layers
+        if pool.pp > 1:
+            stages = tuple((a * (d + m) + b * m) * 1e-6 for d, m in model.stage_layers(pool.pp, pool.pp_layers))
     return StepOverhead((base + (tp_extra if pool.tp > 1 else 0.0)) * 1e-6,
                         pick("per_seq_us", p.overhead_per_seq_us if p else 0.0) * 1e-6,
                         pick("per_token_us", p.overhead_per_token_us if p else 0.0) * 1e-6,
-                        prefill * 1e-6)
+                        prefill * 1e-6, stages)
 
 
 class EngineCost:

@@ -135,6 +135,14 @@ class PipelineCost(CostModel):
     def _o(self, b, tokens, prefill=False):
         return self._flat_overhead_s if self.overhead is None else self.overhead(b, tokens, prefill)
 
+    def _stage_dispatch(self, prefill: bool):
+        """Each stage's prefill dispatch (its own layers, on its own worker) when the iteration holds prompt
+        tokens and the overhead splits it by stage; else None (then ``_o`` carries the whole of it)."""
+        o = self.overhead
+        if not prefill or o is None or getattr(o, "stage_prefill_s", None) is None or not o.prefill_s:
+            return None
+        return o.stage_prefill_s
+
     def split(self, batch: int) -> list[tuple[int, int]]:
         """[(micro-batch size in requests, how many of that size)], largest first."""
         m = max(1, min(self.micro_batches, batch))
@@ -150,7 +158,10 @@ class PipelineCost(CostModel):
         load = [0.0] * self.pp
         cpu = flops = bytes_ = 0.0
         trip = None
-        prefill = tokens > sampled       # prompt tokens in the iteration: every micro-batch runs eagerly (an upper bound)
+        prefill = tokens > sampled       # prompt tokens in the iteration (each micro-batch holds its share of them)
+        disp = self._stage_dispatch(prefill)
+        if disp is not None:
+            prefill = False              # the dispatch goes to the stages below, not to the driver's overhead
         for b, n in parts:
             if swa is None:
                 s, f, by = self.stages.stage_times(tokens * b / B, attn_work * b / B, kv_read_tokens * b / B,
@@ -159,6 +170,8 @@ class PipelineCost(CostModel):
                 s, f, by = self.stages.stage_times(tokens * b / B, attn_work * b / B, kv_read_tokens * b / B,
                                                    sampled * b / B, b, swa=(swa[0] * b / B, swa[1] * b / B))
             o = self._o(b, tokens * b / B, prefill)
+            if disp is not None:
+                s = [s[j] + disp[j] for j in range(self.pp)]
             for j in range(self.pp):
                 load[j] = load[j] + n * s[j]
             cpu += n * o

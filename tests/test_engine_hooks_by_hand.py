@@ -188,3 +188,16 @@ def test_a_pool_with_a_frontend_latency_shows_no_stored_error_band():
     topo = {"kind": "colocated", "device": "h100-sxm", "engine": "sglang", "frontend_latency_ms": 50.0}
     res = simulate(scenario({"c": topo}, num_requests=2, prompt_tokens=50, output_tokens=2))[0]
     assert expected_error(res.topology)["replica"].startswith("unvalidated: frontend_latency_ms 50")
+
+
+def test_prefill_dispatch_under_pipeline_parallelism_is_each_stages_own():
+    # pp 2 of a constant 10 ms step (UniformStages: each stage one 10 ms step per micro-batch, no transfer);
+    # Llama-3.1-8B's 32 layers split 16 + 16, 1000 us a layer: each stage's worker dispatches its 16 ms.
+    # Two prompts arriving together run as 2 micro-batches of one in one iteration:
+    #   round trip 10 + 16 + 10 + 16 = 52 ms; each stage's load 2 x (10 + 16) = 52 ms; driver overhead 0
+    #   -> both first tokens at 52 ms (the whole 32 ms on the driver per micro-batch would give 2 x 32 = 64)
+    topo = {"kind": "colocated", "pp": 2, "cost_model": {"kind": "constant", "step_s": 0.01}, "kv_blocks": 1000,
+            "step_overhead": {"base_us": 0.0, "per_seq_us": 0.0, "prefill_per_layer_us": 1000.0}}
+    sc = scenario({"c": topo}, arrival="closed", clients=2, num_requests=2, prompt_tokens=100, output_tokens=2)
+    reqs = simulate(sc)[0].requests
+    assert [r.token_s[0] - r.arrival_s for r in reqs] == pytest.approx([0.052, 0.052], abs=1e-8)
