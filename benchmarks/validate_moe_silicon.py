@@ -89,8 +89,9 @@ def simulate_row(r: dict, profiles: dict | None = None, moe_tables: bool = False
     front-end latency (``frontend_latency_ms``; benchmarks/fit_prefill_dispatch.py)."""
     fe = None
     if frontend and r["engine"] in frontend:
+        from pdsim.engines import frontend_by_layers_s
         from pdsim.models import get_model
-        fe = frontend[r["engine"]] * get_model(r["model"]).moe_layers * 1e-3
+        fe = frontend_by_layers_s(get_model(r["model"]), 0.0, frontend[r["engine"]]) * 1e3
     return V.simulate_row(r, True, 10, "auto", None, profiles,
                           cost_model={"kind": "roofline", "moe_tables": moe_tables, "mla_tables": mla_tables,
                                       "a2a_tables": a2a_tables}, frontend_ms=fe)

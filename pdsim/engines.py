@@ -278,7 +278,12 @@ def frontend_latency_s(pool, model) -> float:
     if pool.engine is None or pool.cost_model.kind != "roofline" or model is None:
         return 0.0
     p = PRESETS[pool.engine]
-    return (p.frontend_per_layer_us * model.layers + p.frontend_per_moe_layer_us * model.moe_layers) * 1e-6
+    return frontend_by_layers_s(model, p.frontend_per_layer_us, p.frontend_per_moe_layer_us)
+
+
+def frontend_by_layers_s(model, per_layer_us: float, per_moe_layer_us: float) -> float:
+    """A front-end latency of ``per_layer_us`` x layers + ``per_moe_layer_us`` x MoE layers, in seconds."""
+    return (per_layer_us * model.layers + per_moe_layer_us * model.moe_layers) * 1e-6
 
 
 def wrap_cost(cost, pool, model=None):

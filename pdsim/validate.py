@@ -478,9 +478,9 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
         try:
             fe = None
             if frontend and r.get("engine") in frontend and engine_presets:
+                from .engines import frontend_by_layers_s
                 from .models import get_model
-                m = get_model(r["model"])
-                fe = (frontend[r["engine"]][0] * m.layers + frontend[r["engine"]][1] * m.moe_layers) * 1e-3
+                fe = frontend_by_layers_s(get_model(r["model"]), *frontend[r["engine"]]) * 1e3
             sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead, profiles,
                                frontend_ms=fe)
         except ConfigError as exc:          # e.g. weights do not fit the GPU at this TP
