@@ -518,7 +518,7 @@ def expected_error(topo) -> dict:
             # the stored band was measured with the preset's overhead, not this one
             out[p.name] = (f"unvalidated: step_overhead set on the {p.spec.engine} preset, whose band was measured "
                            "with its own (a `pdsim calibrate --from-benchmark` file states its held-out error)")
-        elif p.spec.frontend_latency_ms:
+        elif getattr(p.spec, "frontend_latency_ms", None):      # (as step_overhead: specs without it)
             # the bands were measured without a front-end latency (every preset has none)
             out[p.name] = (f"unvalidated: frontend_latency_ms {p.spec.frontend_latency_ms:g} set; "
                            + (f"the {p.spec.engine} preset's band" if p.spec.engine else "every stored band")
