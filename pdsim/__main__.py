@@ -429,6 +429,14 @@ def cmd_validate(args) -> int:
         print(f"{len(kvb)} KV-bound row(s): the simulated KV pool holds fewer full-length requests than the run "
               f"had clients, so the run's memory setting decides their TTFT (kv_holds_requests in validate.csv): "
               f"{', '.join(map(str, kvb[:5]))}{' ...' if len(kvb) > 5 else ''}")
+    from .validate import over_gemm_rate
+    over = sorted((r for r in res["rows"] if over_gemm_rate(r)), key=lambda r: -r["implied_gemm_util"])
+    if over:
+        print(f"{len(over)} row(s) beyond the GPUs' GEMM rate: their measured throughput needs more linear-layer "
+              f"work per second than the GPUs can do (implied_gemm_util > 1 in validate.csv), so part of it was "
+              f"served from a cache or the load was not as stated; pdsim cannot match them: "
+              + ", ".join(f"{r['id']} ({r['implied_gemm_util']:.2f}x)" for r in over[:5])
+              + (" ..." if len(over) > 5 else ""))
     print(f"wrote {out}/ (validate.csv, skipped.csv, validate.json, validate.html)", file=sys.stderr)
     return 0 if c["simulated"] else 1
 

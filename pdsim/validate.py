@@ -425,6 +425,60 @@ def kv_bound(row: dict) -> bool:
     return held is not None and held < row["concurrency"]
 
 
+def _mean_length(n: int, ratio: float) -> float:
+    """Mean of the benchmark's length draw: uniform integers in [int(n x ratio), n] (ratio 1: n itself)."""
+    lo = int(n * ratio) if ratio < 1.0 else n
+    return (max(1, min(lo, n)) + n) / 2.0
+
+
+def implied_gemm_util(r: dict) -> float | None:
+    """The least share of its GPUs' GEMM capacity a measured run must have used: a work bound on the row.
+
+    Requests per second: the measured output throughput over the mean output length when the file gives
+    it, else Little's law for a closed loop whose clients always have a request in flight (concurrency /
+    (TTFT + (OSL - 1) x TPOT), mean lengths of the row's length draw).  Every prompt and reply token runs
+    through the linear layers (2 x active decoder parameters FLOPs; top-k experts for MoE) and every reply
+    token through the LM head; attention, all-reduces, norms and the engine's own time are left out, so the
+    work is a lower bound.  The capacity is the row's GPUs (``tp``) at the best GEMM rate of their datasheet
+    profile (peak x ``gemm_max`` x the larger fp8 fraction: what NVIDIA's measured GEMM tables reach at
+    large sizes, which the presets were fitted to).  Above 1, no schedule on those GPUs does the stated
+    work in the measured time: the run served part of it from a cache (prefix caching of repeated prompts)
+    or ran another load than the file states, and no engine setting can make pdsim match it.  None: the row
+    lacks what the bound needs (unknown model or GPU, no concurrency and no throughput)."""
+    from .devices import get_device
+    from .models import get_model
+    try:
+        m, dev = get_model(r["model"]), get_device(r["device"])
+        isl, osl, gpus = r["isl"], r["osl"], r["tp"]
+    except (KeyError, ConfigError):
+        return None
+    if not (isl and osl and gpus):
+        return None
+    ratio = r.get("length_ratio", 1.0) or 1.0
+    isl_m, osl_m = _mean_length(isl, ratio), _mean_length(osl, ratio)
+    thr = r.get("throughput_tok_s")
+    if thr and thr > 0:
+        req_s = thr / osl_m
+    else:
+        c, ttft, tpot = r.get("concurrency"), r.get("ttft_ms"), r.get("tpot_ms")
+        if not (c and ttft and tpot and ttft > 0 and tpot > 0):
+            return None
+        req_s = c / ((ttft + (osl_m - 1) * tpot) * 1e-3)
+    flops = req_s * (2.0 * m.active_decoder_params * (isl_m + osl_m) + 2.0 * m.vocab * m.hidden * osl_m)
+    wd = r.get("weight_dtype", "bf16")
+    dtype = "fp8" if wd == "fp8" else "fp4" if wd == "fp4" and "fp4" in dev.spec.peak_tflops else "bf16"
+    e = dev.spec.efficiency
+    frac = max(e.fp8_gemm_compute, e.grouped_fp8_compute) if dtype == "fp8" else 1.0
+    return flops / (gpus * dev.peak_flops(dtype) * min(1.0, e.gemm_max * frac))
+
+
+def over_gemm_rate(row: dict) -> bool:
+    """Whether the measured row implies more GEMM work per second than its GPUs can do (:func:`implied_gemm_util`
+    above 1): pdsim cannot match it by scheduling, and its error there is the measurement's as much as pdsim's."""
+    u = row.get("implied_gemm_util")
+    return u is not None and u == u and u > 1.0
+
+
 def error_stats(rows: list[dict]) -> dict:
     """MAPE, median and p90 APE, and mean bias (simulated/measured - 1) of TTFT and TPOT over simulated rows,
     in percent, rounded to 0.1 (the error-band table's entries)."""
@@ -491,6 +545,7 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
                "length_ratio": r.get("length_ratio", 1.0), "ttft_ms": r["ttft_ms"],
                "tpot_ms": r["tpot_ms"], "throughput_tok_s": r.get("throughput_tok_s"), **sim,
                "cost": Path((profiles or {}).get(r["device"], "datasheet")).stem}
+        row["implied_gemm_util"] = implied_gemm_util(r)
         row["ttft_ape"] = _ape(sim["sim_ttft_ms"], r["ttft_ms"])
         row["tpot_ape"] = _ape(sim["sim_tpot_ms"], r["tpot_ms"])
         row["throughput_ape"] = _ape(sim["sim_throughput_tok_s"], r.get("throughput_tok_s"))
@@ -511,6 +566,15 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
                                              / x[f"{m}_ms" if m != "throughput" else "throughput_tok_s"] - 1) * 100
                                             for x in rs if x[f"{m}_ape"] is not None])) if v else None)
         g["rows"] = len(rs)
+        # rows that need more GEMM work per second than their GPUs have (over_gemm_rate): counted, and the
+        # group's MAPE without them beside the MAPE over all rows (which stays the headline)
+        over = [x for x in rs if over_gemm_rate(x)]
+        g["over_gemm_rate_rows"] = len(over)
+        if over:
+            rest = [x for x in rs if not over_gemm_rate(x)]
+            for m in ("ttft", "tpot"):
+                v = [x[f"{m}_ape"] for x in rest if x[f"{m}_ape"] is not None]
+                g[f"{m}_mape_within_gemm_rate"] = float(np.mean(v)) if v else None
         table.append(g)
     reasons: dict[str, int] = {}
     for _, why in skipped:
@@ -556,7 +620,7 @@ def write_outputs(result: dict, out: Path) -> None:
             "weight_dtype", "harness", "length_ratio", "client_mode",
             "ttft_ms", "sim_ttft_ms", "ttft_ape", "tpot_ms", "sim_tpot_ms", "tpot_ape", "throughput_tok_s",
             "sim_throughput_tok_s", "throughput_ape", "sim_finished", "sim_requests", "sim_kv_tokens",
-            "kv_holds_requests"]
+            "kv_holds_requests", "implied_gemm_util"]
     with open(out / "validate.csv", "w", newline="") as f:
         w = csv.DictWriter(f, cols, extrasaction="ignore")
         w.writeheader()
@@ -571,6 +635,10 @@ def write_outputs(result: dict, out: Path) -> None:
     summary = {"counts": result["counts"], "groups": result["groups"],
                "kv_bound_rows": sum(1 for r in rows if kv_bound(r)),
                "kv_bound_ids": [r["id"] for r in rows if kv_bound(r)],
+               "over_gemm_rate_rows": sum(1 for r in rows if over_gemm_rate(r)),
+               "over_gemm_rate": [{"id": r["id"], "implied_gemm_util": round(r["implied_gemm_util"], 3)}
+                                  for r in sorted(rows, key=lambda r: -(r.get("implied_gemm_util") or 0))
+                                  if over_gemm_rate(r)],
                "worst_ttft_rows": [{**{k: r[k] for k in ("id", "concurrency", "ttft_ms", "sim_ttft_ms", "ttft_ape",
                                                         "tpot_ms", "sim_tpot_ms", "tpot_ape")},
                                     "kv_holds_requests": r.get("kv_holds_requests")} for r in worst]}
@@ -599,6 +667,19 @@ def _html(summary: dict) -> str:
                "<i>KV holds</i>, and <code>kv_holds_requests</code> in validate.csv). Check these rows' memory "
                "settings before reading their error as the cost model's (the group figures include them): "
                + ", ".join(html.escape(str(i)) for i in summary.get("kv_bound_ids", [])) + ".</p>") if kvb else ""
+    over = summary.get("over_gemm_rate", [])
+    within = "; ".join(f"{html.escape(r['model'])} {html.escape(r['device'])} {html.escape(r['engine'])}: TTFT "
+                       f"{f(r.get('ttft_mape_within_gemm_rate'))}%, TPOT {f(r.get('tpot_mape_within_gemm_rate'))}%"
+                       for r in summary["groups"] if r.get("over_gemm_rate_rows"))
+    gemm_note = (f"<h2>Rows beyond the GPUs' GEMM rate</h2><p>{len(over)} row(s) imply more work per second than "
+                 "their GPUs can do: requests per second (Little's law at the measured concurrency, or the "
+                 "measured throughput) x the linear layers' FLOPs per request (attention and all-reduces left "
+                 "out), over the GPUs' best GEMM rate. No schedule does that: such a run served part of its "
+                 "prompts from a cache (prefix caching of repeated prompts) or ran another load than the file "
+                 "states, and pdsim cannot match it. The group figures above include them; without them: "
+                 f"{within}.</p><table><tr><th>id</th><th>implied GEMM use (x capacity)</th></tr>"
+                 + "".join(f"<tr><td>{html.escape(str(r['id']))}</td><td>{r['implied_gemm_util']:.2f}</td></tr>"
+                           for r in over) + "</table>") if over else ""
     sk = "".join(f"<li>{html.escape(k)}: {v}</li>" for k, v in sorted(c["skipped_by_reason"].items()))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>pdsim validate</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
@@ -610,6 +691,7 @@ error, simulated/measured - 1) in percent; closed loop at the measured concurren
 <th>TTFT MAPE %</th><th>TTFT bias %</th><th>TPOT MAPE %</th><th>TPOT bias %</th><th>throughput MAPE %</th></tr>{g}</table>
 <h2>Worst rows by TTFT error</h2>{kv_note}<table><tr><th>id</th><th>TTFT ms</th><th>sim</th><th>APE %</th>
 <th>TPOT ms</th><th>sim</th><th>APE %</th><th>KV holds (requests)</th></tr>{w}</table>
+{gemm_note}
 <h2>Skipped rows by reason</h2><ul>{sk}</ul></body></html>"""
 
 
