@@ -187,6 +187,12 @@ def calibrate_rows(rows: list[tuple[dict, str | None]], label: str, holdout: flo
             k = why.split(":")[0]
             skipped[k] = skipped.get(k, 0) + 1
     fit_rows, held_rows = split_rows(rows, holdout, split_by)
+    # a row whose measured throughput needs more GEMM work per second than its GPUs have (cache hits, or
+    # another load than stated) would pull the overhead towards zero: not fitted on, still reported held out
+    from .validate import implied_gemm_util, over_gemm_rate
+    beyond = [r["id"] for r, _ in fit_rows if over_gemm_rate({"implied_gemm_util": implied_gemm_util(r)})]
+    if beyond:
+        fit_rows = [(r, w) for r, w in fit_rows if r["id"] not in set(beyond)]
 
     def say(msg):
         if progress:
@@ -194,6 +200,10 @@ def calibrate_rows(rows: list[tuple[dict, str | None]], label: str, holdout: flo
 
     say(f"{len(rows)} rows: {len(fit_rows)} to fit, {len(held_rows)} held out, "
         f"{sum(skipped.values())} not expressible {skipped or ''}".rstrip())
+    if beyond:
+        say(f"{len(beyond)} fit row(s) left out: their measured throughput needs more GEMM work per second than "
+            f"their GPUs can do (pdsim validate's implied_gemm_util > 1): {', '.join(map(str, beyond[:5]))}"
+            f"{' ...' if len(beyond) > 5 else ''}")
     engines: dict[str, dict] = {}
     not_fitted: dict[str, str] = {}
     for eng in sorted({r["engine"] for r, _ in fit_rows} | {r["engine"] for r, _ in held_rows}):
@@ -231,6 +241,7 @@ def calibrate_rows(rows: list[tuple[dict, str | None]], label: str, holdout: flo
         "usage": "in a scenario pool: engine: <name> and step_overhead: <its step_overhead>; or "
                  "pdsim validate MEASURED --step-overhead THIS_FILE",
         "engines": engines, "not_fitted": not_fitted, "skipped_by_reason": skipped,
+        "fit_rows_over_gemm_rate": beyond,
     }
     return result
 

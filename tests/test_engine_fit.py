@@ -174,3 +174,22 @@ def test_a_pool_with_its_own_step_overhead_does_not_claim_the_presets_error_band
     fitted = expected_error(res["fitted"].topology)["replica"]
     assert isinstance(preset, dict) and preset["engine"] == "vllm-v1"      # the stored vLLM v1 H100 band
     assert isinstance(fitted, str) and fitted.startswith("unvalidated: step_overhead set")
+
+
+def test_a_fit_row_beyond_the_gpus_gemm_rate_is_left_out_of_the_fit(tmp_path):
+    """A row no schedule can produce (16 clients of 3000-token prompts done in 1 ms + 31 x 0.5 ms: 16 / 16.5 ms
+    = 970 requests/s x ~48 TFLOP each, ~46 PFLOP/s against one H100's ~0.8) is listed and not fitted on:
+    the TPOT-only fit still recovers the synthetic engine's 2500 us + 25 us per request, which a 0.5 ms TPOT
+    among the fit rows would drag down."""
+    truth = {"base_us": 2500.0, "per_seq_us": 25.0, "per_token_us": 0.0}
+    rows = _grid(shapes=[(128, 32, c) for c in (1, 2, 4, 8, 16)])
+    path = synthetic_measured(tmp_path / "s.csv", truth, rows)
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    rows.append({**rows[-1], "id": "cached", "isl": 3000, "silicon_ttft_ms": 1.0, "silicon_tpot_ms": 0.5})
+    _write(path, rows)
+    res = calibrate_from_benchmark([str(path)], holdout=0.0, fit="tpot", requests_per_client=RPC, progress=False)
+    assert res["fit_rows_over_gemm_rate"] == ["cached"]
+    so = res["engines"]["vllm-v1"]["step_overhead"]
+    assert so["base_us"] == pytest.approx(2500.0, rel=0.01) and so["per_seq_us"] == pytest.approx(25.0, rel=0.05)
+    assert res["engines"]["vllm-v1"]["rows"]["fit"] == 5
