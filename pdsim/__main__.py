@@ -413,7 +413,8 @@ def cmd_validate(args) -> int:
                               value=args.step_overhead)
     res = validate(rows, engine_presets=not args.no_engine, requests_per_client=args.requests_per_client,
                    client_mode=args.client, step_overhead=step_overhead,
-                   profiles=profiles, length_ratio=args.range_ratio, progress=None if args.quiet else
+                   profiles=profiles, length_ratio=args.range_ratio, shared_prefix=args.shared_prefix_tokens,
+                   progress=None if args.quiet else
                    lambda i, n, r: print(f"pdsim validate: {i}/{n} {r['id']}", file=sys.stderr, flush=True))
     out = Path(args.out or "reports/validate")
     write_outputs(res, out)
@@ -588,6 +589,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                          "request measured, as vllm bench serve --max-concurrency), steady (the cold first wave "
                          "left out: a long run), stagger (first sends spread over one request's time); auto "
                          "(default): steady for silicon rows of an unknown harness, sync otherwise")
+    va.add_argument("--shared-prefix-tokens", type=_int_in(0, 10**7), default=0, metavar="TOKENS",
+                    help="the benchmark's prompts all began with the same this many tokens and the engine cached "
+                         "prefixes (vllm bench serve --random-prefix-len with prefix caching on): every row's pool "
+                         "caches prefixes (default 0: fresh prompts, no cache)")
     va.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     va.set_defaults(fn=cmd_validate)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")

@@ -573,9 +573,16 @@ class WorkloadSpec(_Strict):
     conversation: ConversationSpec | None = None
     # a time-varying rate (diurnal profile, bursts) for arrival: poisson, instead of rate
     rate_curve: RateCurveSpec | None = None
+    # every synthetic prompt starts with the same this many tokens (a shared system prompt; vllm bench serve's
+    # --random-prefix-len); a pool with prefix_cache reuses them.  Part of prompt_tokens, not added to it.
+    shared_prefix_tokens: Annotated[int, Field(ge=0, le=10**7)] = 0
 
     @model_validator(mode="after")
     def _need(self):
+        if self.shared_prefix_tokens and (self.arrival == "trace" or self.conversation is not None):
+            raise ValueError("shared_prefix_tokens shares the start of synthetic prompts; not with "
+                             + ("arrival: trace (a trace's rows carry their own content)" if self.arrival == "trace"
+                                else "conversation (its system_prompts / system_tokens share prefixes)"))
         if self.rate_curve is not None:
             if self.arrival != "poisson":
                 raise ValueError(f"rate_curve makes a non-homogeneous Poisson stream: it needs arrival: poisson "

@@ -312,12 +312,14 @@ def parse_profiles(pairs: list[str] | None = None, pattern: str | None = None,
 # --- simulate a row ------------------------------------------------------------------------------
 def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 10, min_requests: int = 16,
                  client: dict | None = None, step_overhead: dict | None = None, profiles: dict | None = None,
-                 cost_model: dict | None = None, frontend_ms: float | None = None):
+                 cost_model: dict | None = None, frontend_ms: float | None = None, shared_prefix: int = 0):
     """The closed-loop scenario of one measured row (``engine_presets=False``: the idealised engine);
     ``client``: Scenario.client keys (ramp-up, jitter, warm-up); ``profiles``: {device preset: profile
     path} to price the row's GPU with a measured profile instead of its datasheet preset;
     ``cost_model``: a pool ``cost_model`` (constant / linear what-if models, for tests); ``frontend_ms``: the
-    pool's ``frontend_latency_ms`` (a per-request TTFT floor, benchmarks/fit_prefill_dispatch.py)."""
+    pool's ``frontend_latency_ms`` (a per-request TTFT floor, benchmarks/fit_prefill_dispatch.py);
+    ``shared_prefix``: the first that many tokens of every prompt are the same and the pool caches prefixes
+    (a benchmark run with prefix caching on and a shared prefix, e.g. ``--random-prefix-len``)."""
     from . import config
     c = r["concurrency"]
     ratio = r.get("length_ratio", 1.0)
@@ -329,6 +331,8 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
     pool = {"kind": "colocated", "replicas": 1, "tp": r["tp"], "device": (profiles or {}).get(r["device"], r["device"])}
     if cost_model:
         pool["cost_model"] = cost_model
+    if shared_prefix:
+        pool["prefix_cache"] = {"enabled": True}
     if r.get("ep", 1) > 1:
         pool["ep"] = r["ep"]
     if r.get("dp_attention"):
@@ -342,7 +346,8 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
     raw = {"name": str(r["id"])[:80], "model": r["model"], "weight_dtype": r["weight_dtype"],
            "kv_dtype": r["kv_dtype"],
            "workload": {"arrival": "closed", "clients": c, "num_requests": max(min_requests, requests_per_client * c),
-                        "prompt_tokens": lengths(r["isl"]), "output_tokens": lengths(r["osl"])},
+                        "prompt_tokens": lengths(r["isl"]), "output_tokens": lengths(r["osl"]),
+                        **({"shared_prefix_tokens": shared_prefix} if shared_prefix else {})},
            "topologies": {"t": pool}}
     if client:
         raw["client"] = client
@@ -374,7 +379,7 @@ def client_mode_for(r: dict, client_mode: str = "auto") -> str:
 
 def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int = 10,
                  client_mode: str = "auto", step_overhead: dict | None = None, profiles: dict | None = None,
-                 cost_model: dict | None = None, frontend_ms: float | None = None) -> dict:
+                 cost_model: dict | None = None, frontend_ms: float | None = None, shared_prefix: int = 0) -> dict:
     """Mean TTFT/TPOT (ms) and output tokens/s of the row's scenario, as the benchmark client measures them
     (``client_mode``: see :data:`CLIENT_MODES`; the mode used is returned as ``client_mode``)."""
     from .metrics import requests_frame
@@ -382,12 +387,13 @@ def simulate_row(r: dict, engine_presets: bool = True, requests_per_client: int 
     mode = client_mode_for(r, client_mode)
     client = None
     if mode == "stagger":
-        lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1, profiles=profiles))[0].requests[0]
+        lone = simulate(row_scenario({**r, "concurrency": 1}, engine_presets, 1, 1, profiles=profiles,
+                                     shared_prefix=shared_prefix))[0].requests[0]
         client = {"start_jitter_s": float(lone.finish_s - lone.arrival_s), "warmup_requests": r["concurrency"]}
     elif mode == "steady":
         client = {"warmup_requests": r["concurrency"]}
     sc = row_scenario(r, engine_presets, requests_per_client, client=client, step_overhead=step_overhead,
-                      profiles=profiles, cost_model=cost_model, frontend_ms=frontend_ms)
+                      profiles=profiles, cost_model=cost_model, frontend_ms=frontend_ms, shared_prefix=shared_prefix)
     res = simulate(sc)
     df = requests_frame(res, sc.client)
     done = df[df.status == "finished"]
@@ -511,8 +517,12 @@ GROUP = ("model", "device", "engine", "mode")
 
 def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, requests_per_client: int = 10,
              progress=None, client_mode: str = "auto", step_overhead: dict | None = None,
-             profiles: dict | None = None, length_ratio: float | None = None, frontend: dict | None = None) -> dict:
+             profiles: dict | None = None, length_ratio: float | None = None, frontend: dict | None = None,
+             shared_prefix: int = 0) -> dict:
     """Simulate every usable row; returns {"rows", "skipped", "groups", "counts"}.
+
+    ``shared_prefix``: every row's prompts share their first that many tokens and its pool caches prefixes
+    (:func:`row_scenario`); 0: every prompt fresh, no cache (the silicon sample does not say).
 
     ``frontend``: {engine: (us per layer, us per MoE layer)}: each row of that engine gets that per-request
     front-end latency (``frontend_latency_ms``) for its model (benchmarks/fit_prefill_dispatch.py).
@@ -536,7 +546,7 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
                 from .models import get_model
                 fe = frontend_by_layers_s(get_model(r["model"]), *frontend[r["engine"]]) * 1e3
             sim = simulate_row(r, engine_presets, requests_per_client, client_mode, step_overhead, profiles,
-                               frontend_ms=fe)
+                               frontend_ms=fe, shared_prefix=shared_prefix)
         except ConfigError as exc:          # e.g. weights do not fit the GPU at this TP
             skipped.append((r, "does_not_fit: " + str(exc)[:160]))
             continue

@@ -335,7 +335,27 @@ def generate(sc, model) -> list[Request]:
             w.prompt_tokens.value + w.output_tokens.value > model.max_context:
         raise ConfigError(f"prompt + output exceed the {model.max_context}-token context of {model.name}",
                           key="workload.output_tokens", value=w.output_tokens.value)
+    if w.shared_prefix_tokens:
+        return make_requests(arrival, prompt, output, shared_prefix_ids(prompt, w.shared_prefix_tokens),
+                             SHARED_PREFIX_UNIT)
     return make_requests(arrival, prompt, output)
+
+
+#: tokens per hash id of ``workload.shared_prefix_tokens`` (the engines' usual 16-token KV block)
+SHARED_PREFIX_UNIT = 16
+
+
+def shared_prefix_ids(prompt, shared: int, unit: int = SHARED_PREFIX_UNIT) -> list[list[int]]:
+    """Hash chains of prompts whose first ``shared`` tokens are the same for all (a shorter prompt is all
+    shared): ids 0 .. k-1 for the k whole units of the shared part every prompt holds, then fresh ids, one
+    per ``unit`` tokens of the rest (a unit that straddles the shared part's end is content of its own)."""
+    out, fresh = [], shared // unit
+    for p in np.asarray(prompt).tolist():
+        k = min(shared, p) // unit
+        extra = -(-(p - k * unit) // unit)
+        out.append(list(range(k)) + list(range(fresh, fresh + extra)))
+        fresh += extra
+    return out
 
 
 # --- prefix-carrying synthetic traffic ---------------------------------------------------
