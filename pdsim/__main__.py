@@ -433,9 +433,10 @@ def cmd_validate(args) -> int:
     from .validate import over_gemm_rate
     over = sorted((r for r in res["rows"] if over_gemm_rate(r)), key=lambda r: -r["implied_gemm_util"])
     if over:
-        print(f"{len(over)} row(s) beyond the GPUs' GEMM rate: their measured throughput needs more linear-layer "
-              f"work per second than the GPUs can do (implied_gemm_util > 1 in validate.csv), so part of it was "
-              f"served from a cache or the load was not as stated; pdsim cannot match them: "
+        print(f"{len(over)} row(s) beyond pdsim's GEMM ceiling: the rate they were served at (measured, or by "
+              f"Little's law) needs more linear-layer work per second than pdsim's cost model lets their GPUs do "
+              f"(implied_gemm_util > 1 in validate.csv), so pdsim is too slow on them whatever the scheduler does: "
+              f"cache hits (--shared-prefix-tokens), faster GEMMs than the profile, or an overstated rate: "
               + ", ".join(f"{r['id']} ({r['implied_gemm_util']:.2f}x)" for r in over[:5])
               + (" ..." if len(over) > 5 else ""))
     print(f"wrote {out}/ (validate.csv, skipped.csv, validate.json, validate.html)", file=sys.stderr)
@@ -591,8 +592,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                          "(default): steady for silicon rows of an unknown harness, sync otherwise")
     va.add_argument("--shared-prefix-tokens", type=_int_in(0, 10**7), default=0, metavar="TOKENS",
                     help="the benchmark's prompts all began with the same this many tokens and the engine cached "
-                         "prefixes (vllm bench serve --random-prefix-len with prefix caching on): every row's pool "
-                         "caches prefixes (default 0: fresh prompts, no cache)")
+                         "prefixes: every row's pool caches prefixes and that many of each row's ISL are shared "
+                         "(vllm bench serve --random-prefix-len P with prefix caching on: P, with ISL = "
+                         "--random-input-len + P; default 0: fresh prompts, no cache)")
     va.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     va.set_defaults(fn=cmd_validate)
     rp = sub.add_parser("report", help="rebuild report.html from a run's output folder")

@@ -723,7 +723,8 @@ def cmd_calibrate(args) -> int:
     if args.from_benchmark or args.silicon:
         return cmd_from_benchmark(args)
     for flag, val in (("--gpu", args.gpu), ("--engine", args.engine), ("--holdout", args.holdout),
-                      ("--split-by", args.split_by), ("--step-overhead-fit", args.step_overhead_fit)):
+                      ("--split-by", args.split_by), ("--step-overhead-fit", args.step_overhead_fit),
+                      ("--keep-beyond-ceiling", args.keep_beyond_ceiling or None)):
         if val is not None:
             raise ConfigError("only with --from-benchmark or --silicon", key=flag, value=val)
     if args.check:
@@ -754,7 +755,8 @@ def cmd_from_benchmark(args) -> int:
                                    split_by=args.split_by or "row", rounds=args.rounds,
                                    fit=args.step_overhead_fit or "both",
                                    requests_per_client=args.requests_per_client, sample=args.sample, seed=args.seed,
-                                   profiles=profiles, progress=not args.quiet)
+                                   profiles=profiles, progress=not args.quiet,
+                                   keep_beyond_ceiling=args.keep_beyond_ceiling)
     print_result(res)
     print(f"wrote {out}", file=sys.stderr)
     return 0 if res["engines"] else 1
@@ -803,4 +805,7 @@ def add_parser(sub) -> None:
                    help="price this GPU's rows with a profile file; repeatable")
     b.add_argument("--profiles", metavar="PATTERN",
                    help="price each GPU's rows with the profile whose file name starts with the GPU")
+    b.add_argument("--keep-beyond-ceiling", action="store_true",
+                   help="fit on rows served faster than pdsim's GEMM ceiling too (pdsim validate's "
+                        "implied_gemm_util > 1; left out by default: an overhead cannot be negative)")
     c.set_defaults(fn=cmd_calibrate)

@@ -574,7 +574,8 @@ class WorkloadSpec(_Strict):
     # a time-varying rate (diurnal profile, bursts) for arrival: poisson, instead of rate
     rate_curve: RateCurveSpec | None = None
     # every synthetic prompt starts with the same this many tokens (a shared system prompt; vllm bench serve's
-    # --random-prefix-len); a pool with prefix_cache reuses them.  Part of prompt_tokens, not added to it.
+    # --random-prefix-len); a pool with prefix_cache reuses them.  Part of prompt_tokens, not added to it (so
+    # vllm bench serve's run is prompt_tokens = --random-input-len + --random-prefix-len)
     shared_prefix_tokens: Annotated[int, Field(ge=0, le=10**7)] = 0
 
     @model_validator(mode="after")

@@ -151,7 +151,8 @@ class _Fitter:
 def calibrate_from_benchmark(files: list[str], defaults: dict | None = None, out: str | Path | None = None,
                              holdout: float = 0.5, split_by: str = "row", rounds: int = 2, fit: str = "both",
                              requests_per_client: int = 10, sample: int | None = None, seed: int = 0,
-                             profiles: dict | None = None, progress: bool = True) -> dict:
+                             profiles: dict | None = None, progress: bool = True,
+                             keep_beyond_ceiling: bool = False) -> dict:
     """Fit each engine's step overhead on the fit rows, report the error on the held-out rows, write ``out``."""
     from .validate import read_measured
     if not files:
@@ -170,7 +171,7 @@ def calibrate_from_benchmark(files: list[str], defaults: dict | None = None, out
         keep = sorted(np.random.default_rng(seed).choice(len(rows), sample, replace=False).tolist())
         rows = [rows[i] for i in keep]
     result = calibrate_rows(rows, ", ".join(Path(f).name for f in files), holdout, split_by, rounds, fit,
-                            requests_per_client, profiles, progress)
+                            requests_per_client, profiles, progress, keep_beyond_ceiling)
     result["files"] = [str(f) for f in files]
     if out is not None:
         write_result(result, out)
@@ -179,7 +180,7 @@ def calibrate_from_benchmark(files: list[str], defaults: dict | None = None, out
 
 def calibrate_rows(rows: list[tuple[dict, str | None]], label: str, holdout: float = 0.5, split_by: str = "row",
                    rounds: int = 2, fit: str = "both", requests_per_client: int = 10, profiles: dict | None = None,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, keep_beyond_ceiling: bool = False) -> dict:
     """:func:`calibrate_from_benchmark` on rows already read (``label`` names where they came from)."""
     skipped: dict[str, int] = {}
     for _, why in rows:
@@ -187,12 +188,18 @@ def calibrate_rows(rows: list[tuple[dict, str | None]], label: str, holdout: flo
             k = why.split(":")[0]
             skipped[k] = skipped.get(k, 0) + 1
     fit_rows, held_rows = split_rows(rows, holdout, split_by)
-    # a row whose measured throughput needs more GEMM work per second than its GPUs have (cache hits, or
-    # another load than stated) would pull the overhead towards zero: not fitted on, still reported held out
+    # a row served faster than pdsim's kernels can go (validate.implied_gemm_util > 1: cache hits, faster
+    # GEMMs than the profile, or a rate Little's law overstates) asks for a negative overhead: left out of the
+    # fit unless keep_beyond_ceiling; held-out ones stay in the held-out error and are listed
     from .validate import implied_gemm_util, over_gemm_rate
-    beyond = [r["id"] for r, _ in fit_rows if over_gemm_rate({"implied_gemm_util": implied_gemm_util(r)})]
-    if beyond:
-        fit_rows = [(r, w) for r, w in fit_rows if r["id"] not in set(beyond)]
+
+    def beyond_ceiling(part):
+        return [x for x in part if over_gemm_rate({"implied_gemm_util": implied_gemm_util(
+            x[0], device=(profiles or {}).get(x[0].get("device")))})]
+    beyond, beyond_held = beyond_ceiling(fit_rows), beyond_ceiling(held_rows)
+    if beyond and not keep_beyond_ceiling:
+        drop = {id(x) for x in beyond}
+        fit_rows = [x for x in fit_rows if id(x) not in drop]
 
     def say(msg):
         if progress:
@@ -200,10 +207,13 @@ def calibrate_rows(rows: list[tuple[dict, str | None]], label: str, holdout: flo
 
     say(f"{len(rows)} rows: {len(fit_rows)} to fit, {len(held_rows)} held out, "
         f"{sum(skipped.values())} not expressible {skipped or ''}".rstrip())
-    if beyond:
-        say(f"{len(beyond)} fit row(s) left out: their measured throughput needs more GEMM work per second than "
-            f"their GPUs can do (pdsim validate's implied_gemm_util > 1): {', '.join(map(str, beyond[:5]))}"
-            f"{' ...' if len(beyond) > 5 else ''}")
+    if beyond or beyond_held:
+        ids = [str(r["id"]) for r, _ in beyond + beyond_held]
+        say(f"{len(beyond) + len(beyond_held)} row(s) beyond pdsim's GEMM ceiling (pdsim validate's "
+            f"implied_gemm_util > 1): {len(beyond)} fit row(s) "
+            f"{'kept (--keep-beyond-ceiling)' if keep_beyond_ceiling else 'left out of the fit'}, "
+            f"{len(beyond_held)} held out (kept in the held-out error): {', '.join(ids[:5])}"
+            f"{' ...' if len(ids) > 5 else ''}")
     engines: dict[str, dict] = {}
     not_fitted: dict[str, str] = {}
     for eng in sorted({r["engine"] for r, _ in fit_rows} | {r["engine"] for r, _ in held_rows}):
@@ -241,7 +251,8 @@ def calibrate_rows(rows: list[tuple[dict, str | None]], label: str, holdout: flo
         "usage": "in a scenario pool: engine: <name> and step_overhead: <its step_overhead>; or "
                  "pdsim validate MEASURED --step-overhead THIS_FILE",
         "engines": engines, "not_fitted": not_fitted, "skipped_by_reason": skipped,
-        "fit_rows_over_gemm_rate": beyond,
+        "beyond_gemm_ceiling": {"fit": [r["id"] for r, _ in beyond], "held_out": [r["id"] for r, _ in beyond_held],
+                                "fit_rows_kept": keep_beyond_ceiling},
     }
     return result
 
@@ -308,3 +319,8 @@ def print_result(result: dict) -> None:
                       f"(bias {e(x, 'tpot_bias_pct')})")
     for eng, why in result["not_fitted"].items():
         print(f"{eng}: not fitted: {why}")
+    b = result.get("beyond_gemm_ceiling") or {}
+    if b.get("fit") or b.get("held_out"):
+        print(f"beyond pdsim's GEMM ceiling (implied_gemm_util > 1): {len(b['fit'])} fit row(s) "
+              f"{'kept' if b.get('fit_rows_kept') else 'left out of the fit'}, {len(b['held_out'])} held out "
+              f"(in the held-out error): {', '.join(map(str, (b['fit'] + b['held_out'])[:5]))}")

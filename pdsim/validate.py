@@ -437,28 +437,29 @@ def _mean_length(n: int, ratio: float) -> float:
     return (max(1, min(lo, n)) + n) / 2.0
 
 
-def implied_gemm_util(r: dict) -> float | None:
-    """The least share of its GPUs' GEMM capacity a measured run must have used: a work bound on the row.
+def implied_linear_flops_s(r: dict, shared_prefix: int = 0) -> float | None:
+    """Linear-layer FLOPs per second a measured row implies: requests per second x FLOPs per request.
 
-    Requests per second: the measured output throughput over the mean output length when the file gives
-    it, else Little's law for a closed loop whose clients always have a request in flight (concurrency /
-    (TTFT + (OSL - 1) x TPOT), mean lengths of the row's length draw).  Every prompt and reply token runs
-    through the linear layers (2 x active decoder parameters FLOPs; top-k experts for MoE) and every reply
-    token through the LM head; attention, all-reduces, norms and the engine's own time are left out, so the
-    work is a lower bound.  The capacity is the row's GPUs (``tp``) at the best GEMM rate of their datasheet
-    profile (peak x ``gemm_max`` x the larger fp8 fraction: what NVIDIA's measured GEMM tables reach at
-    large sizes, which the presets were fitted to).  Above 1, no schedule on those GPUs does the stated
-    work in the measured time: the run served part of it from a cache (prefix caching of repeated prompts)
-    or ran another load than the file states, and no engine setting can make pdsim match it.  None: the row
-    lacks what the bound needs (unknown model or GPU, no concurrency and no throughput)."""
-    from .devices import get_device
+    Requests per second: the measured output throughput over the mean output length when the file gives it
+    (vllm bench serve's ``output_throughput``, GenAI-Perf's ``output_token_throughput``), else Little's law
+    for a closed loop whose clients always have a request in flight: concurrency / (TTFT + (OSL - 1) x TPOT),
+    with the mean lengths of the row's length draw.  Little's law is an estimate: a short run (ramp-up, the
+    tail where clients have finished, one request per client) serves fewer requests per second than it says
+    (pdsim's own one-wave run of 256 clients: 1.8x), and the silicon sample does not say whether its latencies
+    are means.  Per request, every token that runs through the model (prompt and reply, the last reply
+    token excepted) costs 2 x the active decoder parameters (top-k experts for MoE), every reply token the
+    LM head; with ``shared_prefix`` the whole 16-token units of the shared part are taken as cached (not
+    computed).  Attention, all-reduces, norms and the engine's own time are left out: a lower bound on the
+    work, given the rate.  None: the row lacks what it needs (unknown model, no concurrency or latencies and
+    no throughput)."""
     from .models import get_model
+    from .workload import SHARED_PREFIX_UNIT
     try:
-        m, dev = get_model(r["model"]), get_device(r["device"])
-        isl, osl, gpus = r["isl"], r["osl"], r["tp"]
+        m = get_model(r["model"])
+        isl, osl = r["isl"], r["osl"]
     except (KeyError, ConfigError):
         return None
-    if not (isl and osl and gpus):
+    if not (isl and osl):
         return None
     ratio = r.get("length_ratio", 1.0) or 1.0
     isl_m, osl_m = _mean_length(isl, ratio), _mean_length(osl, ratio)
@@ -470,17 +471,63 @@ def implied_gemm_util(r: dict) -> float | None:
         if not (c and ttft and tpot and ttft > 0 and tpot > 0):
             return None
         req_s = c / ((ttft + (osl_m - 1) * tpot) * 1e-3)
-    flops = req_s * (2.0 * m.active_decoder_params * (isl_m + osl_m) + 2.0 * m.vocab * m.hidden * osl_m)
+    cached = (min(shared_prefix, isl_m - 1) // SHARED_PREFIX_UNIT) * SHARED_PREFIX_UNIT if shared_prefix else 0
+    computed = isl_m - cached + osl_m - 1
+    return req_s * (2.0 * m.active_decoder_params * computed + 2.0 * m.vocab * m.hidden * osl_m)
+
+
+def _row_gpus(r: dict, device=None):
+    """(device profile, GPUs) of the one instance pdsim simulates for the row (``tp`` GPUs; a data-parallel
+    or multi-replica run is not what validate simulates either), or None."""
+    from .devices import get_device
+    try:
+        dev = device if device is not None and not isinstance(device, str) else get_device(device or r["device"])
+        gpus = r["tp"]
+    except (KeyError, ConfigError):
+        return None
+    return (dev, gpus) if gpus else None
+
+
+def implied_gemm_util(r: dict, shared_prefix: int = 0, device=None) -> float | None:
+    """:func:`implied_linear_flops_s` over the most pdsim's cost model lets the row's GPUs do: ``tp`` GPUs at
+    the device profile's GEMM ceiling (datasheet peak of pdsim's compute dtype x ``gemm_max`` x the larger fp8
+    fraction; ``device``: the profile the row is priced with, default its datasheet preset).  Above 1,
+    pdsim's kernels cannot serve the row's throughput whatever the scheduler does, so its error there is not
+    the engine model's: the run had cache hits (``--shared-prefix-tokens``), its GPUs' GEMMs ran faster than
+    the profile (NVIDIA's fastest measured H200 fp8 GEMMs reach 0.85 of the datasheet peak where the preset's
+    ceiling is 0.59), or Little's law overstated its rate.  Impossible outright only when
+    :func:`implied_peak_share` is above 1 too."""
+    w, g = implied_linear_flops_s(r, shared_prefix), _row_gpus(r, device)
+    if w is None or g is None:
+        return None
+    dev, gpus = g
     wd = r.get("weight_dtype", "bf16")
     dtype = "fp8" if wd == "fp8" else "fp4" if wd == "fp4" and "fp4" in dev.spec.peak_tflops else "bf16"
     e = dev.spec.efficiency
     frac = max(e.fp8_gemm_compute, e.grouped_fp8_compute) if dtype == "fp8" else 1.0
-    return flops / (gpus * dev.peak_flops(dtype) * min(1.0, e.gemm_max * frac))
+    return w / (gpus * dev.peak_flops(dtype) * min(1.0, e.gemm_max * frac))
+
+
+def implied_peak_share(r: dict, shared_prefix: int = 0) -> float | None:
+    """:func:`implied_linear_flops_s` over the row's ``tp`` GPUs at their datasheet dense peak (for quantised
+    weights the fastest low-precision peak the GPU has, fp8 or fp4: an engine may run them there).  Above 1,
+    no GPU of that kind does the stated work in the measured time, given the rate: the run served part of its
+    prompts from a cache, or its clients did not keep the stated load."""
+    w, g = implied_linear_flops_s(r, shared_prefix), _row_gpus(r)
+    if w is None or g is None:
+        return None
+    dev, gpus = g
+    peaks = dev.spec.peak_tflops
+    if r.get("weight_dtype", "bf16") in ("bf16", "fp16", "fp32"):
+        peak = dev.peak_flops("bf16")
+    else:
+        peak = 1e12 * max(peaks.get(k, 0.0) for k in ("fp8", "fp4", "int8", "bf16"))
+    return w / (gpus * peak)
 
 
 def over_gemm_rate(row: dict) -> bool:
-    """Whether the measured row implies more GEMM work per second than its GPUs can do (:func:`implied_gemm_util`
-    above 1): pdsim cannot match it by scheduling, and its error there is the measurement's as much as pdsim's."""
+    """Whether the measured row needs more GEMM work per second than pdsim's cost model lets its GPUs do
+    (:func:`implied_gemm_util` above 1): pdsim will be too slow on it whatever the scheduler does."""
     u = row.get("implied_gemm_util")
     return u is not None and u == u and u > 1.0
 
@@ -555,7 +602,9 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
                "length_ratio": r.get("length_ratio", 1.0), "ttft_ms": r["ttft_ms"],
                "tpot_ms": r["tpot_ms"], "throughput_tok_s": r.get("throughput_tok_s"), **sim,
                "cost": Path((profiles or {}).get(r["device"], "datasheet")).stem}
-        row["implied_gemm_util"] = implied_gemm_util(r)
+        row["implied_gemm_util"] = implied_gemm_util(r, shared_prefix,
+                                                     (profiles or {}).get(r["device"]) if profiles else None)
+        row["implied_peak_share"] = implied_peak_share(r, shared_prefix)
         row["ttft_ape"] = _ape(sim["sim_ttft_ms"], r["ttft_ms"])
         row["tpot_ape"] = _ape(sim["sim_tpot_ms"], r["tpot_ms"])
         row["throughput_ape"] = _ape(sim["sim_throughput_tok_s"], r.get("throughput_tok_s"))
@@ -592,7 +641,9 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
         reasons[k] = reasons.get(k, 0) + 1
     return {"rows": out_rows, "skipped": [(r, why) for r, why in skipped], "groups": table,
             "counts": {"rows_in": len(rows), "simulated": len(out_rows), "skipped": len(skipped),
-                       "skipped_by_reason": reasons}}
+                       "skipped_by_reason": reasons},
+            "settings": {"engine_presets": engine_presets, "client_mode": client_mode,
+                         "requests_per_client": requests_per_client, "shared_prefix_tokens": shared_prefix}}
 
 
 def fit_step_overhead(rows: list[dict], start: dict | None = None) -> dict:
@@ -630,7 +681,7 @@ def write_outputs(result: dict, out: Path) -> None:
             "weight_dtype", "harness", "length_ratio", "client_mode",
             "ttft_ms", "sim_ttft_ms", "ttft_ape", "tpot_ms", "sim_tpot_ms", "tpot_ape", "throughput_tok_s",
             "sim_throughput_tok_s", "throughput_ape", "sim_finished", "sim_requests", "sim_kv_tokens",
-            "kv_holds_requests", "implied_gemm_util"]
+            "kv_holds_requests", "implied_gemm_util", "implied_peak_share"]
     with open(out / "validate.csv", "w", newline="") as f:
         w = csv.DictWriter(f, cols, extrasaction="ignore")
         w.writeheader()
@@ -642,11 +693,13 @@ def write_outputs(result: dict, out: Path) -> None:
             w.writerow([r.get("source"), r.get("id"), r.get("model_name"), r.get("gpu_name"), r.get("backend"),
                         r.get("mode"), why])
     worst = sorted((r for r in rows if r["ttft_ape"] is not None), key=lambda r: -r["ttft_ape"])[:10]
-    summary = {"counts": result["counts"], "groups": result["groups"],
+    summary = {"counts": result["counts"], "settings": result.get("settings", {}), "groups": result["groups"],
                "kv_bound_rows": sum(1 for r in rows if kv_bound(r)),
                "kv_bound_ids": [r["id"] for r in rows if kv_bound(r)],
                "over_gemm_rate_rows": sum(1 for r in rows if over_gemm_rate(r)),
-               "over_gemm_rate": [{"id": r["id"], "implied_gemm_util": round(r["implied_gemm_util"], 3)}
+               "over_gemm_rate": [{"id": r["id"], "implied_gemm_util": round(r["implied_gemm_util"], 3),
+                                   "implied_peak_share": (None if r.get("implied_peak_share") is None
+                                                          else round(r["implied_peak_share"], 3))}
                                   for r in sorted(rows, key=lambda r: -(r.get("implied_gemm_util") or 0))
                                   if over_gemm_rate(r)],
                "worst_ttft_rows": [{**{k: r[k] for k in ("id", "concurrency", "ttft_ms", "sim_ttft_ms", "ttft_ape",
@@ -681,22 +734,30 @@ def _html(summary: dict) -> str:
     within = "; ".join(f"{html.escape(r['model'])} {html.escape(r['device'])} {html.escape(r['engine'])}: TTFT "
                        f"{f(r.get('ttft_mape_within_gemm_rate'))}%, TPOT {f(r.get('tpot_mape_within_gemm_rate'))}%"
                        for r in summary["groups"] if r.get("over_gemm_rate_rows"))
-    gemm_note = (f"<h2>Rows beyond the GPUs' GEMM rate</h2><p>{len(over)} row(s) imply more work per second than "
-                 "their GPUs can do: requests per second (Little's law at the measured concurrency, or the "
-                 "measured throughput) x the linear layers' FLOPs per request (attention and all-reduces left "
-                 "out), over the GPUs' best GEMM rate. No schedule does that: such a run served part of its "
-                 "prompts from a cache (prefix caching of repeated prompts) or ran another load than the file "
-                 "states, and pdsim cannot match it. The group figures above include them; without them: "
-                 f"{within}.</p><table><tr><th>id</th><th>implied GEMM use (x capacity)</th></tr>"
-                 + "".join(f"<tr><td>{html.escape(str(r['id']))}</td><td>{r['implied_gemm_util']:.2f}</td></tr>"
-                           for r in over) + "</table>") if over else ""
+    def share(r):
+        return "-" if r.get("implied_peak_share") is None else f"{r['implied_peak_share']:.2f}"
+    gemm_note = (f"<h2>Rows beyond pdsim's GEMM ceiling</h2><p>{len(over)} row(s) imply more linear-layer work "
+                 "per second than pdsim's cost model lets their GPUs do: requests per second (the measured "
+                 "throughput, else Little's law at the measured concurrency, which overstates the rate of a short "
+                 "run) x the linear layers' FLOPs per request (attention and all-reduces left out), over the GPUs "
+                 "at the profile's GEMM ceiling. pdsim is too slow on them whatever the scheduler does: the run "
+                 "had cache hits (<code>--shared-prefix-tokens</code>), its GEMMs ran faster than the profile, or "
+                 "its rate is overstated; only a share of the datasheet peak above 1 makes a row impossible "
+                 "outright. The group figures above include them; without them: "
+                 f"{within}.</p><table><tr><th>id</th><th>x pdsim's GEMM ceiling</th><th>x datasheet peak</th></tr>"
+                 + "".join(f"<tr><td>{html.escape(str(r['id']))}</td><td>{r['implied_gemm_util']:.2f}</td>"
+                           f"<td>{share(r)}</td></tr>" for r in over) + "</table>") if over else ""
+    st = summary.get("settings") or {}
+    prefix_note = (f" Every row's prompts share their first {st['shared_prefix_tokens']} tokens, cached "
+                   "(<code>--shared-prefix-tokens</code>)." if st.get("shared_prefix_tokens") else
+                   " Every prompt is fresh (no shared prefix, no cache).")
     sk = "".join(f"<li>{html.escape(k)}: {v}</li>" for k, v in sorted(c["skipped_by_reason"].items()))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>pdsim validate</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
 padding:3px 8px;text-align:right}}</style></head><body>
 <h1>pdsim vs measured benchmark runs</h1>
 <p>{c['rows_in']} rows read, {c['simulated']} simulated, {c['skipped']} skipped. MAPE and bias (mean signed
-error, simulated/measured - 1) in percent; closed loop at the measured concurrency.</p>
+error, simulated/measured - 1) in percent; closed loop at the measured concurrency.{prefix_note}</p>
 <h2>Per model, GPU, engine, mode</h2><table><tr><th>model</th><th>GPU</th><th>engine</th><th>mode</th><th>rows</th>
 <th>TTFT MAPE %</th><th>TTFT bias %</th><th>TPOT MAPE %</th><th>TPOT bias %</th><th>throughput MAPE %</th></tr>{g}</table>
 <h2>Worst rows by TTFT error</h2>{kv_note}<table><tr><th>id</th><th>TTFT ms</th><th>sim</th><th>APE %</th>

@@ -336,6 +336,13 @@ def generate(sc, model) -> list[Request]:
         raise ConfigError(f"prompt + output exceed the {model.max_context}-token context of {model.name}",
                           key="workload.output_tokens", value=w.output_tokens.value)
     if w.shared_prefix_tokens:
+        pools = [p for t in sc.topologies.values() for p in ((t.prefill, t.decode) if t.kind == "disaggregated"
+                                                              else (t,))]
+        if not any(p.prefix_on for p in pools):
+            import warnings
+            warnings.warn(f"workload.shared_prefix_tokens = {w.shared_prefix_tokens}: no pool has prefix_cache "
+                          f"enabled, so the shared prefix is computed again for every request", UserWarning,
+                          stacklevel=2)
         return make_requests(arrival, prompt, output, shared_prefix_ids(prompt, w.shared_prefix_tokens),
                              SHARED_PREFIX_UNIT)
     return make_requests(arrival, prompt, output)

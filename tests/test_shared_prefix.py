@@ -18,8 +18,9 @@ LIN = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 
 def test_shared_prefix_ids_by_hand():
     # 24 shared tokens at 16 per id: one whole shared unit (id 0); fresh ids start at 24 // 16 = 1.
     # 40 tokens: id 0, then 24 tokens of its own -> 2 fresh (1, 2); 20 tokens: id 0 + 4 own -> 1 fresh (3);
-    # 8 tokens (all inside the shared part, but no whole unit): 1 fresh (4) -- its content is the shared
-    # part's first 8 tokens, a partial unit, which the engines' whole-block caches cannot reuse anyway.
+    # 8 tokens (all inside the shared part, but no whole unit): 1 fresh (4).  A partial unit is never shared:
+    # the shared part counts in whole 16-token units, rounded down (an engine with 1-token pages, SGLang's
+    # radix cache, would reuse those 8 tokens; pdsim does not: the cost of ids per token).
     assert shared_prefix_ids([40, 20, 8], 24) == [[0, 1, 2], [0, 3], [4]]
     # everything shared (prompt == shared): the same chain for every request
     assert shared_prefix_ids([32, 32], 32) == [[0, 1], [0, 1]]
@@ -28,8 +29,8 @@ def test_shared_prefix_ids_by_hand():
     assert shared_prefix_ids([16, 48], 1000) == [[0], [0, 1, 2]]
 
 
-def _closed(shared: int, cache: bool = True):
-    topo = {"kind": "colocated", "replicas": 1, "kv_blocks": 100, "block_size": 16, "cost_model": LIN}
+def _closed(shared: int, cache: bool = True, block: int = 16):
+    topo = {"kind": "colocated", "replicas": 1, "kv_blocks": 1600 // block, "block_size": block, "cost_model": LIN}
     if cache:
         topo["prefix_cache"] = {"enabled": True}
     sc = scenario({"t": topo}, arrival="closed", clients=1, num_requests=2, prompt_tokens=160, output_tokens=2,
@@ -49,8 +50,22 @@ def test_a_closed_loop_client_reuses_the_shared_prefix_by_hand(shared, cached):
     assert b.first_token_s - b.arrival_s == pytest.approx(0.01 + (160 - cached) * 1e-4 + 160e-6, abs=1e-12)
 
 
-def test_without_prefix_caching_the_shared_prefix_changes_nothing():
-    a, b = _closed(160, cache=False)
+@pytest.mark.parametrize("block,shared,cached", [
+    (32, 24, 0),      # no whole 32-token block inside the shared part
+    (32, 64, 64),     # two blocks
+    (32, 160, 128),   # all shared: whole blocks below the last token, 159 // 32 x 32
+    (1, 160, 159),    # 1-token pages: every token but the last
+    (1, 24, 16),      # the shared part in whole 16-token units: 16 of its 24 tokens
+])
+def test_engine_block_sizes_other_than_the_units_by_hand(block, shared, cached):
+    a, b = _closed(shared, block=block)
+    assert (a.cached_tokens, b.cached_tokens) == (0, cached)
+    assert b.first_token_s - b.arrival_s == pytest.approx(0.01 + (160 - cached) * 1e-4 + 160e-6, abs=1e-12)
+
+
+def test_without_prefix_caching_the_shared_prefix_changes_nothing_and_says_so():
+    with pytest.warns(UserWarning, match="no pool has prefix_cache enabled"):
+        a, b = _closed(160, cache=False)
     assert b.cached_tokens == 0
     assert b.first_token_s - b.arrival_s == pytest.approx(0.01 + 160e-4 + 160e-6, abs=1e-12)
 
@@ -73,3 +88,38 @@ def test_validate_rows_can_state_a_shared_prefix():
     assert plain.workload.shared_prefix_tokens == 0 and not plain.topologies["t"].prefix_on
     sc = row_scenario(r, shared_prefix=512)
     assert sc.workload.shared_prefix_tokens == 512 and sc.topologies["t"].prefix_on
+
+
+def test_validate_and_its_cli_simulate_the_stated_shared_prefix(tmp_path, capsys):
+    """One client sending four 1000-token prompts with 992 tokens in common (62 units): from the second
+    request on, 992 tokens come from the cache, so the mean TTFT falls; validate.json records the setting."""
+    import csv
+    import json
+
+    from pdsim.__main__ import main
+    from pdsim.validate import read_measured, validate
+    path = tmp_path / "s.csv"
+    cols = ["id", "silicon_data_source", "backend", "backend_version", "model_path", "system", "precision", "mode",
+            "isl", "osl", "batch_size", "tp_size", "silicon_ttft_ms", "silicon_tpot_ms"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, cols)
+        w.writeheader()
+        w.writerow({"id": "one", "silicon_data_source": "made-up; silicon_concurrency=1", "backend": "vllm",
+                    "backend_version": "0.10.1", "model_path": "meta-llama/Llama-3.1-8B-Instruct", "system": "h100_sxm",
+                    "precision": "", "mode": "agg", "isl": 1000, "osl": 8, "batch_size": 1, "tp_size": 1,
+                    "silicon_ttft_ms": 50.0, "silicon_tpot_ms": 5.0})
+    rows = read_measured(path)
+    fresh = validate(rows, requests_per_client=4, client_mode="sync")
+    shared = validate(rows, requests_per_client=4, client_mode="sync", shared_prefix=992)
+    assert shared["settings"]["shared_prefix_tokens"] == 992 and fresh["settings"]["shared_prefix_tokens"] == 0
+    t_fresh, t_shared = fresh["rows"][0]["sim_ttft_ms"], shared["rows"][0]["sim_ttft_ms"]
+    # three of the four prefills compute 8 tokens instead of 1000: the mean TTFT drops to well under half
+    assert t_shared < 0.5 * t_fresh
+    assert main(["validate", str(path), "--out", str(tmp_path / "o"), "--quiet", "--requests-per-client", "4",
+                 "--client", "sync", "--shared-prefix-tokens", "992"]) == 0
+    summary = json.loads((tmp_path / "o" / "validate.json").read_text())
+    assert summary["settings"]["shared_prefix_tokens"] == 992
+    assert "share their first 992 tokens" in (tmp_path / "o" / "validate.html").read_text()
+    with open(tmp_path / "o" / "validate.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert float(row["sim_ttft_ms"]) == pytest.approx(t_shared, rel=1e-9)
