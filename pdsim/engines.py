@@ -78,6 +78,11 @@ class EnginePreset:
     # (frontend_latency_ms) a user sets from their own stack's runs, not a default
     frontend_per_layer_us: float = 0.0
     frontend_per_moe_layer_us: float = 0.0
+    # the engine reuses cached prompt prefixes by default (vLLM v1's automatic prefix caching, SGLang's radix
+    # cache, TensorRT-LLM's KV block reuse, enable_block_reuse=True; vLLM v0 had it off): a colocated or
+    # prefill pool of the engine caches prefixes unless its prefix_cache key says otherwise
+    # (engine_prefix_cache)
+    prefix_caching: bool = False
 
 
 PRESETS: dict[str, EnginePreset] = {p.name: p for p in [
@@ -87,20 +92,20 @@ PRESETS: dict[str, EnginePreset] = {p.name: p for p in [
     EnginePreset("vllm-v1", "chunked", 8192, 1024, 16, 0.9, "vllm", 1744.9, 0.0, 0.0, 150.0, 0.5, 0.5, 0.0,
                  "vLLM v1 defaults (>=70 GiB GPU, online serving); step overhead FITTED to the TPOT residuals of "
                  "the train half of the aiconfigurator silicon sample (vLLM 0.12, H100/H200; it also absorbs "
-                 "cost-model error), tp_extra an estimate"),
+                 "cost-model error), tp_extra an estimate", prefix_caching=True),
     EnginePreset("vllm-v0", "fcfs", 8192, 256, 16, 0.9, "vllm", 813.0, 42.3, 0.0, 923.0, 0.0, 0.5, 0.01,
                  "vLLM v0 defaults; step overhead fitted to Vidur's measured A100 CPU overheads "
                  "(cpu_overheads.csv, tp1: 0.813 ms + 0.0423 ms/seq, MAPE 1.1%)"),
     EnginePreset("sglang", "fcfs", 8192, 2048, 1, 0.88, "static", 0.0, 34.16, 0.0, 150.0, 0.0, 0.0, 0.0,
                  "SGLang defaults (page 1, mem_fraction_static 0.88); step overhead FITTED to the TPOT residuals of "
                  "the train half of the aiconfigurator silicon sample (SGLang 0.5.x, H100/H200; it also absorbs "
-                 "cost-model error), tp_extra an estimate"),
+                 "cost-model error), tp_extra an estimate", prefix_caching=True),
     EnginePreset("trtllm", "chunked", 8192, 2048, 32, 0.9, "free", 620.6, 17.8, 0.0, 100.0, 0.0, 0.5, 0.0,
                  "TensorRT-LLM defaults (tokens_per_block 32, free_gpu_memory_fraction 0.9); step overhead FITTED "
                  "to the TPOT residuals of the train half of the aiconfigurator silicon sample (TRT-LLM 1.0, "
                  "H100/H200; it also absorbs cost-model error), tp_extra an estimate; KV reserved for the whole "
                  "sequence at admission (capacity_scheduler_policy GUARANTEED_NO_EVICT, the default)",
-                 kv_reservation="full"),
+                 kv_reservation="full", prefix_caching=True),
 ]}
 
 
@@ -129,6 +134,32 @@ def apply_preset(pool) -> None:
         if p.scheduler == "chunked":
             from .config import ChunkedPrefillSpec
             pool.chunked_prefill = ChunkedPrefillSpec(token_budget=pool.max_batched_tokens)
+
+
+def engine_prefix_cache(pool, model) -> bool:
+    """Whether ``pool`` caches prefixes only because its engine does by default: an engine preset with
+    ``prefix_caching``, no ``prefix_cache`` key in the file (``enabled: false`` turns it off, as
+    ``--no-enable-prefix-caching`` does), and a model pdsim can cache for (no sliding-window layers)."""
+    if pool.engine is None or "prefix_cache" in pool.model_fields_set or pool.prefix_cache is not None:
+        return False
+    return PRESETS[pool.engine].prefix_caching and not model.has_sliding
+
+
+def with_engine_prefix_cache(spec, model):
+    """(topology spec, {pool name: engine}) with the engines' default prefix caching turned on in its colocated
+    pool or its prefill pool (:func:`engine_prefix_cache`).  A decode pool keeps its own key: whether an
+    engine's decode side skips the transfer of prefix blocks it holds depends on its KV connector.  Called only
+    for a request stream that carries content ids; without them a cache finds nothing (the results are the
+    same) and the plain pool is faster."""
+    from .config import PrefixCacheSpec
+    if spec.kind == "colocated":
+        if engine_prefix_cache(spec, model):
+            return spec.model_copy(update={"prefix_cache": PrefixCacheSpec(enabled=True)}), {"replica": spec.engine}
+        return spec, {}
+    if engine_prefix_cache(spec.prefill, model):
+        pre = spec.prefill.model_copy(update={"prefix_cache": PrefixCacheSpec(enabled=True)})
+        return spec.model_copy(update={"prefill": pre}), {"prefill": spec.prefill.engine}
+    return spec, {}
 
 
 # --- memory ------------------------------------------------------------------------

@@ -574,7 +574,11 @@ def prefix_summary(res) -> dict:
             has_flops = False
             break
         flops_saved += full - cost.step(n, n * (h + n / 2.0), p, 1, 1).flops
+    by_engine = getattr(topo, "prefix_by_engine", None) or {}
     return {
+        # which pools cache, and why: the scenario's prefix_cache key, or the engine's default (engines.py)
+        "enabled_by": {p.name: (f"engine default ({by_engine[p.name]})" if p.name in by_engine else "scenario")
+                       for p in getattr(topo, "pools", ()) if p.spec.prefix_on},
         "hit_rate": _rate(tot["gpu_hit_tokens"] + tot["host_hit_tokens"], tot["lookup_tokens"]),
         "gpu_hit_rate": _rate(tot["gpu_hit_tokens"], tot["lookup_tokens"]),
         "host_hit_rate": _rate(tot["host_hit_tokens"], tot["lookup_tokens"]),

@@ -174,8 +174,13 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     env = simpy.Environment()
     sink = Sink(env, len(stream))
     ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s, fast, sc.seed)
+    by_engine = {}
+    if any(r.hash_ids is not None for r in stream):      # content ids: the engines' default prefix caching
+        from .engines import with_engine_prefix_cache
+        spec, by_engine = with_engine_prefix_cache(spec, model)
     topo = build(name, spec, env, ctx, sink)
     topo.sink = sink
+    topo.prefix_by_engine = by_engine
     reqs = stream if reuse else [r.clone() for r in stream]
     if record_itl(sc, reqs):
         for r in reqs:

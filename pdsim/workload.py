@@ -338,11 +338,13 @@ def generate(sc, model) -> list[Request]:
     if w.shared_prefix_tokens:
         pools = [p for t in sc.topologies.values() for p in ((t.prefill, t.decode) if t.kind == "disaggregated"
                                                               else (t,))]
-        if not any(p.prefix_on for p in pools):
+        from .engines import engine_prefix_cache
+        entry = [t.prefill if t.kind == "disaggregated" else t for t in sc.topologies.values()]
+        if not any(p.prefix_on for p in pools) and not any(engine_prefix_cache(p, model) for p in entry):
             import warnings
-            warnings.warn(f"workload.shared_prefix_tokens = {w.shared_prefix_tokens}: no pool has prefix_cache "
-                          f"enabled, so the shared prefix is computed again for every request", UserWarning,
-                          stacklevel=2)
+            warnings.warn(f"workload.shared_prefix_tokens = {w.shared_prefix_tokens}: no pool caches prefixes "
+                          f"(no prefix_cache key, no engine that caches by default), so the shared prefix is "
+                          f"computed again for every request", UserWarning, stacklevel=2)
         return make_requests(arrival, prompt, output, shared_prefix_ids(prompt, w.shared_prefix_tokens),
                              SHARED_PREFIX_UNIT)
     return make_requests(arrival, prompt, output)

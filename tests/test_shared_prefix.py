@@ -64,7 +64,7 @@ def test_engine_block_sizes_other_than_the_units_by_hand(block, shared, cached):
 
 
 def test_without_prefix_caching_the_shared_prefix_changes_nothing_and_says_so():
-    with pytest.warns(UserWarning, match="no pool has prefix_cache enabled"):
+    with pytest.warns(UserWarning, match="no pool caches prefixes"):
         a, b = _closed(160, cache=False)
     assert b.cached_tokens == 0
     assert b.first_token_s - b.arrival_s == pytest.approx(0.01 + 160e-4 + 160e-6, abs=1e-12)
@@ -123,3 +123,59 @@ def test_validate_and_its_cli_simulate_the_stated_shared_prefix(tmp_path, capsys
     with open(tmp_path / "o" / "validate.csv") as f:
         (row,) = csv.DictReader(f)
     assert float(row["sim_ttft_ms"]) == pytest.approx(t_shared, rel=1e-9)
+
+
+# --- the engines' default prefix caching (engines.engine_prefix_cache) ------------------------------------------
+def _engine_run(pool_extra: dict, engine: str = "vllm-v1", shared: int = 160, kind: str = "colocated",
+                model: str = "llama-3.1-8b"):
+    from pdsim import config
+    from pdsim.metrics import requests_frame, summarize
+    pool = {"device": "h100-sxm", "engine": engine, **pool_extra}
+    topo = ({"kind": "colocated", "replicas": 1, **pool} if kind == "colocated" else
+            {"kind": "disaggregated", "prefill": {"instances": 1, **pool}, "decode": {"instances": 1, **pool}})
+    w = {"arrival": "closed", "clients": 1, "num_requests": 2, "prompt_tokens": 160, "output_tokens": 4}
+    if shared:
+        w["shared_prefix_tokens"] = shared
+    sc = config.parse({"seed": 0, "model": model, "workload": w, "topologies": {"t": topo}}, "t.yaml")
+    res = simulate(sc)
+    return res[0], summarize(res, requests_frame(res, sc.client), sc)["t"]
+
+
+@pytest.mark.parametrize("engine,cached", [
+    ("vllm-v1", 144),    # 16-token blocks: 159 // 16 x 16
+    ("sglang", 159),     # 1-token pages: every token but the last
+    ("trtllm", 128),     # 32-token blocks: 159 // 32 x 32
+    ("vllm-v0", 0),      # vLLM v0 had automatic prefix caching off by default
+])
+@pytest.mark.filterwarnings("ignore:workload.shared_prefix_tokens")
+def test_engine_presets_cache_prefixes_as_the_engines_do_by_default(engine, cached):
+    res, summary = _engine_run({}, engine)
+    assert [r.cached_tokens for r in res.requests] == [0, cached]
+    if cached:
+        assert summary["prefix_cache"]["enabled_by"] == {"replica": f"engine default ({engine})"}
+    else:
+        assert "prefix_cache" not in summary
+
+
+def test_a_prefix_cache_key_overrides_the_engine_default():
+    with pytest.warns(UserWarning, match="no pool caches prefixes"):
+        off, summary = _engine_run({"prefix_cache": {"enabled": False}})
+    assert [r.cached_tokens for r in off.requests] == [0, 0] and "prefix_cache" not in summary
+    on, summary = _engine_run({"prefix_cache": {"enabled": True}}, engine="vllm-v0")
+    assert [r.cached_tokens for r in on.requests] == [0, 144]
+    assert summary["prefix_cache"]["enabled_by"] == {"replica": "scenario"}
+
+
+def test_engine_default_caching_only_where_it_can_matter():
+    # no content ids in the stream: the plain KV pool (a cache would find nothing)
+    plain, summary = _engine_run({}, shared=0)
+    assert not plain.topology.instances[0].kv.prefix_on and "prefix_cache" not in summary
+    # disaggregated: the prefill pool caches by default, the decode pool keeps its own key
+    pd, summary = _engine_run({}, kind="disaggregated")
+    assert [r.cached_tokens for r in pd.requests] == [0, 144]
+    assert summary["prefix_cache"]["enabled_by"] == {"prefill": "engine default (vllm-v1)"}
+    assert not pd.topology.decode.instances[0].kv.prefix_on
+    # a model with sliding-window layers, which pdsim cannot cache for: the default stays off (no error)
+    with pytest.warns(UserWarning, match="no pool caches prefixes"):
+        swa, summary = _engine_run({"tp": 4}, model="gpt-oss-120b", engine="vllm-v1")
+    assert [r.cached_tokens for r in swa.requests] == [0, 0] and "prefix_cache" not in summary
