@@ -256,3 +256,20 @@ def test_a_speculative_pool_with_every_draft_accepted_by_hand(tmp_path):
     assert r.pop("tpot_p") == pytest.approx(1 / 6, rel=1e-12)
     assert r == {"n": 1, "ok": 1, "ttft_ok": 1, "tpot_ok": 1, "finished": 1, "early": None, "settled": 1,
                  "total": 1, "ci": None, "stopped_s": None, "ttft_p": 0.25, "slo_met": True}
+
+
+def test_a_speculative_pool_draws_from_the_scenarios_seed(tmp_path):
+    # the rule of pdsim/speculative.py's docstring: request r's i-th verify step reads row i of a table of k
+    # uniforms from numpy.random.default_rng([seed, 0x5BEC, r, i // 64]); a draft is accepted if its uniform is
+    # below the acceptance.  k = 1 at acceptance .5, one request (id 0), 3 tokens, a draft at .5 x .25 s:
+    #   prefill [0, .25]: token 1; verify step with 1 draft: .25 + .125 = .375 s, ends at .625:
+    #   seed 1: first uniform .0159 < .5, accepted: tokens 2 and 3 at .625: TPOT (.625 - .25) / 2 = .1875
+    #   (seed 0 would draw .7716: rejected, token 2 at .625, then a plain .25 s step: token 3 at .875, TPOT .3125)
+    import numpy as np
+    draw = {s: np.random.default_rng([s, 0x5BEC, 0, 0]).random() for s in (0, 1)}
+    assert draw[1] < 0.5 <= draw[0]
+    spec = {"method": "draft", "k": 1, "acceptance": 0.5, "draft_cost_fraction": 0.5}
+    task = _task(tmp_path, [(0.0, 10, 3)], {"ttft_s": 0.5, "tpot_s": 0.25}, pool={"speculative": spec})
+    task["scenario"]["seed"] = 1
+    r = evaluate(task)
+    assert (r["ok"], r["ttft_p"], r["tpot_p"]) == (1, 0.25, 0.1875)
