@@ -248,13 +248,16 @@ def slo_samples(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
     TTFT: every arrived request; one with no first token (rejected, abandoned, still queued at the
     horizon) is +inf.  TPOT: every request asking for more than one output token; one that did not
-    finish is +inf.  So refusing work never improves a percentile.
+    finish is +inf.  So refusing work never improves a percentile.  A finished request whose client saw
+    a single token (behind a PD proxy, a 2-token reply: the prefill's token is not streamed) has no TPOT,
+    as a one-token request has none: it is left out, not ranked as a NaN.
     """
     ttft = df.ttft_s.to_numpy(float)
     ttft = np.where(np.isnan(ttft), np.inf, ttft)
-    multi = (df.output_tokens > 1).to_numpy()
     fin = (df.status == FINISHED).to_numpy()
-    tpot = np.where(fin, df.tpot_s.to_numpy(float), np.inf)[multi]
+    tpot_s = df.tpot_s.to_numpy(float)
+    keep = (df.output_tokens > 1).to_numpy() & ~(fin & np.isnan(tpot_s))
+    tpot = np.where(fin, tpot_s, np.inf)[keep]
     return ttft, tpot
 
 

@@ -672,15 +672,16 @@ def evaluate(task: dict) -> dict:
     ttft_ok = (df.status == FINISHED) & (df.ttft_s <= slo.ttft_s)
     tpot_ok = (df.status == FINISHED) & (df.tpot_s.isna() | (df.tpot_s <= slo.tpot_s))
 
-    def q(x, p):                    # a percentile of the known values (NaN left out), or None
-        x = np.asarray(x, float)
-        x = x[~np.isnan(x)]
-        return float(np.percentile(x, p)) if len(x) else None
+    # percentiles as the verdict takes them (metrics.slo_samples, nearest rank): a request that never got a
+    # first token (rejected, abandoned) counts as +inf, one that did not finish as an infinite TPOT; of the
+    # settled requests (a run stopped at a certain pass reports what had settled)
+    ttft_s, tpot_s = metrics.slo_samples(df[settled])
     n = len(df)
     out = {"n": n, "ok": int((ttft_ok & tpot_ok).sum()), "ttft_ok": int(ttft_ok.sum()),
            "tpot_ok": int(tpot_ok.sum()), "finished": len(fin), "early": sink.decided,
            "settled": settled_all, "total": len(stream), "ci": None, "stopped_s": env.now if sink.decided else None,
-           "ttft_p": q(df.ttft_s[settled], slo.ttft_percentile), "tpot_p": q(fin.tpot_s, slo.tpot_percentile)}
+           "ttft_p": metrics.nearest_rank(ttft_s, slo.ttft_percentile),
+           "tpot_p": metrics.nearest_rank(tpot_s, slo.tpot_percentile)}
     # the verdict by the run's own SLO rule (metrics.slo_verdict: attainment or percentile mode, as
     # `pdsim run` judges); a run stopped early was stopped because that verdict was certain
     out["slo_met"] = sink.decided == "pass" if sink.decided else metrics.slo_verdict(df, slo)["met"]
@@ -700,13 +701,20 @@ def evaluate(task: dict) -> dict:
             first = np.where(k0, dfs, first)
         has_first = ~np.isnan(first)
         arrival = df.arrival_s.to_numpy(float)
+        done = settled.to_numpy()
+        finished = (df.status == FINISHED).to_numpy()
         ttft = np.where(open_, np.where(has_first, first - arrival, now - arrival) + rtt, df.ttft_s.to_numpy(float))
+        ttft = np.where(done & np.isnan(ttft), np.inf, ttft)          # rejected / abandoned: never served
         decoding = open_ & (streamed > 1)
+        tpot_done = df.tpot_s.to_numpy(float)
         with np.errstate(invalid="ignore", divide="ignore"):     # no first token yet: its TPOT can still be ~0
             tpot = np.where(decoding, np.where(has_first, (now - first) / np.maximum(streamed - 1, 1), 0.0),
-                            df.tpot_s.to_numpy(float))
-        out.update(ttft_p=q(ttft[settled.to_numpy() | open_], slo.ttft_percentile),
-                   tpot_p=q(tpot[(df.status == FINISHED).to_numpy() | decoding], slo.tpot_percentile),
+                            np.where(finished, tpot_done, np.inf))
+        # the verdict's samples (metrics.slo_samples) of the requests that had arrived, each at the least it can
+        # still be: nearest rank of lower bounds is a lower bound of the run's own
+        keep_tpot = (out_tok > 1) & (decoding | (done & ~(finished & np.isnan(tpot_done))))
+        out.update(ttft_p=metrics.nearest_rank(ttft[done | open_], slo.ttft_percentile),
+                   tpot_p=metrics.nearest_rank(tpot[keep_tpot], slo.tpot_percentile),
                    p_so_far=True)
     elif sink.decided is None:
         ci = batch_means_ci((ttft_ok & tpot_ok).to_numpy(float))
@@ -1371,6 +1379,18 @@ TABLE_COLS = ["rank", "config", "gpus", "usd_per_hour", "goodput", "margin", "go
 PLAN_OUTPUTS = ("winner.yaml", "plan.html", "plan.csv", "plan.json")
 
 
+def json_safe(x):
+    """``x`` with every non-finite float as the string "inf", "-inf" or "nan": strict JSON (a percentile of
+    requests never served is +inf, evaluate)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if x != x else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
+
+
 def clear_plan_outputs(out: Path) -> None:
     """Remove a previous plan's outputs from ``out`` (a plan with no winner must not leave the last
     plan's winner.yaml behind); the result cache stays."""
@@ -1388,7 +1408,7 @@ def write_plan_outputs(plan: Plan, result: dict, out: Path, progress: bool = Fal
     from .validate import bands_text
     pd.DataFrame([{**{k: r.get(k) for k in TABLE_COLS}, "expected_error": bands_text(r.get("expected_error") or {})}
                   for r in result["rows"]]).to_csv(out / "plan.csv", index=False)
-    (out / "plan.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / "plan.json").write_text(json.dumps(json_safe(result), indent=2, default=str, allow_nan=False))
     win = winner_scenario(plan, result)
     if win is not None:
         (out / "winner.yaml").write_text("# Ready to run: pdsim run winner.yaml\n"

@@ -923,3 +923,17 @@ def test_an_autoscaled_run_that_ends_at_t0_has_no_mean_gpus(tmp_path):
     assert s["sim_end_s"] == 0 and s["gpu_hours"] == 0.0 and s["cost_usd"] == 0.0
     assert s["mean_gpus"] is None and s["gpus"] == 1 and s["cost_per_hour_usd"] == 0.0
     assert s["throughput"]["output_tokens_per_s_per_gpu"] == 0.0
+
+
+def test_slo_samples_leave_out_a_finished_request_whose_client_saw_one_token():
+    # behind a PD proxy a 2-token reply streams one token to the client: finished, TPOT NaN.  It has no TPOT,
+    # as a one-token reply has none; ranked as a NaN it sat at the top of the sample (np.partition puts NaN
+    # last), so the p100 TPOT of (0.1, NaN) was NaN and the bound "not met".  Left out: p100 = 0.1.
+    df = pd.DataFrame({"status": ["finished", "finished", "rejected"], "ttft_s": [0.2, 0.3, np.nan],
+                       "tpot_s": [0.1, np.nan, np.nan], "output_tokens": [3, 2, 2]})
+    ttft, tpot = metrics.slo_samples(df)
+    assert ttft.tolist() == [0.2, 0.3, math.inf] and tpot.tolist() == [0.1, math.inf]
+    ok = df.iloc[:2]
+    slo = config.SLOSpec(ttft_s=1.0, tpot_s=0.5, mode="percentile", ttft_percentile=100, tpot_percentile=100)
+    v = metrics.slo_verdict(ok, slo)
+    assert v["bounds"]["tpot"]["measured_s"] == 0.1 and v["met"]

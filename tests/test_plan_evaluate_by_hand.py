@@ -1,5 +1,8 @@
 """pdsim.plan.evaluate by hand (tests/MUTANTS.md, `evaluate`): small simulations whose results are worked out
-in the comments, step by step, from the scheduler's rules, the judge's rules and numpy's percentile definition.
+in the comments, step by step, from the scheduler's rules, the judge's rules and the verdict's percentile
+definition (metrics.nearest_rank over metrics.slo_samples: the smallest value with at least p% of the sample at
+or below it, rank ceil(p/100 x n); a request never served counts as +inf, one with a single streamed token has no
+TPOT).
 
 Every run here is a constant-cost colocated replica (each step 0.25 s whatever it holds; fcfs: a step holds the
 waiting prompts, or, when none is waiting, one decode token of every running request) fed by a vidur trace of a
@@ -69,8 +72,8 @@ def test_a_run_to_the_end_counts_bounds_inclusively_with_its_batch_means_interva
     assert round(half, 5) == 0.17966
     ci = r.pop("ci")
     assert ci == pytest.approx([0.4 - half, 0.4 + half], rel=1e-12)
-    # p90 (numpy's linear rule, position 0.9 x (n - 1)): TTFT of 40 values, 32 x .25 then 8 x .375: position
-    # 35.1 lies among the .375s; TPOT of the 32 finite ones (8 x .25, 8 x .333, 16 x .375): position 27.9, .375.
+    # p90 by nearest rank: TTFT of 40 values, 32 x .25 then 8 x .375: rank ceil(36) = 36, a .375; TPOT of the 32
+    # multi-token requests (8 x .25, 8 x .333, 16 x .375): rank ceil(28.8) = 29, a .375.
     # 16 / 40 = 0.4 >= the 0.4 target: met.  Ran to the end: no early verdict, no stop time.
     assert r == {"n": 40, "ok": 16, "ttft_ok": 32, "tpot_ok": 16, "finished": 40, "early": None, "settled": 40,
                  "total": 40, "stopped_s": None, "ttft_p": 0.375, "tpot_p": 0.375, "slo_met": True}
@@ -79,26 +82,25 @@ def test_a_run_to_the_end_counts_bounds_inclusively_with_its_batch_means_interva
 def test_a_run_too_short_for_an_interval_has_none(tmp_path):
     # one block: 5 judged requests, fewer than 2 per batch of 20: no interval.  TTFT bound 0.5, TPOT 0.4:
     # r0, r1 (.375), r3 (.25), r4 meet both, r2 (.333) too: 5 of 5.  p90 of the TTFTs (.25 x 4, .375):
-    # position 3.6: .25 + .6 x .125 = .325; of the 4 TPOTs (.25, .333, .375, .375): position 2.7, .375
+    # rank ceil(4.5) = 5, .375 (numpy's interpolation would say .325, below an observed latency); of the 4
+    # TPOTs (.25, .333, .375, .375): rank ceil(3.6) = 4, .375
     slo = {"ttft_s": 0.5, "tpot_s": 0.4, "attainment_target": 0.9}
     r = evaluate(_task(tmp_path, BLOCK, slo))
-    assert r.pop("ttft_p") == pytest.approx(0.325, rel=1e-12)
     assert r == {"n": 5, "ok": 5, "ttft_ok": 5, "tpot_ok": 5, "finished": 5, "early": None, "settled": 5,
-                 "total": 5, "ci": None, "stopped_s": None, "tpot_p": 0.375, "slo_met": True}
+                 "total": 5, "ci": None, "stopped_s": None, "ttft_p": 0.375, "tpot_p": 0.375, "slo_met": True}
 
 
 @pytest.mark.parametrize("warmup, first", [(0.8, 4), (0.5, 2)])
 def test_the_warm_up_leaves_out_the_first_requests_by_arrival(tmp_path, warmup, first):
     # 5 requests: the first int(5 x w) are warm-up.  TTFT bound .3 (r2's .375 misses), TPOT .4 (all meet it).
     # 0.8 -> 4: r4 alone is judged: TTFT .25, one token (no TPOT): 1 of 1.
-    # 0.5 -> 2: r2, r3, r4 judged: TTFT ok 2 (r3, r4), TPOT ok 3; p90 of the TTFTs (.25, .25, .375): position 1.8,
-    #   .25 + .8 x .125 = .35; of the finite TPOTs (.25, 1/3): position 0.9, .25 + .9 x (1/3 - .25).  2 / 3 >= .5.
+    # 0.5 -> 2: r2, r3, r4 judged: TTFT ok 2 (r3, r4), TPOT ok 3; p90 of the TTFTs (.25, .25, .375): rank
+    #   ceil(2.7) = 3, .375; of the multi-token requests' TPOTs (.25, 1/3): rank ceil(1.8) = 2, 1/3.  2 / 3 >= .5.
     # "settled" counts every request, the warm-up's too.
     slo = {"ttft_s": 0.3, "tpot_s": 0.4, "attainment_target": 0.5}
     r = evaluate(_task(tmp_path, BLOCK, slo, warmup=warmup))
     want = {4: dict(n=1, ok=1, ttft_ok=1, tpot_ok=1, finished=1, ttft_p=0.25, tpot_p=None),
-            2: dict(n=3, ok=2, ttft_ok=2, tpot_ok=3, finished=3, ttft_p=pytest.approx(0.35, rel=1e-12),
-                    tpot_p=pytest.approx(0.25 + 0.9 * (1 / 3 - 0.25), rel=1e-12))}[first]
+            2: dict(n=3, ok=2, ttft_ok=2, tpot_ok=3, finished=3, ttft_p=0.375, tpot_p=1 / 3)}[first]
     assert r == {**want, "early": None, "settled": 5, "total": 5, "ci": None, "stopped_s": None, "slo_met": True}
 
 
@@ -134,14 +136,14 @@ def test_a_run_stopped_at_a_certain_fail_gives_bounds_and_percentiles_so_far(tmp
     # Percentiles so far, at now = 1.125, of the settled and the open (arrived, unsettled) requests: r6 has
     # not arrived; r5 arrived just now.
     #   TTFT: r0 .25 (settled), r1 .25, r2 .5 (first tokens), r3, r4 1.125 - .5 = .625, r5 0 (lower bounds):
-    #     sorted 0, .25, .25, .5, .625, .625: p50 at position 2.5: (.25 + .5) / 2 = .375
+    #     sorted 0, .25, .25, .5, .625, .625: p50 at rank ceil(3) = 3: .25
     #   TPOT: r0 .25 (finished); decoding (open, > 1 token): r1 (1.125 - .75) / 1 = .375, r2 (1.125 - 1) / 2 =
     #     .0625, r3, r4 0 (no first token: could still be ~0); r5 (one token) has none:
-    #     sorted 0, 0, .0625, .25, .375: p60 at position 2.4: .0625 + .4 x (.25 - .0625) = .1375
+    #     sorted 0, 0, .0625, .25, .375: p60 at rank ceil(3) = 3: .0625
     r = evaluate(_task(tmp_path, FAIL_ROWS, FAIL_SLO, early="fail"))
-    assert r.pop("tpot_p") == pytest.approx(0.0625 + 0.4 * (0.25 - 0.0625), rel=1e-12)
     assert r == {"n": 7, "ok": 4, "ttft_ok": 5, "tpot_ok": 6, "finished": 1, "early": "fail", "settled": 1,
-                 "total": 7, "ci": None, "stopped_s": 1.125, "ttft_p": 0.375, "slo_met": False, "p_so_far": True}
+                 "total": 7, "ci": None, "stopped_s": 1.125, "ttft_p": 0.25, "tpot_p": 0.0625, "slo_met": False,
+                 "p_so_far": True}
 
 
 def test_the_network_rtt_counts_in_the_judge_and_in_the_percentiles(tmp_path):
@@ -150,14 +152,14 @@ def test_the_network_rtt_counts_in_the_judge_and_in_the_percentiles(tmp_path):
     # not yet past); r2: first token at 1.0 or none yet, either way .5625 > .5; r3, r4: none: 3 TTFT misses, fail
     # at 1.0.  Bounds: ok 7 - 3 = 4, TTFT ok 4, TPOT ok 7.
     # TTFT so far (+ .0625): r0 .3125 (settled), r1 .3125, r2 .5625, r3, r4 1 - .5 + .0625 = .5625 (r5 arrives at
-    #   1.125): sorted .3125, .3125, .5625 x 3: p10 at position .4: .3125
+    #   1.125): sorted .3125, .3125, .5625 x 3: p10 at rank ceil(.5) = 1: .3125
     # TPOT so far: r0 .25, r1 (1 - .75) / 1 = .25, r2 (first token at now or none) 0, r3, r4 0:
-    #   sorted 0, 0, 0, .25, .25: p60 at position 2.4: .4 x .25 = .1
+    #   sorted 0, 0, 0, .25, .25: p60 at rank ceil(3) = 3: 0
     slo = {**FAIL_SLO, "ttft_percentile": 10}
     r = evaluate(_task(tmp_path, FAIL_ROWS, slo, early="fail", client={"network_rtt_s": 0.0625}))
-    assert r.pop("tpot_p") == pytest.approx(0.1, rel=1e-12)
     assert r == {"n": 7, "ok": 4, "ttft_ok": 4, "tpot_ok": 7, "finished": 1, "early": "fail", "settled": 1,
-                 "total": 7, "ci": None, "stopped_s": 1.0, "ttft_p": 0.3125, "slo_met": False, "p_so_far": True}
+                 "total": 7, "ci": None, "stopped_s": 1.0, "ttft_p": 0.3125, "tpot_p": 0.0, "slo_met": False,
+                 "p_so_far": True}
     # run to the end: TTFTs r0 .25, r1 .25, r2 .5, r3 .75, r4 1.0, r5 (prefill after r4's, [1.5, 1.75]: its only
     # token) .625, r6 (alone, [3, 3.25]) .25, each + .0625: in time (<= .5) r0, r1, r6.
     r = evaluate(_task(tmp_path, FAIL_ROWS, slo, client={"network_rtt_s": 0.0625}))
@@ -167,12 +169,20 @@ def test_the_network_rtt_counts_in_the_judge_and_in_the_percentiles(tmp_path):
 def test_a_client_timeout_abandons_requests_still_without_a_first_token(tmp_path):
     # four 5000-token prompts at 0 (one token each), timeout .6 s: prefills [0, .25], [.25, .5] answer r0, r1
     # (TTFT .25, .5); r2 (its prefill would end at .75) and r3 are abandoned at .6: settled, not finished.
-    # Abandoned requests have no TTFT: p90 of .25, .5 at position .9: .475.  2 of 4 >= .5: met.
+    # Abandoned requests were never served: +inf in the TTFT sample (.25, .5, inf, inf), whose p90 (rank
+    # ceil(3.6) = 4) is inf, as the verdict sees it; one-token requests have no TPOT.  2 of 4 >= .5: met
+    # (attainment mode).  In percentile mode the same run fails, and its p90 says why (it used to show .475,
+    # the interpolated p90 of the two served requests, under the .5 bound, beside a failed verdict).
     slo = {"ttft_s": 0.5, "tpot_s": 0.25, "attainment_target": 0.5}
     r = evaluate(_task(tmp_path, [(0.0, 5000, 1)] * 4, slo, timeout_s=0.6))
-    assert r.pop("ttft_p") == pytest.approx(0.475, rel=1e-12)
     assert r == {"n": 4, "ok": 2, "ttft_ok": 2, "tpot_ok": 2, "finished": 2, "early": None, "settled": 4,
-                 "total": 4, "ci": None, "stopped_s": None, "tpot_p": None, "slo_met": True}
+                 "total": 4, "ci": None, "stopped_s": None, "ttft_p": math.inf, "tpot_p": None, "slo_met": True}
+    r = evaluate(_task(tmp_path, [(0.0, 5000, 1)] * 4, {**slo, "mode": "percentile"}, timeout_s=0.6))
+    assert (r["ttft_p"], r["slo_met"]) == (math.inf, False)
+    # p50 (rank 2): .5, at the bound: met in percentile mode
+    r = evaluate(_task(tmp_path, [(0.0, 5000, 1)] * 4, {**slo, "mode": "percentile", "ttft_percentile": 50},
+                       timeout_s=0.6))
+    assert (r["ttft_p"], r["slo_met"]) == (0.5, True)
 
 
 def test_a_run_whose_queue_runs_dry_is_reported_as_a_deadlock(tmp_path, monkeypatch):
@@ -202,13 +212,12 @@ def test_errors_name_the_plan_file_and_the_topology(tmp_path):
 def test_relative_trace_and_device_profile_paths_resolve_against_the_task_base_dir(tmp_path):
     # the trace (t.csv) and a device profile (a copy of the H100 preset, its KV pool sized from its 80 GiB,
     # room for every one of these few requests) named relative to base_dir, wherever the worker runs: the
-    # block's results by hand (TTFT .5, TPOT .4: all 5 meet both; p90s .325 and .375, as above)
+    # block's results by hand (TTFT .5, TPOT .4: all 5 meet both; p90s .375 and .375, as above)
     (tmp_path / "prof").mkdir()
     shutil.copy(DEVICES / "h100-sxm.yaml", tmp_path / "prof" / "mydev.yaml")
     r = evaluate(_task(tmp_path, BLOCK, {"ttft_s": 0.5, "tpot_s": 0.4},
                        pool={"device": "prof/mydev.yaml", "kv_blocks": None}))
-    assert (r["n"], r["ok"], r["finished"], r["tpot_p"]) == (5, 5, 5, 0.375)
-    assert r["ttft_p"] == pytest.approx(0.325, rel=1e-12)
+    assert (r["n"], r["ok"], r["finished"], r["ttft_p"], r["tpot_p"]) == (5, 5, 5, 0.375, 0.375)
 
 
 def test_a_fail_stop_behind_a_pd_proxy_counts_the_decode_instances_tokens(tmp_path):
@@ -222,9 +231,9 @@ def test_a_fail_stop_behind_a_pd_proxy_counts_the_decode_instances_tokens(tmp_pa
     # The first sweep with a deadline past is at 1.09375: r0, r1 settled in time; r2 (first at 1 + e),
     # r3 and r4 (none yet) miss: fail at 1.09375; bounds ok 2, TTFT ok 2, TPOT ok 5.
     # TTFT so far: r0 .5 + e, r1 .75 + e (settled), r2 1 + e (its decode token), r3 and r4 1.09375 (r3's prefill
-    #   token at 1.0 is not the client's first): p75 at position 3: 1.09375
-    # TPOT so far: r0 .25 (finished; r1 has one client token: none); decoding: r2, 3 client tokens, its first at
-    #   1 + e: (1.09375 - 1 - e) / 2; r3 (1 client token) is not decoding.  p50 of the two: their mean.
+    #   token at 1.0 is not the client's first): p75 at rank ceil(3.75) = 4: 1.09375
+    # TPOT so far: r0 .25 (finished; r1 has one client token: no TPOT); decoding: r2, 3 client tokens, its first
+    #   at 1 + e: (1.09375 - 1 - e) / 2; r3 (1 client token) is not decoding.  p50 of the two, rank 1: the smaller.
     rows = [(0.0, 5000, 3), (0.0, 5000, 2), (0.0, 5000, 4), (0.0, 5000, 2), (0.0, 5000, 1)]
     (tmp_path / "t.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
                                     + "".join(f"{a},{p},{o}\n" for a, p, o in rows))
@@ -237,7 +246,7 @@ def test_a_fail_stop_behind_a_pd_proxy_counts_the_decode_instances_tokens(tmp_pa
                                "prefill": pool, "decode": pool}}}
     r = evaluate({"scenario": sc, "base_dir": str(tmp_path), "early": "fail"})
     e = 655_360_000 / 1e15
-    assert r.pop("tpot_p") == pytest.approx((0.25 + (1.09375 - 1 - e) / 2) / 2, rel=1e-9)
+    assert r.pop("tpot_p") == pytest.approx((1.09375 - 1 - e) / 2, rel=1e-9)
     assert r == {"n": 5, "ok": 2, "ttft_ok": 2, "tpot_ok": 5, "finished": 2, "early": "fail", "settled": 2,
                  "total": 5, "ci": None, "stopped_s": 1.09375, "ttft_p": 1.09375, "slo_met": False, "p_so_far": True}
 
@@ -273,3 +282,12 @@ def test_a_speculative_pool_draws_from_the_scenarios_seed(tmp_path):
     task["scenario"]["seed"] = 1
     r = evaluate(task)
     assert (r["ok"], r["ttft_p"], r["tpot_p"]) == (1, 0.25, 0.1875)
+
+
+def test_plan_json_stays_strict_json_with_an_unserved_percentile():
+    import json
+
+    from pdsim.plan import json_safe
+    got = json_safe({"ttft_p": math.inf, "rows": [{"x": -math.inf, "y": float("nan"), "z": 0.5}], "t": (1.0, math.inf)})
+    assert got == {"ttft_p": "inf", "rows": [{"x": "-inf", "y": "nan", "z": 0.5}], "t": [1.0, "inf"]}
+    json.dumps(got, allow_nan=False)          # no Infinity / NaN tokens left
