@@ -138,17 +138,19 @@ def apply_preset(pool) -> None:
 
 def engine_prefix_cache(pool, model) -> bool:
     """Whether ``pool`` caches prefixes only because its engine does by default: an engine preset with
-    ``prefix_caching``, no ``prefix_cache`` key in the file (``enabled: false`` turns it off, as
-    ``--no-enable-prefix-caching`` does), and a model pdsim can cache for (no sliding-window layers)."""
-    if pool.engine is None or "prefix_cache" in pool.model_fields_set or pool.prefix_cache is not None:
+    ``prefix_caching``, no ``prefix_cache`` set (``enabled: false`` turns it off, as ``--no-enable-prefix-caching``
+    does; ``prefix_cache: null``, as summary.json writes a pool's scenario, is the default), and a model pdsim
+    can cache for (no sliding-window layers)."""
+    if pool.engine is None or pool.prefix_cache is not None:
         return False
     return PRESETS[pool.engine].prefix_caching and not model.has_sliding
 
 
 def with_engine_prefix_cache(spec, model):
     """(topology spec, {pool name: engine}) with the engines' default prefix caching turned on in its colocated
-    pool or its prefill pool (:func:`engine_prefix_cache`).  A decode pool keeps its own key: whether an
-    engine's decode side skips the transfer of prefix blocks it holds depends on its KV connector.  Called only
+    pool or its prefill pool (:func:`engine_prefix_cache`).  A decode pool stays as its key says (uncached by
+    default, whatever the engine: SGLang turns its radix cache off on a decode server; whether vLLM's decode side
+    skips pulling prefix blocks it holds depends on its KV connector, not modelled).  Called only
     for a request stream that carries content ids; without them a cache finds nothing (the results are the
     same) and the plain pool is faster."""
     from .config import PrefixCacheSpec

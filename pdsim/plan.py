@@ -389,19 +389,24 @@ def plan_base_rate(plan: Plan, with_span: bool = False):
 def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     import simpy
 
-    from .simulation import Context, Sink, shared_stream
+    from .simulation import Context, Sink, engine_defaults, ideal_cached_tokens, shared_stream
     from .topology import build
     env = simpy.Environment()
     ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), 1.0)
-    topo = build(name, sc.topologies[name], env, ctx, Sink(env))   # raises if weights do not fit, bad tp...
+    reqs = shared_stream(sc, model)        # the same workload for every config: generated (a trace read) once
+    spec, _ = engine_defaults(sc.topologies[name], reqs, model)     # as simulated (engine prefix caching)
+    topo = build(name, spec, env, ctx, Sink(env))   # raises if weights do not fit, bad tp...
     gpus = sum(p.gpus for p in topo.pools)
     usd = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
     from .metrics import expected_error
     cfg = Config(name, t, gpus, usd, expected_error=expected_error(topo))
-    reqs = shared_stream(sc, model)        # the same workload for every config: generated (a trace read) once
     prompt = np.array([r.prompt_tokens for r in reqs], float)
+    # a pool that caches prefixes computes only what no earlier request computed: the bounds below take every
+    # prompt at its ideal hit (an infinite cache), so they stay optimistic (plans must not prune a config that
+    # caching makes feasible)
+    cached = ideal_cached_tokens(reqs) if topo.pools[0].spec.prefix_on else np.zeros(len(reqs))
     out = np.array([r.output_tokens for r in reqs], float)
-    p_mean, d_mean = float(prompt.mean()), float(np.maximum(out - 1, 0).mean())
+    p_mean, d_mean = float((prompt - cached).mean()), float(np.maximum(out - 1, 0).mean())
 
     def prefill_s_per_token(pool) -> float:
         """Least linear-layer time per prompt token over the step sizes the scheduler can form:
@@ -449,7 +454,9 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     first = topo.pools[0].cost
     last = topo.pools[-1].cost
     if getattr(first, "window", None) is None:
-        lone_ttft = np.array([first.step(int(pt), pt * pt / 2.0, int(pt), 1, 1).time_s for pt in prompt[:400]])
+        # the uncached suffix n over the whole context pt (prefix_summary's pricing; n = pt without a cache)
+        lone_ttft = np.array([first.step(int(pt - h), (pt - h) * (h + (pt - h) / 2.0), int(pt), 1, 1).time_s
+                              for pt, h in zip(prompt[:400], cached[:400])])
     else:       # sliding-window layers: prefill_time adds their aggregates
         lone_ttft = np.array([first.prefill_time(int(pt)) for pt in prompt[:400]])
     lone_ttft = lone_ttft + topo.frontend_s      # the entry engine's front end (engines.frontend_latency_s), if any
@@ -635,7 +642,8 @@ def evaluate(task: dict) -> dict:
     import simpy
 
     from . import metrics
-    from .simulation import Context, _open_loop, check_conservation, default_bin_s, resolve_model, shared_stream
+    from .simulation import (Context, _open_loop, check_conservation, default_bin_s, engine_defaults, resolve_model,
+                             shared_stream)
     from .topology import build
     sc = parse(task["scenario"], task.get("file", "plan"), base_dir=task["base_dir"])
     model = resolve_model(sc)
@@ -648,6 +656,7 @@ def evaluate(task: dict) -> dict:
     # verdict is taken on the whole run
     early = task.get("early") if sc.slo.mode == "attainment" else None
     sink = _JudgeSink(env, len(stream), first, sc.slo, early, spec.kind == "disaggregated", sc.client)
+    spec, _ = engine_defaults(spec, stream, model)        # as `pdsim run` simulates it (engine prefix caching)
     topo = build(name, spec, env, Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir),
                                           default_bin_s(sc, stream), seed=sc.seed), sink)
     topo.sink = sink

@@ -516,11 +516,14 @@ def _prefix_section(topos) -> dict:
                      (num(pc.get("tokens_saved")), pc.get("tokens_saved")),
                      (f"{num(flops / 1e12)} TFLOP" if finite(flops) is not None else "–", flops),
                      (f"{num(xfer / 2 ** 30)} GiB" if finite(xfer) is not None else "–", xfer)])
+        by = pc.get("enabled_by") or {}
+        text = ", ".join(f"{pool}: {why}" for pool, why in by.items()) or "–"
+        rows[-1].append((text, text))
     if not rows:
         return {}
     return {"title": "Prefix cache: prompt tokens found cached at admission", "id": "prefix", "chart": "",
             "table": table(["topology", "hit rate", "GPU tier", "host tier", "prompt tokens saved",
-                            "prefill FLOPs saved", "KV transfer saved"], rows, "prefix")}
+                            "prefill FLOPs saved", "KV transfer saved", "cached by"], rows, "prefix")}
 
 
 def _autoscale_section(topos) -> dict:

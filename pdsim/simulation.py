@@ -174,10 +174,10 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     env = simpy.Environment()
     sink = Sink(env, len(stream))
     ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s, fast, sc.seed)
-    by_engine = {}
-    if any(r.hash_ids is not None for r in stream):      # content ids: the engines' default prefix caching
-        from .engines import with_engine_prefix_cache
-        spec, by_engine = with_engine_prefix_cache(spec, model)
+    spec, by_engine = engine_defaults(spec, stream, model)
+    if by_engine and progress:
+        print(f"pdsim: {name}: {', '.join(f'{p} pool caches prefixes ({e} default)' for p, e in by_engine.items())}"
+              f"; prefix_cache: {{enabled: false}} turns it off", file=sys.stderr, flush=True)
     topo = build(name, spec, env, ctx, sink)
     topo.sink = sink
     topo.prefix_by_engine = by_engine
@@ -221,6 +221,36 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     eid = getattr(env, "_eid", None)
     events = next(eid) if eid is not None and hasattr(eid, "__next__") else sum(i.steps for i in topo.instances)
     return TopologyResult(name, topo, reqs, end, events)
+
+
+def engine_defaults(spec, stream: list[Request], model: ModelShape):
+    """(topology spec as simulated, {pool name: engine}): the engines' default prefix caching turned on where
+    the request stream carries content ids (engines.with_engine_prefix_cache).  Every path that simulates a
+    scenario's topology (run, plan, validate) builds from this, so a plan judges what a run will do."""
+    if any(getattr(r, "hash_ids", None) is not None for r in stream):
+        from .engines import with_engine_prefix_cache
+        return with_engine_prefix_cache(spec, model)
+    return spec, {}
+
+
+def ideal_cached_tokens(stream: list[Request]) -> np.ndarray:
+    """Prompt tokens each request could at most find cached: the leading ids of its hash chain that an earlier
+    request (in stream order) carried, as whole units, never its last prompt token; an infinite cache with no
+    concurrency.  A lower bound on what prefix caching leaves to compute (the plan's bound, plan.py)."""
+    seen: set = set()
+    out = np.zeros(len(stream))
+    for i, r in enumerate(stream):
+        ids = getattr(r, "hash_ids", None)
+        if not ids:
+            continue
+        k = 0
+        for h in ids:
+            if h not in seen:
+                break
+            k += 1
+        out[i] = min(k * r.hash_block_tokens, r.prompt_tokens - 1)
+        seen.update(ids)
+    return out
 
 
 def record_itl(sc: Scenario, reqs: list[Request]) -> bool:

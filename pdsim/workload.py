@@ -342,9 +342,11 @@ def generate(sc, model) -> list[Request]:
         entry = [t.prefill if t.kind == "disaggregated" else t for t in sc.topologies.values()]
         if not any(p.prefix_on for p in pools) and not any(engine_prefix_cache(p, model) for p in entry):
             import warnings
+            why = ("pdsim does not model prefix caching with sliding-window layers" if model.has_sliding else
+                   "no prefix_cache key, no engine that caches by default")
             warnings.warn(f"workload.shared_prefix_tokens = {w.shared_prefix_tokens}: no pool caches prefixes "
-                          f"(no prefix_cache key, no engine that caches by default), so the shared prefix is "
-                          f"computed again for every request", UserWarning, stacklevel=2)
+                          f"({why}), so the shared prefix is computed again for every request", UserWarning,
+                          stacklevel=2)
         return make_requests(arrival, prompt, output, shared_prefix_ids(prompt, w.shared_prefix_tokens),
                              SHARED_PREFIX_UNIT)
     return make_requests(arrival, prompt, output)

@@ -1550,9 +1550,35 @@ def _stream(monkeypatch, prompts, outputs):
     monkeypatch.setattr(pdsim.simulation, "shared_stream", lambda sc, model: list(reqs))
 
 
+def _stream_with_ids(monkeypatch, prompts, outputs, ids, unit=16):
+    import pdsim.simulation
+    reqs = [SimpleNamespace(prompt_tokens=p, output_tokens=o, hash_ids=h, hash_block_tokens=unit)
+            for p, o, h in zip(prompts, outputs, ids)]
+    monkeypatch.setattr(pdsim.simulation, "shared_stream", lambda sc, model: list(reqs))
+
+
 def _bounds(search, slo=None, **over) -> dict:
     raw = _raw(search, slo=slo or {"ttft_s": 5.0, "tpot_s": 1.0, "attainment_target": 0.9}, **over)
     return {c.name: c for c in parse_plan(raw).configs}
+
+
+@pytest.mark.parametrize("pool_extra,cached", [({"prefix_cache": {"enabled": True}}, 159),
+                                               ({"engine": "vllm-v0", "prefix_cache": {"enabled": True}}, 159),
+                                               ({"engine": "vllm-v1"}, 159),       # the engine's default caching
+                                               ({}, 0), ({"prefix_cache": {"enabled": False}}, 0)])
+def test_the_bound_of_a_caching_pool_takes_every_prompt_at_its_ideal_hit(monkeypatch, pool_extra, cached):
+    # two 160-token prompts with the same ten 16-token ids, 2 tokens out.  A caching pool: the second finds all
+    # ten ids seen, 160 tokens, less its last token: 159 cached (an infinite cache; the engine's whole-block rule
+    # would leave 144: the bound stays optimistic).  Mean prompt computed (160 + 1) / 2 = 80.5, else 160.
+    # fcfs, max_running 4: prefill steps up to 4 x 160 = 640 tokens, (0.01 + 0.64) / 640 s a token (160 alone:
+    # .17 / 160, more); decode: 161 tokens in 11 blocks, 1000 // 11 = 90 fit, max_running 4: (0.01 + 0.004) / 4 s
+    # a token; 1 decode token a request.  One replica: bound = 1 / (p_mean x .65 / 640 + .0035).
+    _stream_with_ids(monkeypatch, [160, 160], [2, 2], [list(range(10))] * 2)
+    search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}], "colocated": {"replicas": [1]},
+              "pool": {"max_running": 4, "kv_blocks": 1000, "cost_model": LIN, "scheduler": "fcfs", **pool_extra}}
+    (cfg,) = _bounds(search).values()
+    p_mean = (160 + (160 - cached)) / 2
+    assert cfg.bound_rate == pytest.approx(1 / (p_mean * 0.65 / 640 + 0.014 / 4), rel=1e-12)
 
 
 def test_colocated_bound_and_price_by_hand(monkeypatch):
