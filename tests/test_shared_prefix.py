@@ -221,3 +221,22 @@ def test_a_plan_judges_and_bounds_what_a_run_will_simulate():
     assert [r.cached_tokens for r in run] == [0, 144] and ttft[1] < 0.02 < ttft[0]
     r = evaluate({"scenario": sc, "base_dir": ".", "early": None})
     assert (r["ttft_ok"], r["ttft_p"]) == (1, max(ttft))      # p90 of two by nearest rank: the larger
+
+
+@pytest.mark.parametrize("engine", ["vllm-v1", "trtllm"])
+def test_a_cache_on_a_stream_without_content_ids_changes_no_timing(engine):
+    """Why id-less streams keep the plain KV pool: with no ids nothing can be found cached, so a run with the
+    cache on gives the same times as with it off (an invariance, not a hand value; 40 Poisson requests)."""
+    from pdsim import config
+    runs = []
+    for on in (True, False):
+        sc = config.parse({"seed": 3, "model": "llama-3.1-8b",
+                           "workload": {"arrival": "poisson", "rate": 20, "num_requests": 40,
+                                        "prompt_tokens": {"dist": "uniform", "low": 100, "high": 3000},
+                                        "output_tokens": {"dist": "uniform", "low": 2, "high": 200}},
+                           "topologies": {"t": {"kind": "colocated", "replicas": 1, "device": "h100-sxm",
+                                                "engine": engine, "prefix_cache": {"enabled": on}}}}, "t.yaml")
+        res = simulate(sc)[0]
+        assert res.topology.instances[0].kv.prefix_on == on
+        runs.append([(r.first_token_s, r.finish_s) for r in res.requests])
+    assert runs[0] == runs[1]
