@@ -1028,3 +1028,168 @@ def test_an_mtp_head_under_dp_attention_comes_off_the_kv_blocks_by_hand(tmp_path
     t, _, _, _ = _built(topo, model=TINY_MOE, tmp_path=tmp_path)
     (inst,) = t.instances
     assert inst.kv.total_blocks == 420 and inst.block_bytes == 131_072
+
+
+# --- the routers and assigners on hand-made instance stand-ins (tests/MUTANTS.md, branch muttopo5) ----------------
+class _Inst:
+    """An instance stand-in: the load signals the routers read, a count of ``sync`` calls, and a prefix cache that
+    answers ``cached`` tokens for the request it is asked about, at most its prompt's whole 16-token blocks below
+    the last token, as a real cache (the routers must not ask it when prefix caching is off)."""
+
+    def __init__(self, name, load=0, decode=0, blocks=0, running=0, cached=0, prefix_on=True, synced_blocks=None):
+        from types import SimpleNamespace as NS
+        self.name, self.load, self.decode, self.syncs, self.asked = name, load, decode, 0, 0
+        self.synced_blocks = synced_blocks
+        self.running = [None] * running
+
+        def cached_tokens(req):
+            self.asked += 1
+            return min(cached, (req.prompt_tokens - 1) // 16 * 16)      # 64-token prompts: at most 48
+        self.kv = NS(used_blocks=blocks, prefix_on=prefix_on, cached_tokens=cached_tokens)
+
+    def load_tokens(self):
+        return self.load
+
+    def load_decode(self):
+        return self.decode
+
+    def sync(self):
+        # a fast-path window settled: the blocks the instance really holds now (when the test says so)
+        self.syncs += 1
+        if self.synced_blocks is not None:
+            self.kv.used_blocks = self.synced_blocks
+
+
+def _req(prompt=64, hash_ids=(1, 2, 3, 4)):
+    from types import SimpleNamespace as NS
+    return NS(prompt_tokens=prompt, hash_ids=None if hash_ids is None else list(hash_ids))
+
+
+def _names(route, insts, n, req=None):
+    return [route(insts, req).name for _ in range(n)]
+
+
+def test_round_robin_cycles_through_the_instances_with_its_own_counter_by_hand():
+    from pdsim.topology import round_robin
+    a, b, c = _Inst("a"), _Inst("b"), _Inst("c")
+    rr = round_robin()
+    # picks 0, 1, 2, 3 % 3 = 0, 4 % 3 = 1, 5 % 3 = 2, 6 % 3 = 0, whatever the loads
+    a.load = 10**6
+    assert _names(rr, [a, b, c], 7) == ["a", "b", "c", "a", "b", "c", "a"]
+    # the 8th pick over two live instances: 7 % 2 = 1 -> the second
+    assert rr([a, b], None) is b
+    # a new router starts its own count at 0
+    assert round_robin()([a, b, c], None) is a
+
+
+def test_least_outstanding_and_least_decode_work_take_the_first_of_the_smallest_by_hand():
+    from pdsim.topology import least_decode_work, least_outstanding
+    insts = [_Inst("a", load=5, decode=40), _Inst("b", load=3, decode=12), _Inst("c", load=3, decode=12),
+             _Inst("d", load=9, decode=7)]
+    # outstanding tokens 5, 3, 3, 9: the smallest is 3, first held by b
+    assert least_outstanding()(insts, _req()) is insts[1]
+    # decode tokens to come 40, 12, 12, 7: d
+    assert least_decode_work()(insts, _req()) is insts[3]
+    insts[3].decode = 12
+    # 40, 12, 12, 12: the first of the three 12s, b
+    assert least_decode_work()(insts, _req()) is insts[1]
+
+
+def test_least_loaded_settles_every_candidate_then_ranks_blocks_before_batch_by_hand():
+    from pdsim.topology import least_loaded
+    route = least_loaded()
+    # a single candidate: returned as is, its window not settled (no sync), however loaded
+    (only,) = lone = [_Inst("only", blocks=99, running=9)]
+    assert route(lone, None) is only and only.syncs == 0
+    # two candidates: both synced once, then read: d0 shows 3 blocks before its window settles, 8 after; d1 holds 5.
+    # As of now d0 holds 8 > 5: d1 (reading before the sync would have picked d0)
+    d0, d1 = _Inst("d0", blocks=3, synced_blocks=8), _Inst("d1", blocks=5)
+    assert route([d0, d1], None) is d1 and (d0.syncs, d1.syncs) == (1, 1)
+    # blocks before batch size: 5 blocks and 9 running beats 6 blocks and none
+    e0, e1 = _Inst("e0", blocks=6, running=0), _Inst("e1", blocks=5, running=9)
+    assert route([e0, e1], None) is e1
+    # equal blocks: the smaller batch (2 < 3); all equal: the first
+    f0, f1, f2 = _Inst("f0", blocks=4, running=3), _Inst("f1", blocks=4, running=2), _Inst("f2", blocks=4, running=2)
+    assert route([f0, f1, f2], None) is f1
+    assert route([f1, f2], None) is f1
+
+
+def test_prefix_aware_load_ceiling_and_keys_by_hand():
+    from pdsim.config import PrefixRoutingSpec
+    from pdsim.topology import prefix_aware
+    # the default slack is 32768 tokens: an instance at exactly min load + 32768 is still eligible
+    route = prefix_aware()
+    a, b = _Inst("a", load=0), _Inst("b", load=32768, cached=48)
+    assert route([a, b], _req()) is b and (a.syncs, b.syncs) == (1, 1)
+    b.load = 32769                                    # one token above the ceiling: passed over
+    assert route([a, b], _req()) is a
+    # a configured slack of 100 over a least load of 50: ceiling 150
+    route = prefix_aware(PrefixRoutingSpec(load_slack_tokens=100))
+    x, y, z = _Inst("x", load=50), _Inst("y", load=150, cached=16), _Inst("z", load=151, cached=32)
+    # x: 0 cached; y at the ceiling: 16 cached; z above it (its 32 cached do not count): y
+    assert route([x, y, z], _req()) is y
+    assert z.asked == 0                               # an instance over the ceiling is not even asked
+    # an instance over the ceiling listed first does not end the search: 200 > 0 + 100, then 0 vs 32 cached
+    p, q, r = _Inst("p", load=200, cached=64), _Inst("q", load=0), _Inst("r", load=10, cached=32)
+    assert route([p, q, r], _req()) is r
+    # more cached beats less load (16 cached at 90 tokens over 0 cached at 0); equal cached: the lower load
+    s, t = _Inst("s", load=0), _Inst("t", load=90, cached=16)
+    assert route([s, t], _req()) is t
+    u, v = _Inst("u", load=30, cached=16), _Inst("v", load=20, cached=16)
+    assert route([u, v], _req()) is v
+    # equal cached and equal load: the first
+    w0, w1 = _Inst("w0", load=20, cached=16), _Inst("w1", load=20, cached=16)
+    assert route([w0, w1], _req()) is w0
+
+
+@pytest.mark.parametrize("router", ["prefix_aware", "kv_aware"])
+def test_cache_aware_routers_count_no_hit_without_prefix_caching_or_hash_ids_by_hand(router):
+    from pdsim import topology
+    route = getattr(topology, router)()
+    # a (load 20, "48 cached") and b (load 10): with the hit, a (prefix_aware: 48 cached first; kv_aware:
+    # 64 - 48 + 20 = 36 < 64 + 10 = 74); without it, b (10 < 20 either way)
+    a, b = _Inst("a", load=20, cached=48), _Inst("b", load=10)
+    assert route([a, b], _req()) is a
+    assert route([a, b], _req(hash_ids=None)) is b
+    a.kv.prefix_on = b.kv.prefix_on = False
+    asked = a.asked
+    assert route([a, b], _req()) is b and a.asked == asked     # the cache is not asked at all
+
+
+def test_kv_aware_costs_prompt_tokens_to_compute_plus_outstanding_by_hand():
+    from pdsim.config import PrefixRoutingSpec
+    from pdsim.topology import kv_aware
+    # cost = w x (64 - cached) + load.  a: idle, nothing cached: 64 w.  b: 48 cached, load L: 16 w + L.
+    # b wins when 48 w < L is false, i.e. iff 48 w > L (a tie goes to a, the first)
+    route = kv_aware()                                # the default weight, 1.0
+    a, b = _Inst("a"), _Inst("b", load=40, cached=48)
+    assert route([a, b], _req()) is b and (a.syncs, b.syncs) == (1, 1)   # 48 > 40: b (16 + 40 = 56 < 64)
+    b.load = 60
+    assert route([a, b], _req()) is a                 # 48 < 60: a (64 < 16 + 60 = 76)
+    b.load = 48
+    assert route([a, b], _req()) is a                 # 64 = 16 + 48: the tie goes to the first
+    # weight 0.5: 32 for a, 8 + 40 = 48 for b: a; weight 2: 128 for a, 32 + 60 = 92 for b: b
+    b.load = 40
+    assert kv_aware(PrefixRoutingSpec(overlap_weight=0.5))([a, b], _req()) is a
+    b.load = 60
+    assert kv_aware(PrefixRoutingSpec(overlap_weight=2.0))([a, b], _req()) is b
+
+
+def test_make_router_hands_the_cache_aware_routers_their_configuration_by_hand():
+    from types import SimpleNamespace as NS
+    from pdsim.config import PrefixRoutingSpec
+    from pdsim.topology import make_router
+    # prefix_aware with slack 100: b at load 101 > 0 + 100 is passed over despite its hit (the default 32768
+    # would take it)
+    a, b = _Inst("a"), _Inst("b", load=101, cached=48)
+    spec = NS(router="prefix_aware", prefix_routing=PrefixRoutingSpec(load_slack_tokens=100))
+    assert make_router(spec)([a, b], _req()) is a
+    # kv_aware with weight 0.5: a costs 32, b 8 + 40 = 48: a (the default 1.0 would take b: 64 > 16 + 40)
+    b.load = 40
+    spec = NS(router="kv_aware", prefix_routing=PrefixRoutingSpec(overlap_weight=0.5))
+    assert make_router(spec)([a, b], _req()) is a
+    # no prefix_routing section: the defaults (weight 1.0: b)
+    assert make_router(NS(router="kv_aware", prefix_routing=None))([a, b], _req()) is b
+    # the other two take no configuration: least_outstanding picks a (0 < 40), round robin a then b
+    assert make_router(NS(router="least_outstanding", prefix_routing=None))([b, a], _req()) is a
+    assert _names(make_router(NS(router="round_robin", prefix_routing=None)), [a, b], 3, _req()) == ["a", "b", "a"]
