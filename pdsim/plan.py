@@ -1170,11 +1170,13 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
                                 f"< target {target_rate:g}")
         else:
             live.append(c)
-    pruned_by_bound = len(plan.configs) - len(live)
+    # not simulated: infeasible (a lone request misses the SLO) or, in target mode, below it by the analytic bound
+    infeasible = sum(1 for c in plan.configs if c.infeasible)
+    pruned_by_bound = len(plan.configs) - len(live) - infeasible
     # target mode: every live config at the target rate first
     if target_rate:
-        runner.log(f"{len(live)} configs at the target rate {target_rate:g} req/s "
-                   f"({len(plan.configs) - len(live)} pruned by bounds)")
+        runner.log(f"{len(live)} configs at the target rate {target_rate:g} req/s ({infeasible} infeasible, "
+                   f"{pruned_by_bound} below it by the analytic bound)")
         res = runner.run([(c, target_rate) for c in live])
         passing = []
         for c, r in zip(live, res):
@@ -1238,7 +1240,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
     if executor is None and ex_close:
         ex_close()
     result = _rank(plan, rows, runner)
-    result["skipped"] = {"pruned_by_bound": pruned_by_bound,
+    result["skipped"] = {"infeasible": infeasible, "pruned_by_bound": pruned_by_bound,
                          "dominated": sum(1 for s in searches.values() if s.note.startswith("dominated")),
                          **runner.skipped, "cached": runner.cached,
                          "requests_not_simulated": runner.requests_total - runner.requests_settled,
@@ -1479,7 +1481,8 @@ def print_table(result: dict, out=None, limit: int = 25) -> None:
           "window, with its batch-means 95% interval)", file=out)
     sk = result.get("skipped")
     if sk:
-        print(f"simulations saved: {sk['pruned_by_bound']} configs pruned by bounds, {sk['dominated']} dominated, "
+        print(f"simulations saved: {sk.get('infeasible', 0)} configs infeasible alone, {sk['pruned_by_bound']} "
+              f"pruned by the analytic bound, {sk['dominated']} dominated, "
               f"{sk['worst_seed']} seeds skipped after a failed seed, {sk['early_stop_pass']} + "
               f"{sk['early_stop_fail']} runs stopped early (pass + fail; "
               f"{sk['requests_not_simulated']:,} of {sk['requests_total']:,} requests not simulated), "

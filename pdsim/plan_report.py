@@ -173,7 +173,8 @@ def _judging(result: dict) -> str:
                    "of 20 batch means); one that fails is demoted. <i>margin</i> = goodput / target rate.")
     sk = result.get("skipped")
     if sk:
-        txt.append(f"Simulations saved: {sk['pruned_by_bound']} configs pruned by analytic bounds, {sk['dominated']} "
+        txt.append(f"Simulations saved: {sk.get('infeasible', 0)} configs infeasible alone (a lone request misses the "
+                   f"SLO), {sk['pruned_by_bound']} pruned by the analytic bound, {sk['dominated']} "
                    f"dominated, {sk['worst_seed']} seeds skipped after a failed seed, {sk['early_stop_pass']} runs "
                    f"stopped once they could not miss and {sk['early_stop_fail']} once they could not pass "
                    f"({sk['requests_not_simulated']:,} of {sk['requests_total']:,} requests not simulated; "

@@ -158,7 +158,8 @@ def test_target_mode_prunes_judges_at_the_target_then_searches_up_from_it(capsys
     assert not (m["meets"] or i["meets"] or lo["meets"])
     # 5 simulations: 4 of 100 requests and 1 of 200; the two misses (M@20, W@40) stopped with 40 unsettled each
     assert (res["simulations"], res["cached"]) == (5, 0)
-    assert res["skipped"] == {"pruned_by_bound": 2, "dominated": 0, "worst_seed": 0, "early_stop_pass": 0,
+    # not simulated: I infeasible, L below the target by its bound (counted apart)
+    assert res["skipped"] == {"infeasible": 1, "pruned_by_bound": 1, "dominated": 0, "worst_seed": 0, "early_stop_pass": 0,
                               "early_stop_fail": 2, "cached": 0, "requests_not_simulated": 80,
                               "requests_total": 600}
 
@@ -175,7 +176,8 @@ def test_progress_lines_and_eta_by_hand_on_a_fake_clock(monkeypatch, capsys):
     monkeypatch.setattr(plan_mod, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     plan, ex, res = _target_run(progress=True, clock=clock)
     assert capsys.readouterr().err.splitlines() == [
-        "pdsim plan: 2 configs at the target rate 20 req/s (2 pruned by bounds) [0 simulated, 0 cached, 0 s]",
+        "pdsim plan: 2 configs at the target rate 20 req/s (1 infeasible, 1 below it by the analytic bound) "
+        "[0 simulated, 0 cached, 0 s]",
         "pdsim plan: round 1: 1 configs x up to 1 seeds; 1 searches open [2 simulated, 0 cached, 20 s]",
         "pdsim plan: round 2: 1 configs x up to 1 seeds; 1 searches open, ETA ~30 s [3 simulated, 0 cached, 30 s]",
         "pdsim plan: long runs: W (2x the search window, [200] requests, fresh seeds) [4 simulated, 0 cached, 40 s]"]
