@@ -491,7 +491,8 @@ def _row_gpus(r: dict, device=None):
 def implied_gemm_util(r: dict, shared_prefix: int = 0, device=None) -> float | None:
     """:func:`implied_linear_flops_s` over the most pdsim's cost model lets the row's GPUs do: ``tp`` GPUs at
     the device profile's GEMM ceiling (datasheet peak of pdsim's compute dtype x ``gemm_max`` x the larger fp8
-    fraction; ``device``: the profile the row is priced with, default its datasheet preset).  Above 1,
+    fraction; ``device``: the profile the row is priced with, default its datasheet preset; a measured profile's
+    GEMM tables can beat its roofline ceiling, so with one this is an estimate).  Above 1,
     pdsim's kernels cannot serve the row's throughput whatever the scheduler does, so its error there is not
     the engine model's: the run had cache hits (``--shared-prefix-tokens``), its GPUs' GEMMs ran faster than
     the profile (NVIDIA's fastest measured H200 fp8 GEMMs reach 0.85 of the datasheet peak where the preset's
