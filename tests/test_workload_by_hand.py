@@ -36,7 +36,8 @@ def test_request_progress_by_hand():
     c = r.clone()
     assert (c.id, c.arrival_s, c.prompt_tokens, c.output_tokens) == (7, 1.5, 10, 5)
     assert (c.computed, c.generated, c.hash_ids, c.hash_block_tokens, c.hash_tokens) == (0, 0, [1, 2], 8, 15)
-    c = wl.Request(3, 0.0, 4, 2, computed=1).clone()
+    c = wl.Request(3, 2.5, 4, 2, computed=1).clone()           # no hash ids: the plain copy
+    assert (c.id, c.arrival_s, c.prompt_tokens, c.output_tokens) == (3, 2.5, 4, 2)
     assert c.computed == 0 and c.hash_ids is None and c.hash_block_tokens == 0 and c.hash_tokens == 0
 
 
@@ -674,3 +675,13 @@ def test_shared_ints_guards_the_int64_range_at_its_edges_by_hand():
     assert wl.shared_ints(np.array([2 ** 63 - 1], dtype=np.uint64)) == [2 ** 63 - 1]
     with pytest.raises(ValueError, match="does not fit in 64 bits"):
         wl.shared_ints(np.array([2 ** 63], dtype=np.uint64))
+
+
+def test_generate_lognormal_lengths_floor_at_one_token():
+    # lognormal outputs of mean 1.5, CV 1: sigma^2 = ln 2 = 0.69, mu = ln 1.5 - 0.35 = 0.06; P(x < 1.5), which
+    # rounds to 0 or 1, is P(z < (0.41 - 0.06) / 0.83 = 0.42) = 0.66: about 660 of 1000 outputs are 1 token
+    # (the floor is 1, not 2: a one-token reply is a reply)
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=1000, prompt_tokens=10,
+                  output_tokens={"dist": "lognormal", "mean": 1.5, "cv": 1.0}))
+    out = np.array([r.output_tokens for r in rs])
+    assert out.min() == 1 and abs((out == 1).mean() - 0.66) < 0.08            # sd of the share: 0.015
