@@ -36,7 +36,8 @@ def test_request_progress_by_hand():
     c = r.clone()
     assert (c.id, c.arrival_s, c.prompt_tokens, c.output_tokens) == (7, 1.5, 10, 5)
     assert (c.computed, c.generated, c.hash_ids, c.hash_block_tokens, c.hash_tokens) == (0, 0, [1, 2], 8, 15)
-    c = wl.Request(3, 0.0, 4, 2, computed=1).clone()
+    c = wl.Request(3, 2.5, 4, 2, computed=1).clone()           # no hash ids: the plain copy
+    assert (c.id, c.arrival_s, c.prompt_tokens, c.output_tokens) == (3, 2.5, 4, 2)
     assert c.computed == 0 and c.hash_ids is None and c.hash_block_tokens == 0 and c.hash_tokens == 0
 
 
@@ -426,3 +427,261 @@ def test_trace_replay_reads_the_format_given(tmp_path):
     a = _vidur(tmp_path / "a.csv", [(0.0, 100, 1), (1.0, 200, 2)])
     with pytest.raises(TraceError):
         _gen(_sc(tmp_path, arrival="trace", trace={"path": a, "format": "azure"}))
+
+
+# --- generate's synthetic branch and workload.shared_prefix_tokens (mutwl3, issue 18) ----------------------------
+def _fake_gaps(monkeypatch, gap):
+    """Replace the gap draws with constant gaps of ``gap`` s and record each call's (kind, rng, rate, cv, n)."""
+    calls = []
+
+    def poisson(rng, rate, n):
+        calls.append(("poisson", rng, rate, None, n))
+        return np.full(n, gap)
+
+    def gamma(rng, rate, cv, n):
+        calls.append(("gamma", rng, rate, cv, n))
+        return np.full(n, gap)
+    monkeypatch.setattr(wl, "poisson_gaps", poisson)
+    monkeypatch.setattr(wl, "gamma_gaps", gamma)
+    return calls
+
+
+def test_generate_guesses_the_count_then_tops_up_on_the_same_stream_by_hand(monkeypatch):
+    # rate 4 over 25 s: the guess is int(4 x 25 x 1.2 + 10 x sqrt(100) + 10) = int(120 + 100 + 10) = 230 gaps.
+    # With every gap 1/16 s the first 230 reach 230 / 16 = 14.375 s < 25: a second call of 230 more gaps from
+    # the same generator continues from 14.375 to 28.75 s >= 25, and the stream is cut below 25 s:
+    # k / 16 for k = 1 .. 399 (400 / 16 = 25 is not < 25). Multiples of 1/16 are exact in binary.
+    want = [k / 16 for k in range(1, 400)]
+    for arrival, extra, cv in (("poisson", {}, None), ("gamma", {"cv": 2.0}, 2.0)):
+        calls = _fake_gaps(monkeypatch, 1 / 16)
+        rs = _gen(_sc(arrival=arrival, rate=4.0, duration_s=25.0, prompt_tokens=7, output_tokens=3, **extra))
+        assert [r.arrival_s for r in rs] == want and [r.id for r in rs] == list(range(399))
+        assert [(c[0], c[2], c[3], c[4]) for c in calls] == [(arrival, 4.0, cv, 230)] * 2
+        assert isinstance(calls[0][1], np.random.Generator) and calls[1][1] is calls[0][1]
+    # num_requests given: 10 gaps drawn once, no top-up although 10 / 16 s is far short of 25 s
+    calls = _fake_gaps(monkeypatch, 1 / 16)
+    rs = _gen(_sc(arrival="poisson", rate=4.0, duration_s=25.0, num_requests=10))
+    assert [r.arrival_s for r in rs] == [k / 16 for k in range(1, 11)]
+    assert [(c[0], c[2], c[4]) for c in calls] == [("poisson", 4.0, 10)]
+    # num_requests alone (no duration_s): the 10 drawn, none cut
+    calls = _fake_gaps(monkeypatch, 3.0)
+    rs = _gen(_sc(arrival="gamma", cv=0.5, rate=4.0, num_requests=10))
+    assert [r.arrival_s for r in rs] == [3.0 * k for k in range(1, 11)] and len(calls) == 1
+    # constant arrivals: the guess at rate 2 over 10 s is int(24 + 10 x sqrt(20) + 10) = int(78.7) = 78 >= 19;
+    # no gap is drawn at all
+    calls = _fake_gaps(monkeypatch, 1 / 16)
+    rs = _gen(_sc(arrival="constant", rate=2.0, duration_s=10.0))
+    assert len(rs) == 19 and calls == []
+
+
+def test_generate_stops_drawing_at_exactly_the_duration_by_hand(monkeypatch):
+    # rate 1 over 100 s: the guess is int(120 + 100 + 10) = 230 gaps; gaps of 0.5 s reach 115 s >= 100 at once:
+    # one call, arrivals 0.5 .. 99.5 (199 of them)
+    calls = _fake_gaps(monkeypatch, 0.5)
+    rs = _gen(_sc(arrival="poisson", rate=1.0, duration_s=100.0))
+    assert [r.arrival_s for r in rs] == [0.5 * k for k in range(1, 200)] and [c[4] for c in calls] == [230]
+    # rate 1 over 19 s: int(22.8 + 10 x sqrt(19) + 10) = int(22.8 + 43.59 + 10) = int(76.39) = 76 gaps of 0.25 s
+    # end on 76 / 4 = 19 s exactly: the stream has reached duration_s, nothing more is drawn; the cut keeps
+    # 0.25 .. 18.75 (75 arrivals)
+    calls = _fake_gaps(monkeypatch, 0.25)
+    rs = _gen(_sc(arrival="poisson", rate=1.0, duration_s=19.0))
+    assert [r.arrival_s for r in rs] == [0.25 * k for k in range(1, 76)] and [c[4] for c in calls] == [76]
+
+
+def test_shared_prefix_ids_by_hand():
+    # 4 tokens per id, the first 10 tokens shared: 10 // 4 = 2 whole shared units (ids 0, 1); fresh ids from 2
+    #   13 tokens: 2 shared units (8 tokens), 5 of its own -> ceil(5 / 4) = 2 fresh: [0, 1, 2, 3]
+    #    6 tokens: min(10, 6) // 4 = 1 shared unit, 2 of its own -> 1 fresh: [0, 4]
+    #   10 tokens: 2 shared units, 2 left (the shared part's partial unit is content of its own): [0, 1, 5]
+    #    3 tokens: no whole unit, 1 fresh: [6]
+    #    8 tokens: 2 shared units, nothing left: [0, 1] (no fresh id used)
+    #   16 tokens: 2 shared units, 8 of its own -> 2 fresh: [0, 1, 7, 8]
+    got = wl.shared_prefix_ids(np.array([13, 6, 10, 3, 8, 16]), 10, 4)
+    assert got == [[0, 1, 2, 3], [0, 4], [0, 1, 5], [6], [0, 1], [0, 1, 7, 8]]
+    assert all(type(i) is int for ids in got for i in ids)
+    # the default unit is 16 tokens: 24 shared -> id 0 shared, fresh from 1; 40 tokens: 24 own -> 2 fresh
+    assert wl.SHARED_PREFIX_UNIT == 16
+    assert wl.shared_prefix_ids([40, 40], 24) == [[0, 1, 2], [0, 3, 4]]
+    assert wl.shared_prefix_ids([], 24) == []
+
+
+def _shared_sc(topologies, model="llama-3.1-8b", **workload):
+    from pdsim import config
+    w = {"arrival": "constant", "rate": 1.0, "num_requests": 3, "prompt_tokens": 40, "output_tokens": 2,
+         "shared_prefix_tokens": 24, **workload}
+    return config.parse({"seed": 0, "model": model, "workload": w, "topologies": topologies}, "s.yaml")
+
+
+def _gen_warnings(sc):
+    import warnings
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        rs = _gen(sc)
+    return rs, [(w.category, str(w.message)) for w in seen]
+
+
+_CONST = {"kind": "constant", "step_s": 0.1}
+_PLAIN = {"kind": "colocated", "kv_blocks": 100, "cost_model": _CONST}
+_CACHED = {**_PLAIN, "prefix_cache": {"enabled": True}}
+_NO_CACHE_SAYS = ("workload.shared_prefix_tokens = 24: no pool caches prefixes (no prefix_cache key, no engine that "
+                  "caches by default), so the shared prefix is computed again for every request")
+
+
+def test_generate_gives_shared_prefix_hash_chains_by_hand():
+    # 3 prompts of 40 tokens at 1/s, 24 shared: id 0 shared (16 tokens), then 24 tokens of each its own in 16-token
+    # units: 2 fresh ids each, from 24 // 16 = 1 on: [0, 1, 2], [0, 3, 4], [0, 5, 6]; a pool caches: no warning
+    rs, said = _gen_warnings(_shared_sc({"c": _CACHED}))
+    assert [(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids, r.hash_block_tokens) for r in rs] == [
+        (0, 1.0, 40, 2, [0, 1, 2], 16), (1, 2.0, 40, 2, [0, 3, 4], 16), (2, 3.0, 40, 2, [0, 5, 6], 16)]
+    assert said == []
+    # no shared prefix (the default 0): no ids at all
+    rs, said = _gen_warnings(_shared_sc({"c": _CACHED}, shared_prefix_tokens=0))
+    assert [(r.hash_ids, r.hash_block_tokens) for r in rs] == [(None, 0)] * 3 and said == []
+    # prompts of 10 tokens, all inside the 24 shared ones but no whole unit: one fresh id each, from 1
+    rs, _ = _gen_warnings(_shared_sc({"c": _CACHED}, prompt_tokens=10))
+    assert [r.hash_ids for r in rs] == [[1], [2], [3]]
+
+
+def test_generate_warns_when_no_pool_caches_the_shared_prefix_by_hand():
+    # nothing caches: the same ids, and one UserWarning that says why
+    rs, said = _gen_warnings(_shared_sc({"c": _PLAIN}))
+    assert [r.hash_ids for r in rs] == [[0, 1, 2], [0, 3, 4], [0, 5, 6]]
+    assert said == [(UserWarning, _NO_CACHE_SAYS)]
+    # one topology of two caching is enough
+    assert _gen_warnings(_shared_sc({"a": _PLAIN, "b": _CACHED}))[1] == []
+    assert _gen_warnings(_shared_sc({"a": _CACHED, "b": _PLAIN}))[1] == []
+    # disaggregated: a cache on either pool counts ...
+    pool = {"instances": 1, "kv_blocks": 100, "cost_model": _CONST}
+    for pre, dec in (({}, {"prefix_cache": {"enabled": True}}), ({"prefix_cache": {"enabled": True}}, {})):
+        topo = {"kind": "disaggregated", "prefill": {**pool, **pre}, "decode": {**pool, **dec}}
+        assert _gen_warnings(_shared_sc({"d": topo}))[1] == [], (pre, dec)
+    assert _gen_warnings(_shared_sc({"d": {"kind": "disaggregated", "prefill": pool, "decode": pool}}))[1] == \
+        [(UserWarning, _NO_CACHE_SAYS)]
+
+
+def test_generate_counts_an_engine_that_caches_by_default_on_the_entry_pool_only():
+    # vLLM v1 caches prefixes by default: a colocated pool with it and no prefix_cache key caches; so does a
+    # disaggregated prefill pool (where prompts enter); a decode pool's engine default does not count (a decode
+    # pool stays uncached by default, engines.with_engine_prefix_cache); vLLM v0 does not cache by default
+    eng = {"kind": "colocated", "device": "h100-sxm", "engine": "vllm-v1"}
+    assert _gen_warnings(_shared_sc({"c": eng}))[1] == []
+    assert _gen_warnings(_shared_sc({"c": {**eng, "engine": "vllm-v0"}}))[1] == [(UserWarning, _NO_CACHE_SAYS)]
+    pool = {"instances": 1, "device": "h100-sxm"}
+    v1 = {**pool, "engine": "vllm-v1"}
+    assert _gen_warnings(_shared_sc({"d": {"kind": "disaggregated", "prefill": v1, "decode": pool}}))[1] == []
+    assert _gen_warnings(_shared_sc({"d": {"kind": "disaggregated", "prefill": pool, "decode": v1}}))[1] == \
+        [(UserWarning, _NO_CACHE_SAYS)]
+    # gpt-oss-120b has sliding-window layers: no engine default caching for it, and the warning says so
+    rs, said = _gen_warnings(_shared_sc({"c": {**eng, "tp": 4}}, model="gpt-oss-120b"))
+    assert said == [(UserWarning, "workload.shared_prefix_tokens = 24: no pool caches prefixes (pdsim does not model "
+                                  "prefix caching with sliding-window layers), so the shared prefix is computed "
+                                  "again for every request")]
+    assert [r.hash_ids for r in rs] == [[0, 1, 2], [0, 3, 4], [0, 5, 6]]
+
+
+def test_generate_errors_say_what_is_wrong_by_hand():
+    from pdsim.errors import ConfigError
+    # llama-3.1-8b: 131,072 tokens of context
+    for w, key, value, says in (
+            ({"prompt_tokens": 131072, "output_tokens": 1}, "workload.prompt_tokens", 131072,
+             "longer than the 131072-token context of llama-3.1-8b"),
+            ({"prompt_tokens": 10, "output_tokens": 131072}, "workload.output_tokens", 131072,
+             "longer than the 131072-token context of llama-3.1-8b"),
+            ({"prompt_tokens": 100000, "output_tokens": 31073}, "workload.output_tokens", 31073,
+             "prompt + output exceed the 131072-token context of llama-3.1-8b")):
+        with pytest.raises(ConfigError) as e:
+            _gen(_sc(arrival="constant", rate=1.0, num_requests=2, **w))
+        assert (e.value.key, e.value.value, e.value.reason) == (key, value, says)
+    # a rate curve silenced over the whole 10 s
+    with pytest.raises(ConfigError) as e:
+        _gen(_sc(rate_curve={"points": [[0, 1], [10, 1]], "bursts": [{"at_s": 0, "duration_s": 10, "multiplier": 0}]},
+                 duration_s=10.0))
+    assert (e.value.key, e.value.value, e.value.reason) == \
+        ("workload.rate_curve", 10.0, "the rate curve gives no arrivals in duration_s")
+
+
+def test_generate_draws_from_the_scenario_seed_in_a_fixed_order():
+    # seed 7, Poisson at 2/s, 3 requests: the gaps are the first 3 exponential(mean 0.5) draws of numpy's
+    # default_rng(7), then the prompts its next 3 integers in [10, 20], then the outputs 3 more in [1, 5]
+    # (numpy's generator is the reference; pdsim's only part is the order of the draws and their parameters)
+    from pdsim import config
+    ref = np.random.default_rng(7)
+    gaps = ref.exponential(0.5, 3)
+    prompts, outputs = ref.integers(10, 21, 3), ref.integers(1, 6, 3)
+    w = {"arrival": "poisson", "rate": 2.0, "num_requests": 3, "prompt_tokens": {"dist": "uniform", "low": 10, "high": 20},
+         "output_tokens": {"dist": "uniform", "low": 1, "high": 5}}
+    sc = config.parse({"seed": 7, "model": "llama-3.1-8b", "workload": w,
+                       "topologies": {"c": {"kind": "colocated", "kv_blocks": 100, "cost_model": _CONST}}}, "s.yaml")
+    rs = _gen(sc)
+    assert [r.arrival_s for r in rs] == pytest.approx([gaps[0], gaps[0] + gaps[1], gaps.sum()], abs=0, rel=1e-15)
+    assert [r.prompt_tokens for r in rs] == prompts.tolist() and [r.output_tokens for r in rs] == outputs.tolist()
+
+
+def test_generate_passes_the_conversation_keys_and_the_context_by_hand():
+    # sessions start at 1, 2, 3, 4 s (constant 1/s, 4 arrivals = 4 messages); unbounded turns, no think time,
+    # one 20-token system prompt, 10-token messages, 5-token replies, 16 tokens per id: session 0 takes all
+    # 4 messages at 1.0 s (prompts 30, 45, 60, 75). Ids: system [1] + 4 tokens; turn 0: 4 + 10 + 5 = 19 ->
+    # id 2, 3 left -> partial 3: [1, 2, 3]; turn 1: 3 + 15 = 18 -> id 4, partial 5: [1, 2, 4, 5]; turn 2:
+    # 2 + 15 = 17 -> id 6, partial 7: [1, 2, 4, 6, 7]; turn 3: 1 + 15 = 16 -> id 8, no partial: [1, 2, 4, 6, 8]
+    conv = {"turns": 1e6, "system_prompts": 1, "system_tokens": 20, "block_tokens": 16}
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=4, prompt_tokens=10, output_tokens=5, conversation=conv))
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids, r.hash_block_tokens, r.hash_tokens)
+            for r in rs] == [(1.0, 30, 5, [1, 2, 3], 16, 35), (1.0, 45, 5, [1, 2, 4, 5], 16, 50),
+                             (1.0, 60, 5, [1, 2, 4, 6, 7], 16, 65), (1.0, 75, 5, [1, 2, 4, 6, 8], 16, 80)]
+    # 8 tokens per id, no system prompt: 10 + 5 = 15 -> id 1, partial 2: [1, 2]; then 7 + 15 = 22 -> ids 3, 4,
+    # partial 5 ... only the first two turns checked
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=2, prompt_tokens=10, output_tokens=5,
+                  conversation={"turns": 1e6, "block_tokens": 8}))
+    assert [(r.prompt_tokens, r.hash_ids, r.hash_block_tokens) for r in rs] == [(10, [1, 2], 8), (25, [1, 3, 4, 5], 8)]
+    # llama-3.1-8b's 131,072-token context ends a session: 60,000-token messages, 5-token replies: turn 0 is
+    # 20 + 60,000 + 5 = 60,025 tokens, turn 1 120,030 <= 131,072, turn 2 would be 180,035: session 0 (1 s)
+    # ends after 2 turns, session 1 (2 s) takes messages 3 and 4
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=4, prompt_tokens=60000, output_tokens=5, conversation=conv))
+    assert [(r.arrival_s, r.prompt_tokens) for r in rs] == [(1.0, 60020), (1.0, 120025), (2.0, 60020), (2.0, 120025)]
+
+
+def test_generate_clips_lognormal_prompts_at_the_model_context():
+    # lognormal prompts of mean 2000, CV 8 without max: sigma^2 = ln(65) = 4.17, mu = ln 2000 - 4.17 / 2 = 5.51;
+    # P(x > 131,072) = P(z > (11.78 - 5.51) / 2.04 = 3.07) = 0.0011: about 21 of 20,000 draws pass llama-3.1-8b's
+    # 131,072-token context and are clipped to it (P(none) = e^-21)
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=20000, output_tokens=1,
+                  prompt_tokens={"dist": "lognormal", "mean": 2000, "cv": 8.0}))
+    prompts = np.array([r.prompt_tokens for r in rs])
+    assert prompts.max() == 131072 and (prompts == 131072).sum() >= 5 and prompts.min() >= 1
+
+
+def test_trace_errors_say_what_is_wrong_by_hand(tmp_path):
+    from pdsim.errors import ConfigError
+    name = _vidur(tmp_path / "t.csv", [(0.0, 10, 1), (1.0, 20, 2)])
+    with pytest.raises(ConfigError) as e:                      # the trace ends at 1 s: nothing from 10 s on
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": name, "start_s": 10.0}))
+    assert e.value.reason == "no trace rows in the chosen window"
+    (tmp_path / "l.csv").write_text("num_prefill_tokens,num_decode_tokens\n5,1\n")
+    with pytest.raises(ConfigError) as e:
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": "l.csv"}))
+    assert e.value.reason == ("this trace has no timestamps; use it for lengths (prompt_tokens: {dist: trace, "
+                              "path: ...}) with a synthetic arrival")
+
+
+def test_shared_ints_guards_the_int64_range_at_its_edges_by_hand():
+    # 2^63 as a float is one past int64's largest value (2^63 - 1): refused, not wrapped to -2^63
+    with pytest.raises(ValueError, match="whole numbers"):
+        wl.shared_ints(np.array([2.0 ** 63]))
+    with pytest.raises(ValueError, match="whole numbers"):
+        wl.shared_ints(np.array([2.0 ** 63 + 2.0 ** 11]))          # the next float above it, still < 2^64
+    # 2^62 as a float fits: the same int back
+    assert wl.shared_ints(np.array([2.0 ** 62])) == [2 ** 62]
+    # an unsigned count of exactly 2^63 - 1 fits in int64; 2^63 does not
+    assert wl.shared_ints(np.array([2 ** 63 - 1], dtype=np.uint64)) == [2 ** 63 - 1]
+    with pytest.raises(ValueError, match="does not fit in 64 bits"):
+        wl.shared_ints(np.array([2 ** 63], dtype=np.uint64))
+
+
+def test_generate_lognormal_lengths_floor_at_one_token():
+    # lognormal outputs of mean 1.5, CV 1: sigma^2 = ln 2 = 0.69, mu = ln 1.5 - 0.35 = 0.06; P(x < 1.5), which
+    # rounds to 0 or 1, is P(z < (0.41 - 0.06) / 0.83 = 0.42) = 0.66: about 660 of 1000 outputs are 1 token
+    # (the floor is 1, not 2: a one-token reply is a reply)
+    rs = _gen(_sc(arrival="constant", rate=1.0, num_requests=1000, prompt_tokens=10,
+                  output_tokens={"dist": "lognormal", "mean": 1.5, "cv": 1.0}))
+    out = np.array([r.output_tokens for r in rs])
+    assert out.min() == 1 and abs((out == 1).mean() - 0.66) < 0.08            # sd of the share: 0.015
