@@ -64,3 +64,33 @@ def chromium_render(html_path, tmp_path):
     subprocess.run(base + [f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
     img = mpimg.imread(shot) if shot.exists() else None
     return dom.stdout, dom.stderr, img
+
+
+class ScriptedExecutor:
+    """A ``pdsim plan`` executor that answers each task from ``answer(config, rate, seed, requests)`` instead of
+    simulating it, and records what it was asked: (config, rate, seed, requests, early) per task; with a
+    ``clock`` (a one-element list) it moves that fake clock 10 s per task."""
+    name = "script"
+
+    def __init__(self, answer, clock=None):
+        self.answer, self.calls, self.maps, self.closed, self.clock = answer, [], 0, 0, clock
+
+    def map(self, fn, tasks, on_done=None):
+        from pdsim.plan import evaluate
+        assert fn is evaluate
+        self.maps += 1
+        out = []
+        for t in tasks:
+            sc = t["scenario"]
+            (name,) = sc["topologies"]
+            n, rate = sc["workload"]["num_requests"], sc["workload"]["rate"]
+            self.calls.append((name, rate, sc["seed"], n, t["early"]))
+            out.append(self.answer(name, rate, sc["seed"], n))
+            if self.clock is not None:
+                self.clock[0] += 10.0
+            if on_done:
+                on_done()
+        return out
+
+    def close(self):
+        self.closed += 1

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import simpy
 
+from conftest import ScriptedExecutor
+
 from pdsim.plan import Config, Search, _JudgeSink, _passes_needed, _seed_passes, batch_means_ci
 from pdsim.workload import FINISHED, REJECTED
 
@@ -588,27 +590,7 @@ def test_absolute_paths_rewrites_exactly_the_relative_file_paths(tmp_path, monke
     assert topologies == {"a": {"kind": "colocated"}, "b": {"kind": "colocated", "device": None}}
 
 
-class _Script:
-    """An executor that answers each task from ``answer(config, rate, seed, requests)`` instead of
-    simulating it, and records what it was asked: (config, rate, seed, requests, early)."""
-    name = "script"
-
-    def __init__(self, answer):
-        self.answer, self.calls, self.maps = answer, [], 0
-
-    def map(self, fn, tasks, on_done=None):
-        assert fn is evaluate
-        self.maps += 1
-        out = []
-        for t in tasks:
-            sc = t["scenario"]
-            (name,) = sc["topologies"]
-            n = sc["workload"]["num_requests"]
-            self.calls.append((name, sc["workload"]["rate"], sc["seed"], n, t["early"]))
-            out.append(self.answer(name, sc["workload"]["rate"], sc["seed"], n))
-            if on_done:
-                on_done()
-        return out
+_Script = ScriptedExecutor       # answer(config, rate, seed, requests) (conftest)
 
 
 def _res(ok, n=100, met=None, early=None, ci=None, ttft_p=0.1, tpot_p=0.01, total=None, settled=None):

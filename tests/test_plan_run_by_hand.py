@@ -12,13 +12,15 @@ objective's resource already passed is not searched further).
 """
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
-import math
 import pytest
 
+from conftest import ScriptedExecutor
+
 import pdsim.plan as plan_mod
-from pdsim.plan import Config, evaluate, parse_plan, run_plan
+from pdsim.plan import Config, parse_plan, run_plan
 
 SEARCH = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}], "colocated": {"replicas": [1]},
           "pool": {"max_running": 1, "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.1}}}
@@ -60,32 +62,11 @@ def _res(ok, n=100, early=None, settled=None, met=None, ttft_p=0.1):
             "ttft_p": ttft_p, "tpot_p": 0.01, "slo_met": ok / n >= 0.9 if met is None else met}
 
 
-class _Script:
-    """An executor answering each task from ``answer(config, rate, requests)``; it records
-    (config, rate, seed, requests, early) for each task, and moves a fake clock 10 s per task."""
-    name = "script"
+class _Script(ScriptedExecutor):
+    """conftest's executor answering from ``answer(config, rate, requests)`` (the seed is not asked)."""
 
     def __init__(self, answer, clock=None):
-        self.answer, self.calls, self.maps, self.closed, self.clock = answer, [], 0, 0, clock
-
-    def map(self, fn, tasks, on_done=None):
-        assert fn is evaluate
-        self.maps += 1
-        out = []
-        for t in tasks:
-            sc = t["scenario"]
-            (name,) = sc["topologies"]
-            n, rate = sc["workload"]["num_requests"], sc["workload"]["rate"]
-            self.calls.append((name, rate, sc["seed"], n, t["early"]))
-            out.append(self.answer(name, rate, n))
-            if self.clock is not None:
-                self.clock[0] += 10.0
-            if on_done:
-                on_done()
-        return out
-
-    def close(self):
-        self.closed += 1
+        super().__init__(lambda name, rate, seed, n: answer(name, rate, n), clock)
 
 
 # target 20 req/s.  I: infeasible (and its bound 10 is below the target too: infeasible is said first);
