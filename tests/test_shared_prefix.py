@@ -240,3 +240,26 @@ def test_a_cache_on_a_stream_without_content_ids_changes_no_timing(engine):
         assert res.topology.instances[0].kv.prefix_on == on
         runs.append([(r.first_token_s, r.finish_s) for r in res.requests])
     assert runs[0] == runs[1]
+
+
+def test_the_report_says_who_turned_the_cache_on():
+    from pdsim.report import _prefix_section
+    pc = {"hit_rate": 0.5, "gpu_hit_rate": 0.5, "host_hit_rate": 0.0, "tokens_saved": 10, "prefill_flops_saved": None,
+          "transfer_bytes_saved": 0.0}
+    by = {"t": {"prefix_cache": {**pc, "enabled_by": {"replica": "engine default (vllm-v1)"}}},
+          "u": {"prefix_cache": {**pc, "enabled_by": {"prefill": "scenario"}}}}
+    html = _prefix_section(by)["table"]
+    assert "<th>cached by</th>" in html
+    assert ">replica: engine default (vllm-v1)</td>" in html and ">prefill: scenario</td>" in html
+
+
+def test_a_run_says_on_stderr_that_the_engine_default_caches(capsys):
+    from pdsim import config
+    sc = config.parse({"seed": 0, "model": "llama-3.1-8b",
+                       "workload": {"arrival": "closed", "clients": 1, "num_requests": 2, "prompt_tokens": 160,
+                                    "output_tokens": 4, "shared_prefix_tokens": 160},
+                       "topologies": {"t": {"kind": "colocated", "replicas": 1, "device": "h100-sxm",
+                                            "engine": "sglang"}}}, "t.yaml")
+    simulate(sc, progress=True)
+    assert "pdsim: t: replica pool caches prefixes (sglang default); prefix_cache: {enabled: false} turns it off" \
+        in capsys.readouterr().err
