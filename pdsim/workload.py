@@ -270,10 +270,15 @@ def generate(sc, model) -> list[Request]:
                               key="workload.trace.path", value=t.path)
         tr = scale_rate(window(tr, t.start_s, t.duration_s), t.rate_scale)
         arrival = tr.arrival_s.copy()
-        if t.jitter_s > 0:
-            arrival = np.sort(arrival + rng.uniform(0, t.jitter_s, len(arrival)))
         prompt, output = tr.prompt_tokens, tr.output_tokens
         hashes = tr.hash_ids      # Mooncake's prefix hash chains (None for the other formats)
+        if t.jitter_s > 0:
+            # each row moves with its own jittered arrival (lengths and hash chains too): a row jittered
+            # past a later row is served after it, as the request it stands for
+            arrival = arrival + rng.uniform(0, t.jitter_s, len(arrival))
+            order = np.argsort(arrival, kind="stable")
+            arrival, prompt, output = arrival[order], prompt[order], output[order]
+            hashes = None if hashes is None else [hashes[i] for i in order.tolist()]
         if w.num_requests is not None:
             arrival, prompt, output = arrival[:w.num_requests], prompt[:w.num_requests], output[:w.num_requests]
             hashes = None if hashes is None else hashes[:w.num_requests]

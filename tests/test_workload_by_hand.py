@@ -421,6 +421,24 @@ def test_trace_jitter_is_drawn_per_request_and_errors_name_their_key(tmp_path):
     assert (e.value.key, e.value.value) == ("workload.trace.path", "l.csv")
 
 
+def test_trace_jitter_moves_each_row_with_its_own_arrival(tmp_path):
+    # four rows in one 3 s tick (as Mooncake's timestamps come): the jitter reorders them, and each request
+    # keeps its own row's lengths and hash chain; the shifts are generate's first draws from the seed (0)
+    (tmp_path / "m.jsonl").write_text("".join(
+        f'{{"timestamp": 0, "input_length": {p}, "output_length": {o}, "hash_ids": {h}}}\n'
+        for p, o, h in ((16, 1, [1]), (32, 2, [1, 2]), (48, 3, [1, 2, 3]), (64, 4, [1, 2, 3, 4]))))
+    shift = np.random.default_rng(0).uniform(0, 3.0, 4)
+    rows = sorted((s, 16 * (k + 1), k + 1, list(range(1, k + 2))) for k, s in enumerate(shift))
+    assert [r[1] for r in rows] != [16, 32, 48, 64]          # the draw does reorder them (else no test)
+    rs = _gen(_sc(tmp_path, arrival="trace", trace={"path": "m.jsonl", "jitter_s": 3.0, "hash_block_tokens": 16}))
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids) for r in rs] == \
+        [(pytest.approx(s), p, o, h) for s, p, o, h in rows]
+    # num_requests keeps the first two by jittered arrival, each with its own row
+    rs = _gen(_sc(tmp_path, arrival="trace", num_requests=2,
+                  trace={"path": "m.jsonl", "jitter_s": 3.0, "hash_block_tokens": 16}))
+    assert [(r.prompt_tokens, r.hash_ids) for r in rs] == [(p, h) for _, p, _, h in rows[:2]]
+
+
 def test_trace_replay_reads_the_format_given(tmp_path):
     # the arrival trace too: a Vidur file replayed as an Azure trace lacks Azure's columns
     from pdsim.errors import TraceError
