@@ -104,6 +104,12 @@ class TargetSpec(_Strict):
     rate: PosFloat | None = None                  # requests/s the deployment must serve; None: find goodput
 
 
+class MarginSpec(_Strict):
+    """Fixed error margins: each simulated latency judged as (1 + margin) x itself (0.3: 30% longer)."""
+    ttft: float = Field(0.0, ge=0, le=10, allow_inf_nan=False)
+    tpot: float = Field(0.0, ge=0, le=10, allow_inf_nan=False)
+
+
 class GoodputSpec(_Strict):
     tolerance: float = Field(0.05, gt=0, lt=1)    # relative width of the final rate bracket
     seeds: int = Field(2, ge=1, le=32)
@@ -128,6 +134,11 @@ class GoodputSpec(_Strict):
     confirm_factor: float = Field(10.0, ge=1, le=1000, allow_inf_nan=False)
     confirm_max_factor: float = Field(40.0, ge=1, le=4000, allow_inf_nan=False)
     ci_halfwidth: float = Field(0.02, gt=0, lt=0.5)
+    # judge every config at SLO bounds tightened by pdsim's measured error for its engine and GPU, so its
+    # goodput holds if real latencies exceed pdsim's as they did on held-out benchmark runs: p90 / median
+    # (the band's measured/simulated ratio: TTFT from the entry pool, TPOT from the last), a fixed
+    # {ttft: 0.3, tpot: 0.1}, or none (judge simulated latencies as they are)
+    error_margin: Literal["none", "median", "p90"] | MarginSpec = "none"
 
     @model_validator(mode="after")
     def _factors(self):
@@ -180,6 +191,49 @@ class Config:
     # per pool, the error measured against real runs for its engine and GPU (metrics.expected_error, as
     # `pdsim run` prints it): a goodput is as uncertain as the TTFT/TPOT it is judged on
     expected_error: dict = field(default_factory=dict)
+    # the SLO this config is judged at (goodput.error_margin: the bounds over the margin's factors) and those
+    # factors ({ttft_factor, tpot_factor, source}; None without a margin)
+    slo: SLOSpec | None = None
+    margin: dict | None = None
+
+
+#: the error band's key for goodput.error_margin's named modes: measured / simulated mean latency, per metric
+MARGIN_KEYS = {"median": "measured_over_sim_median", "p90": "measured_over_sim_p90"}
+
+
+def error_margin(mode, bands: dict, ttft_pool: str, tpot_pool: str) -> dict | None:
+    """The factors a config's SLO bounds are divided by (``goodput.error_margin``): ``{ttft_factor,
+    tpot_factor, source}``, or None for ``none``.  A named mode reads the pool's stored error band
+    (``metrics.expected_error``: TTFT from ``ttft_pool``, the one a request enters, TPOT from ``tpot_pool``,
+    where it decodes): the median or p90 over held-out runs of measured / simulated mean latency, never below
+    1 (a margin never loosens a bound).  Raises ConfigError for a pool without such a band (unvalidated)."""
+    if isinstance(mode, MarginSpec):
+        return {"ttft_factor": 1.0 + mode.ttft, "tpot_factor": 1.0 + mode.tpot,
+                "source": f"fixed: TTFT +{mode.ttft:.0%}, TPOT +{mode.tpot:.0%}"}
+    if mode == "none":
+        return None
+    out, where = {}, []
+    for metric, pool in (("ttft", ttft_pool), ("tpot", tpot_pool)):
+        band = bands.get(pool)
+        ratio = band.get(f"{metric}_{MARGIN_KEYS[mode]}") if isinstance(band, dict) else None
+        if ratio is None or not math.isfinite(ratio):
+            why = band if isinstance(band, str) else "its stored band has no measured/simulated ratios"
+            raise ConfigError(f"no measured {metric.upper()} error for pool {pool} ({why}); give fixed margins "
+                              "instead, e.g. error_margin: {ttft: 0.3, tpot: 0.1}", key="goodput.error_margin",
+                              value=mode)
+        out[f"{metric}_factor"] = max(1.0, float(ratio))
+        where.append(f"{metric.upper()} {band['engine']}|{band['device']}" + (" (MoE, in sample)" if band.get("moe")
+                                                                                else ""))
+    out["source"] = f"{mode} of measured/simulated over the validation runs: " + ", ".join(where)
+    return out
+
+
+def judged_slo(slo: SLOSpec, margin: dict | None) -> SLOSpec:
+    """The SLO a config is judged at: its bounds divided by the margin's factors (the same SLO without one)."""
+    if margin is None:
+        return slo
+    return slo.model_copy(update={"ttft_s": slo.ttft_s / margin["ttft_factor"],
+                                  "tpot_s": slo.tpot_s / margin["tpot_factor"]})
 
 
 def _device(choice) -> DeviceChoice:
@@ -400,6 +454,9 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     usd = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
     from .metrics import expected_error
     cfg = Config(name, t, gpus, usd, expected_error=expected_error(topo))
+    cfg.margin = error_margin(plan.spec.goodput.error_margin, cfg.expected_error, topo.pools[0].name,
+                              topo.pools[-1].name)
+    cfg.slo = judged_slo(sc.slo, cfg.margin)
     prompt = np.array([r.prompt_tokens for r in reqs], float)
     # a pool that caches prefixes computes only what no earlier request computed: the bounds below take every
     # prompt at its ideal hit (an infinite cache), so they stay optimistic (plans must not prune a config that
@@ -450,7 +507,7 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
         cfg.bound_rate = min(len(pp.instances) / pre if pre > 0 else math.inf,
                              len(dp.instances) / dec if dec > 0 else math.inf)
     # SLO bounds that no rate can fix: a lone request's prefill / decode step already too slow
-    slo, need = sc.slo, sc.slo.attainment_target
+    slo, need = cfg.slo, cfg.slo.attainment_target          # the bounds the config is judged at
     first = topo.pools[0].cost
     last = topo.pools[-1].cost
     if getattr(first, "window", None) is None:
@@ -1023,7 +1080,10 @@ class _Runner:
         self.early = "both" if g.early_stop and g.aggregate == "worst_seed" else None
 
     def _task(self, cfg: Config, rate: float, seed: int, scale: float = 1.0, early: str | None = None) -> dict:
-        return {"scenario": _scenario_dict(self.plan, {cfg.name: cfg.topology}, rate, seed, scale),
+        sc = _scenario_dict(self.plan, {cfg.name: cfg.topology}, rate, seed, scale)
+        if cfg.slo is not None:
+            sc["slo"] = cfg.slo.model_dump()          # judged at the config's bounds (goodput.error_margin)
+        return {"scenario": sc,
                 "file": self.plan.file, "base_dir": str(Path(self.plan.base_dir).resolve()),
                 "warmup_fraction": self.plan.spec.goodput.warmup_fraction, "early": early}
 
@@ -1160,7 +1220,9 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
     for c in plan.configs:
         rows[c.name] = {"config": c.name, "kind": c.topology["kind"], "gpus": c.gpus, "usd_per_hour": c.usd_per_hour,
                         "bound_rate": c.bound_rate, "status": "", "goodput": None, "bracket": None, "points": {}, "note": "",
-                        "topology": c.topology, "expected_error": c.expected_error}
+                        "topology": c.topology, "expected_error": c.expected_error,
+                        "judged_ttft_s": (c.slo or spec.slo).ttft_s, "judged_tpot_s": (c.slo or spec.slo).tpot_s,
+                        "error_margin": c.margin}
     live = []
     for c in plan.configs:
         if c.infeasible:
@@ -1185,7 +1247,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
             if r.get("passes", r["pass_att"] >= att):
                 passing.append(c)
             else:
-                rows[c.name].update(status="misses SLO at target", note=_misses(r, spec.slo))
+                rows[c.name].update(status="misses SLO at target", note=_misses(r, c.slo or spec.slo))
         live = passing
     searches = {c.name: Search(c, spec.goodput.tolerance) for c in live}
     if target_rate:
@@ -1232,7 +1294,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
         if s.goodput == 0 and s.points:      # never passed: say which SLO fails at the lowest rate tried
             r0 = min(s.points)
             row["status"] = "misses SLO at every rate"
-            row["note"] = f"at {r0:.3g} req/s: {_misses(s.points[r0], spec.slo)}"
+            row["note"] = f"at {r0:.3g} req/s: {_misses(s.points[r0], s.cfg.slo or spec.slo)}"
         if not s.done:
             row["note"] = (row["note"] + "; " if row["note"] else "") + "search stopped at max_rounds"
     _confirm(plan, rows, runner)
@@ -1280,7 +1342,8 @@ def _confirm(plan: Plan, rows: dict, runner: _Runner) -> None:
                    (f" (95% CI {res['ci'][0]:.1%}-{res['ci'][1]:.1%})" if res["ci"] else
                     " (stopped once it could no longer pass)" if res["early"] else "")
             if target_rate or row["long_run_failures"] > MAX_CONFIRM_STEPS:
-                row.update(status="fails long run", note=what + " < target; " + _misses(res, plan.spec.slo))
+                row.update(status="fails long run",
+                           note=what + " < target; " + _misses(res, cfgs[row["config"]].slo or plan.spec.slo))
             else:
                 row["goodput"] = rate * (1 - g.tolerance)
                 row["note"] = (row["note"] + "; " if row["note"] else "") + f"goodput lowered: {what}"
@@ -1372,6 +1435,8 @@ def _rank(plan: Plan, rows: dict, runner: _Runner) -> dict:
         winner = None        # pragma: no cover - _confirm leaves no unconfirmed config on top
     return {"plan": spec.name, "pdsim_version": __version__, "objective": spec.objective, "target_rate": target_rate,
             "slo": spec.slo.model_dump(), "tolerance": spec.goodput.tolerance, "seeds": spec.goodput.seeds,
+            "error_margin": (spec.goodput.error_margin if isinstance(spec.goodput.error_margin, str)
+                             else spec.goodput.error_margin.model_dump()),
             "warmup_fraction": spec.goodput.warmup_fraction, "confirm_factor": spec.goodput.confirm_factor,
             "winner": winner["config"] if winner else None, "rows": ranked, "frontier": frontier,
             "excluded": plan.excluded, "simulations": runner.simulated, "cached": runner.cached,
@@ -1476,6 +1541,11 @@ def print_table(result: dict, out=None, limit: int = 25) -> None:
         from .validate import bands_text
         print(f"expected error of {win['config']} against measured runs (its goodput is judged on these TTFT/TPOT): "
               f"{bands_text(win['expected_error'])}", file=out)
+    if win is not None and win.get("error_margin"):
+        m = win["error_margin"]
+        print(f"{win['config']} judged at TTFT <= {win['judged_ttft_s']:.3g} s and TPOT <= {win['judged_tpot_s']:.3g} s: "
+              f"the SLO's bounds / {m['ttft_factor']:.3g} and / {m['tpot_factor']:.3g} (goodput.error_margin, "
+              f"{m['source']})", file=out)
     print("(* = on the cost/goodput Pareto frontier; margin = goodput / target rate; >= / <=: a run stopped once "
           "its verdict was certain, the attainment is a bound; long run = attainment on fresh seeds over a longer "
           "window, with its batch-means 95% interval)", file=out)

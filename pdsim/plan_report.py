@@ -151,6 +151,12 @@ def _verdict(result: dict) -> str:
             from .validate import bands_text
             s.append(f"Its expected error against measured runs, which its goodput inherits: "
                      f"{esc(bands_text(w['expected_error']))}.")
+        if w.get("error_margin"):
+            m = w["error_margin"]
+            s.append(f"It was judged at TTFT ≤ {seconds(w['judged_ttft_s'])} and TPOT ≤ {seconds(w['judged_tpot_s'])}: "
+                     f"the SLO's bounds divided by {num(m['ttft_factor'])} and {num(m['tpot_factor'])} "
+                     f"(goodput.error_margin, {esc(m['source'])}), so its goodput holds if real latencies exceed "
+                     "pdsim's by that much.")
         nxt = next((r for r in rows if r is not w and r.get("meets")), None)
         if nxt is not None:
             s.append(f"Runner-up: {nxt['config']} ({num(nxt['gpus'])} GPUs, {usd(nxt['usd_per_hour'])}/h, goodput "

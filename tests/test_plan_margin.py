@@ -1,0 +1,169 @@
+"""`goodput.error_margin` worked by hand: a plan that judges each config at SLO bounds tightened by pdsim's
+measured error for its engine and GPU, so that its goodput holds if real latencies exceed pdsim's as they
+did on held-out benchmark runs (pdsim/plan.py: error_margin, judged_slo)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import ScriptedExecutor
+
+from pdsim.errors import ConfigError
+from pdsim.plan import MarginSpec, error_margin, judged_slo, parse_plan, run_plan
+from pdsim.config import SLOSpec
+
+BAND = {"engine": "vllm-v1", "device": "h100-sxm", "ttft_measured_over_sim_p90": 1.8,
+        "ttft_measured_over_sim_median": 0.9, "tpot_measured_over_sim_p90": 1.25, "tpot_measured_over_sim_median": 1.05}
+
+
+def test_error_margin_factors_by_hand():
+    # fixed margins: factor 1 + margin
+    m = error_margin(MarginSpec(ttft=0.3, tpot=0.1), {}, "replica", "replica")
+    assert (m["ttft_factor"], m["tpot_factor"]) == (1.3, 1.1)
+    assert error_margin("none", {"replica": BAND}, "replica", "replica") is None
+    # p90: the band's measured/simulated ratios as they are
+    m = error_margin("p90", {"replica": BAND}, "replica", "replica")
+    assert (m["ttft_factor"], m["tpot_factor"]) == (1.8, 1.25)
+    assert "p90" in m["source"] and "vllm-v1|h100-sxm" in m["source"]
+    # median: a ratio below 1 (pdsim slower than the real runs) never loosens a bound
+    m = error_margin("median", {"replica": BAND}, "replica", "replica")
+    assert (m["ttft_factor"], m["tpot_factor"]) == (1.0, 1.05)
+    # disaggregated: TTFT from the pool a request enters, TPOT from the one it decodes on
+    other = {**BAND, "engine": "trtllm", "ttft_measured_over_sim_p90": 3.0, "tpot_measured_over_sim_p90": 1.1}
+    m = error_margin("p90", {"prefill": BAND, "decode": other}, "prefill", "decode")
+    assert (m["ttft_factor"], m["tpot_factor"]) == (1.8, 1.1)
+    assert "TTFT vllm-v1|h100-sxm" in m["source"] and "TPOT trtllm|h100-sxm" in m["source"]
+
+
+def test_error_margin_without_a_measured_band_says_which_pool_and_key():
+    with pytest.raises(ConfigError) as e:
+        error_margin("p90", {"prefill": BAND, "decode": "unvalidated"}, "prefill", "decode")
+    assert (e.value.key, e.value.value) == ("goodput.error_margin", "p90")
+    assert "TPOT" in str(e.value) and "pool decode" in str(e.value) and "unvalidated" in str(e.value)
+    old = {k: v for k, v in BAND.items() if "measured_over_sim" not in k}      # a table written before the ratios
+    with pytest.raises(ConfigError) as e:
+        error_margin("median", {"replica": old}, "replica", "replica")
+    assert "TTFT" in str(e.value) and "no measured/simulated ratios" in str(e.value)
+
+
+def test_judged_slo_divides_the_bounds_and_keeps_the_rest():
+    slo = SLOSpec(ttft_s=0.5, tpot_s=0.05, attainment_target=0.95, mode="percentile", ttft_percentile=99)
+    j = judged_slo(slo, {"ttft_factor": 2.0, "tpot_factor": 1.25})
+    assert (j.ttft_s, j.tpot_s, j.attainment_target, j.mode, j.ttft_percentile) == (0.25, 0.04, 0.95, "percentile", 99)
+    assert judged_slo(slo, None) is slo
+    with pytest.raises(Exception):
+        MarginSpec(ttft=-0.1)
+
+
+# one colocated replica whose every step takes 0.1 s (a constant cost model): a lone request's TTFT is one
+# prefill step, 0.1 s, and its TPOT one decode step, 0.1 s (output 2 tokens)
+SEARCH = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}], "colocated": {"replicas": [1]},
+          "pool": {"max_running": 4, "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.1}}}
+
+
+def _raw(margin, tpot_s=0.5):
+    return {"name": "m", "model": "llama-3.1-8b", "seed": 3,
+            "workload": {"arrival": "poisson", "num_requests": 50, "prompt_tokens": 8, "output_tokens": 2},
+            "slo": {"ttft_s": 0.5, "tpot_s": tpot_s, "attainment_target": 0.9},
+            "search": SEARCH, "goodput": {"min_duration_s": 0, "seeds": 1, "confirm_top": 0, "error_margin": margin}}
+
+
+def test_a_fixed_margin_can_make_a_config_infeasible_alone():
+    # TTFT margin 3 (factor 4): judged bound 0.5 / 4 = 0.125 s >= the lone prefill's 0.1 s: feasible
+    (cfg,) = parse_plan(_raw({"ttft": 3.0, "tpot": 0.25})).configs
+    assert (cfg.slo.ttft_s, cfg.slo.tpot_s) == (pytest.approx(0.125), pytest.approx(0.4))
+    assert cfg.infeasible == ""
+    # factor 6: 0.5 / 6 = 0.0833 s < 0.1 s for every request: infeasible, the note names the judged bound
+    (cfg,) = parse_plan(_raw({"ttft": 5.0})).configs
+    assert cfg.infeasible.startswith("TTFT: a lone prefill exceeds 0.08333") and "100%" in cfg.infeasible
+    # TPOT 0.5 / 6 < the 0.1 s decode step: infeasible by TPOT
+    (cfg,) = parse_plan(_raw({"tpot": 5.0})).configs
+    assert cfg.infeasible.startswith("TPOT: a lone decode step exceeds 0.08333")
+    # no margin: the plan's own bounds
+    (cfg,) = parse_plan(_raw("none")).configs
+    assert (cfg.slo.ttft_s, cfg.slo.tpot_s, cfg.margin) == (0.5, 0.5, None)
+
+
+def test_a_named_margin_excludes_a_config_nobody_measured():
+    # a constant cost model is a what-if with no measured band: the only config goes, the plan says why
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw("p90"))
+    assert "goodput.error_margin" in str(e.value) and "constant cost model" in str(e.value)
+
+
+@pytest.mark.parametrize("target", [None, 2.0])      # goodput mode; target mode (its own miss note)
+def test_every_simulation_is_judged_at_the_config_bounds_and_the_outputs_say_so(target):
+    raw = _raw({"ttft": 1.0, "tpot": 0.0})                      # TTFT bound 0.5 / 2 = 0.25 s
+    if target:
+        raw["target"] = {"rate": target}
+    plan = parse_plan(raw)
+    seen = []
+
+    class Recording(ScriptedExecutor):
+        def map(self, fn, tasks, on_done=None):
+            seen.extend(t["scenario"]["slo"] for t in tasks)
+            return super().map(fn, tasks, on_done)
+
+    # every rate misses: 50 of 100 within the TTFT bound
+    res = {"n": 100, "ok": 50, "ttft_ok": 50, "tpot_ok": 100, "finished": 100, "early": None, "settled": 100,
+           "total": 100, "ci": None, "ttft_p": 0.3, "tpot_p": 0.1, "slo_met": False}
+    result = run_plan(plan, executor=Recording(lambda *a: dict(res)))
+    assert seen and all((s["ttft_s"], s["tpot_s"]) == (0.25, 0.5) for s in seen)
+    (row,) = result["rows"]
+    assert (row["judged_ttft_s"], row["judged_tpot_s"]) == (0.25, 0.5)
+    assert row["error_margin"]["ttft_factor"] == 2.0 and result["error_margin"] == {"ttft": 1.0, "tpot": 0.0}
+    assert result["slo"]["ttft_s"] == 0.5                           # the plan's own SLO is reported as given
+    assert "TTFT: 50% within 0.25 s" in row["note"]                 # the miss is told against the judged bound
+    assert row["status"] == ("misses SLO at target" if target else "misses SLO at every rate")
+    json.dumps(result, default=str)
+
+
+def test_print_table_states_the_winner_judged_bounds():
+    import io
+    from pdsim.plan import print_table
+    row = {"rank": 1, "config": "c", "pareto": True, "gpus": 1, "usd_per_hour": 1.0, "goodput": 2.0, "margin": None,
+           "goodput_per_gpu": 2.0, "goodput_per_usd_hour": 2.0, "attainment_at_target": None, "status": "ok", "note": "",
+           "expected_error": {}, "judged_ttft_s": 0.25, "judged_tpot_s": 0.04,
+           "error_margin": {"ttft_factor": 2.0, "tpot_factor": 1.25, "source": "fixed: TTFT +100%, TPOT +25%"}}
+    out = io.StringIO()
+    print_table({"rows": [row], "winner": "c", "target_rate": None}, out=out)
+    assert ("c judged at TTFT <= 0.25 s and TPOT <= 0.04 s: the SLO's bounds / 2 and / 1.25 (goodput.error_margin, "
+            "fixed: TTFT +100%, TPOT +25%)") in out.getvalue()
+    out = io.StringIO()
+    print_table({"rows": [{**row, "error_margin": None}], "winner": "c", "target_rate": None}, out=out)
+    assert "judged at" not in out.getvalue()
+
+
+def test_a_failed_long_run_is_told_against_the_judged_bounds():
+    # target 2 req/s: the 50-request search run passes (all 100 within the bounds); the long run (10 x 50 = 500
+    # requests, fresh seed) has 60 of 100 within the judged TTFT bound, so the config fails it
+    raw = _raw({"ttft": 1.0, "tpot": 0.0})
+    raw["target"] = {"rate": 2.0}
+    raw["goodput"].update(confirm_top=1, confirm_factor=10, confirm_max_factor=10)
+    base = {"n": 100, "tpot_ok": 100, "finished": 100, "early": None, "settled": 100, "total": 100, "ci": None,
+            "ttft_p": 0.3, "tpot_p": 0.1}
+
+    def answer(name, rate, n):
+        ok = 100 if n == 50 else 60
+        return {**base, "ok": ok, "ttft_ok": ok, "slo_met": ok >= 90}
+
+    class Script(ScriptedExecutor):
+        def __init__(self):
+            super().__init__(lambda name, rate, seed, n: answer(name, rate, n))
+
+    (row,) = run_plan(parse_plan(raw), executor=Script())["rows"]
+    assert row["status"] == "fails long run"
+    assert "TTFT: 60% within 0.25 s" in row["note"]
+
+
+def test_the_plan_report_verdict_states_the_judged_bounds():
+    from pdsim.plan_report import _verdict
+    row = {"config": "c", "meets": True, "gpus": 1, "usd_per_hour": 1.0, "goodput": 2.0, "expected_error": {},
+           "judged_ttft_s": 0.25, "judged_tpot_s": 0.04,
+           "error_margin": {"ttft_factor": 2.0, "tpot_factor": 1.25, "source": "fixed: TTFT +100%, TPOT +25%"}}
+    result = {"slo": {"ttft_s": 0.5, "tpot_s": 0.05, "attainment_target": 0.9}, "target_rate": None, "rows": [row],
+              "winner": "c", "objective": "goodput_per_usd"}
+    text = _verdict(result)
+    assert "judged at TTFT ≤ 250\xa0ms and TPOT ≤ 40\xa0ms" in text and "divided by 2 and 1.25" in text
+    assert "judged at" not in _verdict({**result, "rows": [{**row, "error_margin": None}]})
