@@ -1276,10 +1276,13 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
             break
         rounds += 1
         left = sum(1 for s in searches.values() if not s.done)
-        # ETA: the open search furthest from its tolerance needs about log2(width / tol) more rounds
+        # ETA: the open search furthest from its tolerance needs about log2(width / tol) more rounds, each
+        # taking what the finished ones took on average (the target-rate pass before them not counted)
         more = max((s.rounds_left() for s in searches.values() if not s.done), default=0)
-        el = time.perf_counter() - runner.t0
-        eta = f", ETA ~{el / rounds * more:.0f} s" if rounds > 1 else ""
+        now = time.perf_counter()
+        if rounds == 1:
+            rounds_t0 = now
+        eta = f", ETA ~{(now - rounds_t0) / (rounds - 1) * more:.0f} s" if rounds > 1 else ""
         runner.log(f"round {rounds}: {len(batch)} configs x up to {spec.goodput.seeds} seeds; {left} searches open{eta}")
         for (c, r), res in zip(batch, runner.run(batch)):
             searches[c.name].update(r, res, att)

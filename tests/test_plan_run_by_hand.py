@@ -150,8 +150,8 @@ def test_progress_lines_and_eta_by_hand_on_a_fake_clock(monkeypatch, capsys):
     # simulation (the executor moves it), so the elapsed times are exact:
     # - before anything runs (0 s): 2 configs at the target, 4 - 2 = 2 pruned;
     # - round 1 after the two target runs (20 s): W's search, 1 open; no ETA in the first round;
-    # - round 2 (30 s): W's bracket [20, 40] needs ceil(log2(20 / (0.25 x 40))) + 1 = 2 more rounds, so the
-    #   ETA is 30 s / 2 rounds x 2 = 30 s;
+    # - round 2 (30 s): W's bracket [20, 40] needs ceil(log2(20 / (0.25 x 40))) + 1 = 2 more rounds, and the
+    #   one finished round took 30 - 20 = 10 s (the target runs before it not counted), so the ETA is 2 x 10 s;
     # - the long runs (40 s): W at 2x the 100-request window = 200 requests
     clock = [1000.0]
     monkeypatch.setattr(plan_mod, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
@@ -160,7 +160,7 @@ def test_progress_lines_and_eta_by_hand_on_a_fake_clock(monkeypatch, capsys):
         "pdsim plan: 2 configs at the target rate 20 req/s (1 infeasible, 1 below it by the analytic bound) "
         "[0 simulated, 0 cached, 0 s]",
         "pdsim plan: round 1: 1 configs x up to 1 seeds; 1 searches open [2 simulated, 0 cached, 20 s]",
-        "pdsim plan: round 2: 1 configs x up to 1 seeds; 1 searches open, ETA ~30 s [3 simulated, 0 cached, 30 s]",
+        "pdsim plan: round 2: 1 configs x up to 1 seeds; 1 searches open, ETA ~20 s [3 simulated, 0 cached, 30 s]",
         "pdsim plan: long runs: W (2x the search window, [200] requests, fresh seeds) [4 simulated, 0 cached, 40 s]"]
     assert res["wall_s"] == 50.0 and res["winner"] == "W"      # 5 simulations x 10 s on the fake clock
 
