@@ -130,6 +130,20 @@ def print_error_bands(summary: dict, out=None) -> None:
             groups.setdefault(text, []).append(f"{name}/{pool}")
     for text, where in groups.items():
         print(f"expected error {', '.join(where)}: {text}", file=out)
+    # each run's verdict at the p90 error, one line per distinct judged bounds (topologies of the same pools share one)
+    at_error: dict[tuple, list[str]] = {}
+    for name, s in summary.items():
+        e = s.get("slo_at_error") or {}
+        m = e.get("margin")
+        if m is None:
+            continue
+        key = (m["ttft_factor"], m["tpot_factor"], e["ttft_s"], e["tpot_s"])
+        att = "-" if e["attainment"] is None else f"{e['attainment']:.1%}"
+        at_error.setdefault(key, []).append(f"{name} {'met' if e['met'] else 'MISSED'} ({att})")
+    for (ft, fp, ttft_s, tpot_s), verdicts in at_error.items():
+        print(f"SLO at p90 error (TTFT <= {_fmt(ttft_s * 1e3)} ms, TPOT <= {_fmt(tpot_s * 1e3)} ms: the bounds / "
+              f"{ft:.3g} and / {fp:.3g}, as real latencies exceeded pdsim's by up to that on 90% of held-out runs): "
+              + ", ".join(verdicts), file=out)
 
 
 def cmd_run(args) -> int:

@@ -649,6 +649,11 @@ class SLOSpec(_Strict):
     tpot_percentile: float = Field(90, gt=0, le=100)
     attainment_target: float = Field(0.9, gt=0, le=1)
 
+    def tightened(self, ttft_factor: float, tpot_factor: float) -> "SLOSpec":
+        """This SLO with its bounds divided by the factors (an error margin: ``pdsim plan``'s
+        goodput.error_margin, the summary's ``slo_at_error``); mode, percentiles and target unchanged."""
+        return self.model_copy(update={"ttft_s": self.ttft_s / ttft_factor, "tpot_s": self.tpot_s / tpot_factor})
+
 
 # --- faults ---------------------------------------------------------------------------
 class InstanceFaultSpec(_Strict):

@@ -447,7 +447,8 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             "faults": fault_summary(topo, d, sc.slo, res.sim_end_s) if getattr(topo, "fault_log", None) else None,
             "itl_s": itl_summary(res, d, sc.client),
             "warmup_excluded": len(d_all) - len(d),
-            "expected_error": expected_error(topo),
+            "expected_error": (bands := expected_error(topo)),
+            "slo_at_error": slo_at_error(d, sc.slo, bands, topo.pools[0].name, topo.pools[-1].name),
         }
         a = getattr(topo, "autoscaler", None)
         if a is not None:
@@ -533,6 +534,25 @@ def expected_error(topo) -> dict:
         else:
             out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp, moe=p.model.is_moe)
     return out
+
+def slo_at_error(d: pd.DataFrame, slo, bands: dict, ttft_pool: str, tpot_pool: str) -> dict:
+    """The run's SLO verdict if real latencies exceeded pdsim's as they did on 90% of the held-out validation
+    runs of these pools' engine and GPU: the bounds divided by the p90 of measured / simulated mean TTFT
+    (``ttft_pool``'s band) and TPOT (``tpot_pool``'s), :func:`pdsim.validate.margin_factors`.  ``{margin,
+    met, attainment, ttft_s, tpot_s}``, or ``{margin: None, why}`` where a pool has no measured band."""
+    from .errors import ConfigError
+    from .validate import margin_factors
+    try:
+        m = margin_factors(bands, ttft_pool, tpot_pool, "p90")
+    except ConfigError:
+        why = "; ".join(f"{p}: {b if isinstance(b, str) else 'no measured/simulated ratios in its band'}"
+                        for p, b in bands.items() if not isinstance(b, dict) or "ttft_measured_over_sim_p90" not in b)
+        return {"margin": None, "why": why or "no measured band"}
+    tight = slo.tightened(m["ttft_factor"], m["tpot_factor"])
+    v = slo_verdict(d, tight)
+    return {"margin": m, "met": v["met"], "attainment": v["attainment"], "ttft_s": tight.ttft_s,
+            "tpot_s": tight.tpot_s}
+
 
 def _rate(num: float, den: float):
     return num / den if den else None

@@ -197,43 +197,22 @@ class Config:
     margin: dict | None = None
 
 
-#: the error band's key for goodput.error_margin's named modes: measured / simulated mean latency, per metric
-MARGIN_KEYS = {"median": "measured_over_sim_median", "p90": "measured_over_sim_p90"}
-
-
 def error_margin(mode, bands: dict, ttft_pool: str, tpot_pool: str) -> dict | None:
     """The factors a config's SLO bounds are divided by (``goodput.error_margin``): ``{ttft_factor,
-    tpot_factor, source}``, or None for ``none``.  A named mode reads the pool's stored error band
-    (``metrics.expected_error``: TTFT from ``ttft_pool``, the one a request enters, TPOT from ``tpot_pool``,
-    where it decodes): the median or p90 over held-out runs of measured / simulated mean latency, never below
-    1 (a margin never loosens a bound).  Raises ConfigError for a pool without such a band (unvalidated)."""
+    tpot_factor, source}``, or None for ``none``; a named mode (p90, median) reads the pools' stored error
+    bands (:func:`pdsim.validate.margin_factors`).  Raises ConfigError for a pool without such a band."""
     if isinstance(mode, MarginSpec):
         return {"ttft_factor": 1.0 + mode.ttft, "tpot_factor": 1.0 + mode.tpot,
                 "source": f"fixed: TTFT +{mode.ttft:.0%}, TPOT +{mode.tpot:.0%}"}
     if mode == "none":
         return None
-    out, where = {}, []
-    for metric, pool in (("ttft", ttft_pool), ("tpot", tpot_pool)):
-        band = bands.get(pool)
-        ratio = band.get(f"{metric}_{MARGIN_KEYS[mode]}") if isinstance(band, dict) else None
-        if ratio is None or not math.isfinite(ratio):
-            why = band if isinstance(band, str) else "its stored band has no measured/simulated ratios"
-            raise ConfigError(f"no measured {metric.upper()} error for pool {pool} ({why}); give fixed margins "
-                              "instead, e.g. error_margin: {ttft: 0.3, tpot: 0.1}", key="goodput.error_margin",
-                              value=mode)
-        out[f"{metric}_factor"] = max(1.0, float(ratio))
-        where.append(f"{metric.upper()} {band['engine']}|{band['device']}" + (" (MoE, in sample)" if band.get("moe")
-                                                                                else ""))
-    out["source"] = f"{mode} of measured/simulated over the validation runs: " + ", ".join(where)
-    return out
+    from .validate import margin_factors
+    return margin_factors(bands, ttft_pool, tpot_pool, mode, key="goodput.error_margin")
 
 
 def judged_slo(slo: SLOSpec, margin: dict | None) -> SLOSpec:
     """The SLO a config is judged at: its bounds divided by the margin's factors (the same SLO without one)."""
-    if margin is None:
-        return slo
-    return slo.model_copy(update={"ttft_s": slo.ttft_s / margin["ttft_factor"],
-                                  "tpot_s": slo.tpot_s / margin["tpot_factor"]})
+    return slo if margin is None else slo.tightened(margin["ttft_factor"], margin["tpot_factor"])
 
 
 def _device(choice) -> DeviceChoice:

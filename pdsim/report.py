@@ -644,6 +644,13 @@ def _engine_items(t: dict) -> list:
             + (f"; mean bias {band['ttft_bias_pct']:+.0f}% / {band['tpot_bias_pct']:+.0f}%"
                if band.get("ttft_bias_pct") is not None and band.get("tpot_bias_pct") is not None else "")
             + band_notes(band) + ")")))
+    e = t.get("slo_at_error") or {}
+    if e.get("margin"):
+        m = e["margin"]
+        out.append(("SLO at p90 error", f"{'met' if e.get('met') else 'missed'}: attainment {pct(e.get('attainment'))} "
+                    f"judged at TTFT ≤ {seconds(e.get('ttft_s'))}, TPOT ≤ {seconds(e.get('tpot_s'))} (the bounds / "
+                    f"{num(m['ttft_factor'])} and / {num(m['tpot_factor'])}: real latencies exceeded pdsim's by up to "
+                    "that on 90% of the held-out runs of this engine and GPU)"))
     return out
 
 

@@ -810,6 +810,31 @@ def band_notes(band: dict) -> str:
 ERROR_TABLE = Path(__file__).parent / "data" / "validation_error.json"
 
 
+#: a named error margin's key in an error band: measured / simulated mean latency over the band's runs
+MARGIN_KEYS = {"median": "measured_over_sim_median", "p90": "measured_over_sim_p90"}
+
+
+def margin_factors(bands: dict, ttft_pool: str, tpot_pool: str, mode: str = "p90", key: str = "error_margin") -> dict:
+    """``{ttft_factor, tpot_factor, source}``: how much longer than pdsim's the real latencies were on the
+    validation runs of these pools' engine and GPU (``bands``: :func:`pdsim.metrics.expected_error`, pool ->
+    band): TTFT from ``ttft_pool`` (the pool a request enters), TPOT from ``tpot_pool`` (where it decodes), the
+    ``mode`` (median or p90) over the runs of measured / simulated mean latency, never below 1 (a margin never
+    loosens a bound).  Raises ConfigError naming ``key`` for a pool without such a band (unvalidated)."""
+    out, where = {}, []
+    for metric, pool in (("ttft", ttft_pool), ("tpot", tpot_pool)):
+        band = bands.get(pool)
+        ratio = band.get(f"{metric}_{MARGIN_KEYS[mode]}") if isinstance(band, dict) else None
+        if ratio is None or not math.isfinite(ratio):
+            why = band if isinstance(band, str) else "its stored band has no measured/simulated ratios"
+            raise ConfigError(f"no measured {metric.upper()} error for pool {pool} ({why}); give fixed margins "
+                              "instead, e.g. error_margin: {ttft: 0.3, tpot: 0.1}", key=key, value=mode)
+        out[f"{metric}_factor"] = max(1.0, float(ratio))
+        where.append(f"{metric.upper()} {band['engine']}|{band['device']}" + (" (MoE, in sample)" if band.get("moe")
+                                                                                else ""))
+    out["source"] = f"{mode} of measured/simulated over the validation runs: " + ", ".join(where)
+    return out
+
+
 def error_band(engine: str | None, device: str, tp: int | None = None, moe: bool = False) -> dict | str:
     """The held-out error measured by ``benchmarks/validate_silicon.py`` for this engine and GPU
     (pooled over dense models and TP): TTFT/TPOT MAPE, median APE, p90 APE and bias, or ``"unvalidated"``.

@@ -167,3 +167,108 @@ def test_the_plan_report_verdict_states_the_judged_bounds():
     text = _verdict(result)
     assert "judged at TTFT ≤ 250\xa0ms and TPOT ≤ 40\xa0ms" in text and "divided by 2 and 1.25" in text
     assert "judged at" not in _verdict({**result, "rows": [{**row, "error_margin": None}]})
+
+
+# --- a run's verdict at the p90 error (summary.json's slo_at_error) ------------------------------------------
+def _df(rows):
+    """A requests frame of (status, ttft_s, tpot_s, output_tokens) rows."""
+    import pandas as pd
+    return pd.DataFrame(rows, columns=["status", "ttft_s", "tpot_s", "output_tokens"])
+
+
+def test_slo_at_error_judges_at_the_p90_bounds_by_hand():
+    from pdsim import metrics
+    from pdsim.workload import FINISHED, REJECTED
+    slo = SLOSpec(ttft_s=0.5, tpot_s=0.05, attainment_target=0.75)
+    # TTFT p90 ratio 1.8 and TPOT 1.25: judged at 0.5 / 1.8 = 0.2778 s and 0.05 / 1.25 = 0.04 s
+    df = _df([(FINISHED, 0.10, 0.030, 10),     # within both, as simulated and at the error
+              (FINISHED, 0.30, 0.030, 10),     # TTFT 0.30 <= 0.5 but > 0.2778: a miss at the error
+              (FINISHED, 0.20, 0.045, 10),     # TPOT 0.045 <= 0.05 but > 0.04: a miss at the error
+              (FINISHED, 0.27, 0.040, 10),     # on the edge of both (0.27 <= 0.2778, 0.04 <= 0.04): a pass
+              (REJECTED, float("nan"), float("nan"), 10)])
+    assert metrics.slo_verdict(df, slo)["attainment"] == 0.8          # 4 of 5 as simulated: met (>= 0.75)
+    e = metrics.slo_at_error(df, slo, {"replica": BAND}, "replica", "replica")
+    assert (e["attainment"], e["met"]) == (0.4, False)                 # 2 of 5 at the error
+    assert (e["ttft_s"], e["tpot_s"]) == (pytest.approx(0.5 / 1.8), pytest.approx(0.04))
+    assert (e["margin"]["ttft_factor"], e["margin"]["tpot_factor"]) == (1.8, 1.25)
+    # a pool nobody measured: no verdict, and why
+    e = metrics.slo_at_error(df, slo, {"prefill": BAND, "decode": "unvalidated"}, "prefill", "decode")
+    assert e == {"margin": None, "why": "decode: unvalidated"}
+
+
+def test_a_run_reports_its_verdict_at_the_stored_p90_error(tmp_path):
+    # a vLLM v1 replica on an H100: the factors are the stored band's (pdsim/data/validation_error.json), and the
+    # verdict is the run's requests judged at the bounds divided by them
+    from pdsim import config, metrics
+    from pdsim.simulation import simulate
+    from pdsim.validate import ERROR_TABLE
+    raw = {"seed": 1, "model": "llama-3.1-8b", "slo": {"ttft_s": 0.08, "tpot_s": 0.012, "attainment_target": 0.5},
+           "workload": {"arrival": "poisson", "rate": 4, "num_requests": 40, "prompt_tokens": 1000, "output_tokens": 20},
+           "topologies": {"c": {"kind": "colocated", "device": "h100-sxm", "engine": "vllm-v1"}}}
+    sc = config.parse(raw, "t.yaml")
+    res = simulate(sc)
+    df = metrics.requests_frame(res, sc.client)
+    s = metrics.summarize(res, df, sc)["c"]
+    band = json.loads(ERROR_TABLE.read_text())["bands"]["vllm-v1|h100-sxm"]
+    f_ttft, f_tpot = max(1.0, band["ttft_measured_over_sim_p90"]), max(1.0, band["tpot_measured_over_sim_p90"])
+    e = s["slo_at_error"]
+    assert (e["margin"]["ttft_factor"], e["margin"]["tpot_factor"]) == (f_ttft, f_tpot)
+    fin = df.status == "finished"
+    ok = fin & (df.ttft_s <= 0.08 / f_ttft) & (df.tpot_s.isna() | (df.tpot_s <= 0.012 / f_tpot))
+    assert e["attainment"] == pytest.approx(float(ok.mean()))
+    assert e["attainment"] < s["slo_attainment"]       # (tighter bounds, chosen so that some requests fall between)
+    # the CLI says it under the bands
+    import io
+    from pdsim.__main__ import print_error_bands
+    out = io.StringIO()
+    print_error_bands({"c": s}, out=out)
+    line = out.getvalue().splitlines()[-1]
+    assert line.startswith("SLO at p90 error (TTFT <= ")
+    assert line.endswith(f"the bounds / {f_ttft:.3g} and / {f_tpot:.3g}, as real latencies exceeded pdsim's by up to "
+                         f"that on 90% of held-out runs): c {'met' if e['met'] else 'MISSED'} ({e['attainment']:.1%})")
+    # two topologies judged at the same bounds share one line; different bounds get their own
+    out = io.StringIO()
+    print_error_bands({"c": s, "d": {**s, "slo_at_error": {**e, "met": False}},
+                       "x": {**s, "slo_at_error": {**e, "ttft_s": 1.0}}}, out=out)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("SLO at p90 error")]
+    assert len(lines) == 2 and lines[0].endswith(f"c {'met' if e['met'] else 'MISSED'} ({e['attainment']:.1%}), "
+                                                 f"d MISSED ({e['attainment']:.1%})")
+    assert lines[1].startswith("SLO at p90 error (TTFT <= 1,000 ms")
+    assert lines[1].endswith(f"): x {'met' if e['met'] else 'MISSED'} ({e['attainment']:.1%})")
+    # and the report's summary rows
+    from pdsim.report import _engine_items
+    rows = dict(_engine_items(s))
+    assert rows["SLO at p90 error"].startswith(f"{'met' if e['met'] else 'missed'}: attainment ")
+
+
+def test_a_disaggregated_run_takes_ttft_error_from_prefill_and_tpot_error_from_decode():
+    from pdsim import config, metrics
+    from pdsim.simulation import simulate
+    from pdsim.validate import ERROR_TABLE
+    raw = {"seed": 1, "model": "llama-3.1-8b",
+           "workload": {"arrival": "poisson", "rate": 2, "num_requests": 10, "prompt_tokens": 500, "output_tokens": 8},
+           "topologies": {"pd": {"kind": "disaggregated", "prefill": {"device": "h100-sxm", "engine": "vllm-v1"},
+                                 "decode": {"device": "h100-sxm", "engine": "trtllm"}}}}
+    sc = config.parse(raw, "t.yaml")
+    res = simulate(sc)
+    e = metrics.summarize(res, metrics.requests_frame(res, sc.client), sc)["pd"]["slo_at_error"]
+    bands = json.loads(ERROR_TABLE.read_text())["bands"]
+    assert e["margin"]["ttft_factor"] == max(1.0, bands["vllm-v1|h100-sxm"]["ttft_measured_over_sim_p90"])
+    assert e["margin"]["tpot_factor"] == max(1.0, bands["trtllm|h100-sxm"]["tpot_measured_over_sim_p90"])
+    assert bands["vllm-v1|h100-sxm"]["ttft_measured_over_sim_p90"] != bands["trtllm|h100-sxm"]["ttft_measured_over_sim_p90"]
+
+
+def test_a_plan_takes_ttft_error_from_the_prefill_gpu_and_tpot_error_from_the_decode_gpu():
+    from pdsim.validate import ERROR_TABLE
+    raw = _raw("p90")
+    raw["search"] = {"devices": ["h100-sxm"], "pool": {"engine": "vllm-v1"},
+                     "disaggregated": {"prefill_instances": [1], "decode_instances": [1], "decode_devices": ["h200"],
+                                       "kv_link": ["infiniband"]}}
+    (cfg,) = parse_plan(raw).configs
+    bands = json.loads(ERROR_TABLE.read_text())["bands"]
+    want = (max(1.0, bands["vllm-v1|h100-sxm"]["ttft_measured_over_sim_p90"]),
+            max(1.0, bands["vllm-v1|h200"]["tpot_measured_over_sim_p90"]))
+    assert (cfg.margin["ttft_factor"], cfg.margin["tpot_factor"]) == want
+    assert want != (max(1.0, bands["vllm-v1|h200"]["ttft_measured_over_sim_p90"]),
+                    max(1.0, bands["vllm-v1|h100-sxm"]["tpot_measured_over_sim_p90"]))    # the two GPUs differ
+    assert (cfg.slo.ttft_s, cfg.slo.tpot_s) == (pytest.approx(0.5 / want[0]), pytest.approx(0.5 / want[1]))
