@@ -47,7 +47,8 @@ Policies (plain functions of the pool state, chosen by name):
   cost-model estimate at the workload's observed means (prompt length of recent arrivals, output
   length of recent completions, as the planner reads ISL/OSL from its metrics; nothing here reads a
   request's output length before it finished): a prefill instance serves 1 / prefill_time(prompt)
-  requests/s; a decode instance runs the largest batch B (<= max_running, within KV capacity) whose
+  requests/s (a pool that caches prefixes: the uncached share of the prompt, the share of prompt tokens
+  its recent completions found cached, computed over the whole context); a decode instance runs the largest batch B (<= max_running, within KV capacity) whose
   step time at the mean context stays within the TPOT bound, so B / (output x step time(B)) requests/s;
   a colocated replica 1 / (prefill_time + output x step time(B) / B).  Dynamo profiles these on the
   real engine before deployment; here the cost model is that profile.  Cooldown applies.
@@ -151,6 +152,7 @@ class Autoscaler:
         self.completed: deque = deque()
         self.seen_prompt = [0, 0]         # all arrivals so far: (count, tokens)
         self.seen_output = [0, 0]
+        self.seen_cached = [0, 0]         # all completions so far: (prompt tokens, of them found cached)
         self.switches: list[dict] = []          # policy mix: role switches (t_s, from, to, KV blocks left)
         if spec.policy in ("slo", "mix"):
             route, finished = topo.route, sink.finished
@@ -163,9 +165,11 @@ class Autoscaler:
 
             def observed_finished(req, _fin=finished):
                 if req.status == "finished":
-                    self.completed.append((env.now, req.output_tokens))
+                    self.completed.append((env.now, req.output_tokens, req.prompt_tokens, req.cached_tokens))
                     self.seen_output[0] += 1
                     self.seen_output[1] += req.output_tokens
+                    self.seen_cached[0] += req.prompt_tokens
+                    self.seen_cached[1] += req.cached_tokens
                 return _fin(req)
             topo.route = observed_route
             sink.finished = observed_finished
@@ -424,7 +428,10 @@ class Autoscaler:
             s.load_s for s in self.scalers.values())
         return max(mean, float(icpt + slope * (now + lead)))
 
-    def _means(self) -> tuple[float, float] | None:
+    def _means(self) -> tuple[float, float, float] | None:
+        """(mean prompt, mean output, share of prompt tokens found cached) over the last ``window_s``: prompts of
+        the arrivals, outputs and cache hits of the completions (a pool that caches prefixes computes only the
+        rest), each falling back to all seen so far when the window holds none."""
         now, w = self.env.now, self.spec.slo.window_s
         while self.completed and self.completed[0][0] <= now - w:
             self.completed.popleft()
@@ -437,12 +444,14 @@ class Autoscaler:
         else:
             return None
         if self.completed:
-            out = sum(o for _, o in self.completed) / len(self.completed)
+            out = sum(c[1] for c in self.completed) / len(self.completed)
+            hit = sum(c[3] for c in self.completed) / max(1, sum(c[2] for c in self.completed))
         elif self.seen_output[0]:
             out = self.seen_output[1] / self.seen_output[0]
+            hit = self.seen_cached[1] / max(1, self.seen_cached[0])
         else:
             return None                  # nothing finished yet: no output length observed
-        return prompt, out
+        return prompt, out, hit
 
     def _slo_targets(self) -> dict:
         rate = self.forecast_rate()
@@ -450,11 +459,11 @@ class Autoscaler:
         means = self._means()
         if means is None:
             return {}
-        prompt, out = means
+        prompt, out, hit = means
         u = self.spec.slo.target_utilization
         targets = {}
         for name, sc in self.scalers.items():
-            cap, how = capacity_per_instance(sc.pool, prompt, out, self.tpot_s), "estimate"
+            cap, how = capacity_per_instance(sc.pool, prompt, out, self.tpot_s, hit), "estimate"
             if name == "prefill" and self.spec.slo.prefill_capacity == "measured":
                 got = self._measured_prefill_capacity(sc)
                 if got is not None:
@@ -485,10 +494,10 @@ class Autoscaler:
         means = self._means()
         if means is None:
             return None
-        prompt, out = means
+        prompt, out, hit = means
         p, d = self.scalers["prefill"], self.scalers["decode"]
-        need_p = 1.0 / capacity_per_instance(p.pool, prompt, out, self.tpot_s)
-        need_d = 1.0 / capacity_per_instance(d.pool, prompt, out, self.tpot_s)
+        need_p = 1.0 / capacity_per_instance(p.pool, prompt, out, self.tpot_s, hit)
+        need_d = 1.0 / capacity_per_instance(d.pool, prompt, out, self.tpot_s, hit)
         total = p.initial + d.initial
         n = int(round(total * need_p / (need_p + need_d)))
         return max(p.bounds.min, total - d.bounds.max, min(p.bounds.max, total - d.bounds.min, n))
@@ -545,14 +554,29 @@ class Autoscaler:
         return out
 
 
-def capacity_per_instance(pool, prompt: float, output: float, tpot_s: float) -> float:
-    """Requests/s one instance of ``pool`` serves at the workload's mean prompt and output lengths
-    (a cost-model estimate; see the module docstring)."""
+def prefill_s(pool, prompt: int, cached_share: float = 0.0) -> float:
+    """A lone prefill of ``prompt`` tokens on ``pool``, of which the share ``cached_share`` was found in its
+    prefix cache (a pool that caches prefixes): the uncached suffix n = prompt - cached computed over the
+    whole context, as ``metrics.prefix_summary`` prices it (step of n tokens, attention work n (cached + n / 2));
+    a pool without a cache, or no hit, is ``prefill_time(prompt)``.  At least one token is computed."""
+    cost = pool.cost
+    c = int(round(prompt * cached_share)) if pool.spec.prefix_on else 0
+    c = min(c, prompt - 1)
+    if c <= 0:
+        return cost.prefill_time(prompt)
+    n = prompt - c
+    return cost.step(n, n * (c + n / 2.0), prompt, 1, 1).time_s
+
+
+def capacity_per_instance(pool, prompt: float, output: float, tpot_s: float, cached_share: float = 0.0) -> float:
+    """Requests/s one instance of ``pool`` serves at the workload's mean prompt and output lengths, a share
+    ``cached_share`` of the prompt tokens found in a prefix cache (a cost-model estimate; see the module
+    docstring)."""
     cost = pool.cost
     p = max(1, int(round(prompt)))
     o = max(1.0, output)
     if pool.role == "prefill":
-        return 1.0 / max(cost.prefill_time(p), 1e-12)
+        return 1.0 / max(prefill_s(pool, p, cached_share), 1e-12)
     ctx = int(round(p + o / 2))
     kv = pool.instances[0].kv
     fit = max(1, (kv.total_blocks - kv.watermark_blocks) // max(1, kv.blocks_for(int(p + o))))
@@ -567,7 +591,7 @@ def capacity_per_instance(pool, prompt: float, output: float, tpot_s: float) -> 
     step = cost.decode_time(lo, ctx)
     if pool.role == "decode":
         return lo / (o * step)
-    return 1.0 / (cost.prefill_time(p) + o * step / lo)
+    return 1.0 / (prefill_s(pool, p, cached_share) + o * step / lo)
 
 
 def scaler_key(pool_name: str) -> str:

@@ -400,3 +400,36 @@ def test_measured_prefill_capacity_is_prompts_per_busy_second():
     got = [c for _, pool, c, how in a.capacities if pool == "prefill" and how == "measured"]
     assert len(got) > 5
     assert got == pytest.approx([20.0] * len(got), rel=1e-9)
+
+
+def test_slo_planner_prices_prefill_at_the_share_its_prefix_cache_saves():
+    # a linear step cost (10 ms + 0.1 ms per computed token + 0.01 ms per KV token read): a lone prefill of 1000
+    # tokens costs 0.01 + 0.1 + 0.01 = 0.12 s; with its first 640 tokens cached (every prompt shares them, 40
+    # blocks of 16) 0.01 + 0.1 x 360 / 1000 + 0.01 = 0.056 s.  Once the window holds only completions that hit
+    # (the first request found nothing), the estimate is 1 / 0.056 requests/s per prefill instance
+    from pdsim.autoscaler import capacity_per_instance, prefill_s
+    lin = {"cost_model": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-5},
+           "kv_blocks": 20000}
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, **lin, "prefix_cache": {"enabled": True}},
+            "decode": {"instances": 1, **lin},
+            "autoscaler": {"policy": "slo", "interval_s": 2, "slo": {"window_s": 4}, "prefill": {"max": 3},
+                           "decode": {"max": 3}}}
+    sc = scenario({"t": topo}, rate=4, num_requests=60, prompt_tokens=1000, output_tokens=4)
+    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"shared_prefix_tokens": 640})})
+    res = simulate(sc)[0]
+    a = res.topology.autoscaler
+    pool = res.topology.prefill
+    assert prefill_s(pool, 1000, 0.64) == pytest.approx(0.056, rel=1e-12)
+    assert prefill_s(pool, 1000, 0.0) == pytest.approx(0.12, rel=1e-12)
+    assert prefill_s(pool, 1000, 1.0) == pytest.approx(0.01 + 1e-4 + 0.01, rel=1e-12)   # one token still computed
+    est = [(t, c) for t, p, c, how in a.capacities if p == "prefill" and how == "estimate"]
+    late = [c for t, c in est if t >= 8]
+    assert late and late == pytest.approx([1 / 0.056] * len(late), rel=1e-12)
+    assert capacity_per_instance(pool, 1000, 4, 0.1) == pytest.approx(1 / 0.12, rel=1e-12)
+    # a pool that caches nothing computes the whole prompt whatever share another pool found cached
+    from types import SimpleNamespace
+    assert prefill_s(SimpleNamespace(cost=pool.cost, spec=SimpleNamespace(prefix_on=False)), 1000, 0.64) == \
+        pytest.approx(0.12, rel=1e-12)
+    # the decode pool caches nothing: its estimate does not move with the share
+    assert capacity_per_instance(res.topology.decode, 1000, 4, 0.1, 0.64) == \
+        capacity_per_instance(res.topology.decode, 1000, 4, 0.1, 0.0)
