@@ -383,8 +383,10 @@ def _plan(args, plan, out: Path, jobs: int | None) -> int:
     else:
         ex = LocalExecutor(jobs)
     if not args.quiet:
-        print(f"pdsim plan: {len(plan.configs)} configs in the search space ({len(plan.excluded)} excluded by "
-              f"budget or fit) on the {ex.name} executor", file=sys.stderr)
+        margin = sum(1 for e in plan.excluded if "goodput.error_margin" in e["reason"])
+        print(f"pdsim plan: {len(plan.configs)} configs in the search space ({len(plan.excluded) - margin} excluded by "
+              f"budget or fit" + (f", {margin} with no measured error band for goodput.error_margin" if margin else "")
+              + f"; plan.json lists each) on the {ex.name} executor", file=sys.stderr)
     try:
         result = run_plan(plan, ex, cache, progress=not args.quiet)
     finally:

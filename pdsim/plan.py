@@ -1341,17 +1341,17 @@ def _misses(r: dict, slo) -> str:
                                     ("TPOT", r["tpot_p"], slo.tpot_s, slo.tpot_percentile)):
             if v is not None and v > bound:
                 parts.append(f"{what} p{pct:g} " + ("inf (requests never served)" if math.isinf(v) else f"{v:.3g} s")
-                             + f" > {bound} s")
+                             + f" > {bound:.3g} s")
         return "; ".join(parts) or "the percentile verdict failed (no percentile above its bound on the pooled " \
                                    "figures: a seed's own)"
     # a run stopped once it could no longer pass: shares within a bound are upper bounds, percentiles lower
     # bounds over the requests that had arrived (evaluate)
     at_most, so_far = ("at most ", ">= ") if r.get("p_so_far") else ("", "")
     if r["ttft_ok"] / n < slo.attainment_target:
-        parts.append(f"TTFT: {at_most}{r['ttft_ok'] / n:.0%} within {slo.ttft_s} s"
+        parts.append(f"TTFT: {at_most}{r['ttft_ok'] / n:.0%} within {slo.ttft_s:.3g} s"
                      + (f" (p{slo.ttft_percentile:g} {so_far}{r['ttft_p']:.3g} s)" if r["ttft_p"] is not None else ""))
     if r["tpot_ok"] / n < slo.attainment_target:
-        parts.append(f"TPOT: {at_most}{r['tpot_ok'] / n:.0%} within {slo.tpot_s} s"
+        parts.append(f"TPOT: {at_most}{r['tpot_ok'] / n:.0%} within {slo.tpot_s:.3g} s"
                      + (f" (p{slo.tpot_percentile:g} {so_far}{r['tpot_p']:.3g} s)" if r["tpot_p"] is not None else ""))
     if parts:
         return "; ".join(parts)

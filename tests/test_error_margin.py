@@ -272,3 +272,30 @@ def test_a_plan_takes_ttft_error_from_the_prefill_gpu_and_tpot_error_from_the_de
     assert want != (max(1.0, bands["vllm-v1|h200"]["ttft_measured_over_sim_p90"]),
                     max(1.0, bands["vllm-v1|h100-sxm"]["tpot_measured_over_sim_p90"]))    # the two GPUs differ
     assert (cfg.slo.ttft_s, cfg.slo.tpot_s) == (pytest.approx(0.5 / want[0]), pytest.approx(0.5 / want[1]))
+
+
+def test_miss_notes_give_judged_bounds_to_three_digits():
+    from pdsim.plan import _misses
+    r = {"n": 100, "ok": 50, "ttft_ok": 50, "tpot_ok": 50, "ttft_p": 0.3, "tpot_p": 0.2}
+    slo = SLOSpec(ttft_s=0.5, tpot_s=0.05, attainment_target=0.9).tightened(3.0, 1.6)    # 0.1666..., 0.03125
+    assert _misses(r, slo) == "TTFT: 50% within 0.167 s (p90 0.3 s); TPOT: 50% within 0.0312 s (p90 0.2 s)"
+    slo = slo.model_copy(update={"mode": "percentile"})
+    assert _misses(r, slo) == "TTFT p90 0.3 s > 0.167 s; TPOT p90 0.2 s > 0.0312 s"
+
+
+def test_the_plan_log_counts_configs_excluded_for_want_of_a_band(tmp_path, capsys):
+    # H100 (a band: the idealised engine's) and A100 (none) under p90: the A100 config is excluded, and said so
+    import yaml
+    from pdsim.__main__ import main
+    raw = _raw("p90")
+    raw["search"] = {"devices": ["h100-sxm", "a100-80gb-sxm"], "colocated": {"replicas": [1]}}
+    raw["workload"]["num_requests"] = 20
+    raw["target"] = {"rate": 0.5}
+    raw["goodput"]["max_rounds"] = 2
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
+    main(["plan", str(tmp_path / "p.yaml"), "--no-cache", "--jobs", "1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert ("1 configs in the search space (0 excluded by budget or fit, 1 with no measured error band for "
+            "goodput.error_margin; plan.json lists each)") in err
+    ex = json.loads((tmp_path / "o" / "plan.json").read_text())["excluded"]
+    assert [e["config"] for e in ex] == ["colo-a100-80gb-sxm-tp1x1"] and "unvalidated" in ex[0]["reason"]
