@@ -640,7 +640,8 @@ def _engine_items(t: dict) -> list:
     for name, band in (t.get("expected_error") or {}).items():
         out.append((f"{name}: expected error TTFT / TPOT", band if isinstance(band, str) else (
             f"±{num(band.get('ttft_mape_pct'))}% / ±{num(band.get('tpot_mape_pct'))}% (MAPE over "
-            f"{num(band.get('rows'))} measured {'MoE-model ' if band.get('moe') else ''}runs"
+            f"{num(band.get('rows'))} {'' if band.get('in_sample') else 'held-out '}measured "
+            f"{'MoE-model ' if band.get('moe') else ''}runs"
             + (f"; mean bias {band['ttft_bias_pct']:+.0f}% / {band['tpot_bias_pct']:+.0f}%"
                if band.get("ttft_bias_pct") is not None and band.get("tpot_bias_pct") is not None else "")
             + band_notes(band) + ")")))

@@ -784,7 +784,9 @@ def band_text(band: dict | str) -> str:
         return band
     bias = (f"; pdsim's mean bias TTFT {band['ttft_bias_pct']:+.0f}%, TPOT {band['tpot_bias_pct']:+.0f}%"
             if band.get("ttft_bias_pct") is not None and band.get("tpot_bias_pct") is not None else "")
-    return (f"TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}% (MAPE over {band['rows']} measured "
+    # dense bands are held out (nothing in pdsim fitted on those runs); an MoE band says it is in sample (notes)
+    held = "" if band.get("in_sample") else "held-out "
+    return (f"TTFT ±{band['ttft_mape_pct']}%, TPOT ±{band['tpot_mape_pct']}% (MAPE over {band['rows']} {held}measured "
             f"{'MoE-model ' if band.get('moe') else ''}runs{bias}{band_notes(band)})")
 
 

@@ -286,7 +286,7 @@ def test_run_prints_the_stored_band_of_each_pools_engine_and_gpu(tmp_path, capsy
              if ln.startswith("expected error") for where in ln.split(":")[0].removeprefix("expected error ").split(", ")}
     b = bands["vllm-v1|h200"]
     assert f"TTFT ±{b['ttft_mape_pct']}%, TPOT ±{b['tpot_mape_pct']}%" in lines["expected error v1/replica"]
-    assert f"over {b['rows']} measured runs" in lines["expected error v1/replica"]
+    assert f"over {b['rows']} held-out measured runs" in lines["expected error v1/replica"]
     b = bands["none|h200"]
     assert f"TTFT ±{b['ttft_mape_pct']}%, TPOT ±{b['tpot_mape_pct']}%" in lines["expected error idealised/replica"]
     assert lines["expected error v0/replica"].endswith("unvalidated")
