@@ -299,3 +299,32 @@ def test_the_plan_log_counts_configs_excluded_for_want_of_a_band(tmp_path, capsy
             "goodput.error_margin; plan.json lists each)") in err
     ex = json.loads((tmp_path / "o" / "plan.json").read_text())["excluded"]
     assert [e["config"] for e in ex] == ["colo-a100-80gb-sxm-tp1x1"] and "unvalidated" in ex[0]["reason"]
+
+
+def test_a_sweep_gives_the_goodput_at_pdsim_p90_error(tmp_path, capsys):
+    # a vLLM v1 H100 replica (a measured band) and a constant-cost one (none) over four rates: each row's
+    # attainment at the error is the run judged at the tightened bounds, never above the plain one (tighter
+    # bounds can only lose requests), and the goodput at the error follows the same rule over those
+    import yaml
+    from pdsim.__main__ import main
+    from pdsim.sweep import goodput
+    raw = {"name": "s", "seed": 2, "model": "llama-3.1-8b",
+           "slo": {"ttft_s": 0.05, "tpot_s": 0.012, "attainment_target": 0.9},
+           "workload": {"arrival": "poisson", "rate": 1, "num_requests": 60, "prompt_tokens": 800, "output_tokens": 20},
+           "topologies": {"v1": {"kind": "colocated", "device": "h100-sxm", "engine": "vllm-v1"},
+                          "const": {"kind": "colocated", "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.001}}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    out = tmp_path / "o"
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--set", "workload.rate=5,20,40,80", "--out", str(out),
+                 "--jobs", "1", "--quiet"]) == 0
+    res = json.loads((out / "sweep.json").read_text())
+    v1 = [r for r in res["rows"] if r["topology"] == "v1"]
+    assert all(r["slo_attainment_at_p90_error"] <= r["slo_attainment"] for r in v1)
+    assert any(r["slo_attainment_at_p90_error"] < r["slo_attainment"] for r in v1)     # (the grid is chosen so)
+    assert all(r["slo_attainment_at_p90_error"] is None for r in res["rows"] if r["topology"] == "const")
+    want = goodput([r["workload.rate"] for r in v1], [r["slo_attainment_at_p90_error"] for r in v1], 0.9)
+    assert res["goodput_at_p90_error"] == {"v1": want}
+    printed = capsys.readouterr().out
+    assert "v1: at pdsim's p90 error" in printed and "const: at pdsim's p90 error" not in printed
+    html = (out / "sweep.html").read_text()
+    assert html.count("at pdsim&#x27;s p90 error") == 1           # v1's clause in the verdict, none for const
