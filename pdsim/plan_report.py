@@ -151,6 +151,10 @@ def _verdict(result: dict) -> str:
             from .validate import bands_text
             s.append(f"Its expected error against measured runs, which its goodput inherits: "
                      f"{esc(bands_text(w['expected_error']))}.")
+        if w.get("long_run_attainment_at_p90_error") is not None:
+            s.append(f"Its long run judged at the bounds divided by pdsim's p90 measured/simulated latency over "
+                     f"held-out runs: attainment {pct(w['long_run_attainment_at_p90_error'])} (target "
+                     f"{pct(result['slo']['attainment_target'])}; goodput.error_margin: p90 sizes for that).")
         if w.get("error_margin"):
             m = w["error_margin"]
             s.append(f"It was judged at TTFT ≤ {seconds(w['judged_ttft_s'])} and TPOT ≤ {seconds(w['judged_tpot_s'])}: "

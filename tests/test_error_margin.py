@@ -82,7 +82,7 @@ def test_a_fixed_margin_can_make_a_config_infeasible_alone():
     assert cfg.infeasible.startswith("TPOT: a lone decode step exceeds 0.08333")
     # no margin: the plan's own bounds
     (cfg,) = parse_plan(_raw("none")).configs
-    assert (cfg.slo.ttft_s, cfg.slo.tpot_s, cfg.margin) == (0.5, 0.5, None)
+    assert (cfg.slo.ttft_s, cfg.slo.tpot_s, cfg.margin, cfg.p90_factors) == (0.5, 0.5, None, None)   # no band
 
 
 def test_a_named_margin_excludes_a_config_nobody_measured():
@@ -167,6 +167,8 @@ def test_the_plan_report_verdict_states_the_judged_bounds():
     text = _verdict(result)
     assert "judged at TTFT ≤ 250\xa0ms and TPOT ≤ 40\xa0ms" in text and "divided by 2 and 1.25" in text
     assert "judged at" not in _verdict({**result, "rows": [{**row, "error_margin": None}]})
+    text = _verdict({**result, "rows": [{**row, "error_margin": None, "long_run_attainment_at_p90_error": 0.7}]})
+    assert "p90 measured/simulated latency over held-out runs: attainment 70.0% (target 90.0%" in text
 
 
 # --- a run's verdict at the p90 error (summary.json's slo_at_error) ------------------------------------------
@@ -272,6 +274,10 @@ def test_a_plan_takes_ttft_error_from_the_prefill_gpu_and_tpot_error_from_the_de
     assert want != (max(1.0, bands["vllm-v1|h200"]["ttft_measured_over_sim_p90"]),
                     max(1.0, bands["vllm-v1|h100-sxm"]["tpot_measured_over_sim_p90"]))    # the two GPUs differ
     assert (cfg.slo.ttft_s, cfg.slo.tpot_s) == (pytest.approx(0.5 / want[0]), pytest.approx(0.5 / want[1]))
+    # without a margin the config still knows its p90 factors (its long runs are judged at them too)
+    raw["goodput"]["error_margin"] = "none"
+    (cfg,) = parse_plan(raw).configs
+    assert (cfg.margin, cfg.p90_factors, cfg.slo.ttft_s) == (None, want, 0.5)
 
 
 def test_miss_notes_give_judged_bounds_to_three_digits():
@@ -328,3 +334,58 @@ def test_a_sweep_gives_the_goodput_at_pdsim_p90_error(tmp_path, capsys):
     assert "v1: at pdsim's p90 error" in printed and "const: at pdsim's p90 error" not in printed
     html = (out / "sweep.html").read_text()
     assert html.count("at pdsim&#x27;s p90 error") == 1           # v1's clause in the verdict, none for const
+
+
+# --- a plan's long runs judged at pdsim's p90 error ----------------------------------------------------------
+def test_a_run_to_the_end_counts_its_requests_at_the_error_factors(tmp_path):
+    # test_plan_evaluate_by_hand's block of five (constant 0.25 s steps): TTFT .25 .25 .375 .25 .25, TPOT .375
+    # .375 .333 .25 and none.  Bounds 0.5 / 0.5: all five meet both.  At factors (2, 1.4) the bounds are 0.25 and
+    # 0.357: TTFT ok r0 r1 r3 r4, TPOT ok r2 (.333) r3 r4 -> both: r3, r4 = 2
+    from test_plan_evaluate_by_hand import BLOCK, _task
+    from pdsim.plan import evaluate
+    task = _task(tmp_path, BLOCK, {"ttft_s": 0.5, "tpot_s": 0.5, "attainment_target": 0.9})
+    r = evaluate({**task, "error_factors": [2.0, 1.4]})
+    assert (r["n"], r["ok"], r["ok_at_error"]) == (5, 5, 2)
+    assert "ok_at_error" not in evaluate(task)              # no factors asked: nothing judged at the error
+
+
+def test_the_winner_long_run_is_also_judged_at_the_p90_error(capsys):
+    # goodput mode, one config whose pools have a measured band (p90 factors 1.5 and 1.2 given by hand here), no
+    # margin set: its long runs carry the factors and the winner's line reports the worst seed's share at the error
+    import io
+    from pdsim.plan import Config, print_table
+    raw = _raw("none")
+    raw["goodput"].update(confirm_top=1, confirm_seeds=2, confirm_factor=10, confirm_max_factor=10)
+    plan = parse_plan(raw)
+    (cfg,) = plan.configs
+    plan.configs = [Config(cfg.name, cfg.topology, 1, 1.0, bound_rate=4.0, slo=cfg.slo, p90_factors=(1.5, 1.2))]
+    asked = []
+
+    class Script(ScriptedExecutor):
+        def map(self, fn, tasks, on_done=None):
+            asked.extend(t.get("error_factors") for t in tasks)
+            return super().map(fn, tasks, on_done)
+
+    def answer(name, rate, seed, n):
+        r = {"n": 100, "ok": 95, "ttft_ok": 95, "tpot_ok": 100, "finished": 100, "early": None, "settled": 100,
+             "total": 100, "ci": [0.94, 0.96], "ttft_p": 0.1, "tpot_p": 0.1, "slo_met": True}
+        if n == 500:       # a long run (10 x the 50-request window): 80 and 70 of 100 at the error on its 2 seeds
+            r["ok_at_error"] = 80 if seed % 2 else 70          # (the two fresh seeds are consecutive)
+        return r
+    result = run_plan(plan, executor=Script(answer))
+    long_asks = [a for a in asked if a is not None]
+    assert long_asks == [[1.5, 1.2], [1.5, 1.2]]          # only the two long runs, with the config's factors
+    (row,) = result["rows"]
+    assert row["long_run_attainment_at_p90_error"] == 0.7
+    out = io.StringIO()
+    print_table(result, out=out)
+    assert f"{row['config']} at pdsim's p90 error (its long run judged at the bounds / the p90 of measured/simulated " \
+           "latency over held-out runs): attainment 70.0%" in out.getvalue()
+    # with a margin set, the long runs are judged at the margin already: no second judgement
+    plan = parse_plan(_raw({"ttft": 0.5}) | {"goodput": raw["goodput"] | {"error_margin": {"ttft": 0.5}}})
+    (cfg,) = plan.configs
+    plan.configs = [Config(cfg.name, cfg.topology, 1, 1.0, bound_rate=4.0, slo=cfg.slo, margin=cfg.margin,
+                           p90_factors=(1.5, 1.2))]
+    asked.clear()
+    run_plan(plan, executor=Script(answer))
+    assert all(a is None for a in asked)
