@@ -137,12 +137,13 @@ def print_error_bands(summary: dict, out=None) -> None:
         m = e.get("margin")
         if m is None:
             continue
-        key = (m["ttft_factor"], m["tpot_factor"], e["ttft_s"], e["tpot_s"])
+        key = (m["ttft_factor"], m["tpot_factor"], e["ttft_s"], e["tpot_s"], bool(m.get("in_sample")))
         att = "-" if e["attainment"] is None else f"{e['attainment']:.1%}"
         at_error.setdefault(key, []).append(f"{name} {'met' if e['met'] else 'MISSED'} ({att})")
-    for (ft, fp, ttft_s, tpot_s), verdicts in at_error.items():
+    for (ft, fp, ttft_s, tpot_s, in_sample), verdicts in at_error.items():
         print(f"SLO at p90 error (TTFT <= {_fmt(ttft_s * 1e3)} ms, TPOT <= {_fmt(tpot_s * 1e3)} ms: the bounds / "
-              f"{ft:.3g} and / {fp:.3g}, as real latencies exceeded pdsim's by up to that on 90% of held-out runs): "
+              f"{ft:.3g} and / {fp:.3g}, as real latencies exceeded pdsim's by up to that on 90% of "
+              f"{'its in-sample MoE' if in_sample else 'held-out'} runs): "
               + ", ".join(verdicts), file=out)
 
 

@@ -1546,7 +1546,7 @@ def print_table(result: dict, out=None, limit: int = 25) -> None:
               f"{bands_text(win['expected_error'])}", file=out)
     if win is not None and win.get("long_run_attainment_at_p90_error") is not None:
         print(f"{win['config']} at pdsim's p90 error (its long run judged at the bounds / the p90 of measured/simulated "
-              f"latency over held-out runs): attainment {win['long_run_attainment_at_p90_error']:.1%}", file=out)
+              f"latency over its validation runs): attainment {win['long_run_attainment_at_p90_error']:.1%}", file=out)
     if win is not None and win.get("error_margin"):
         m = win["error_margin"]
         print(f"{win['config']} judged at TTFT <= {win['judged_ttft_s']:.3g} s and TPOT <= {win['judged_tpot_s']:.3g} s: "

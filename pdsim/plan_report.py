@@ -153,7 +153,7 @@ def _verdict(result: dict) -> str:
                      f"{esc(bands_text(w['expected_error']))}.")
         if w.get("long_run_attainment_at_p90_error") is not None:
             s.append(f"Its long run judged at the bounds divided by pdsim's p90 measured/simulated latency over "
-                     f"held-out runs: attainment {pct(w['long_run_attainment_at_p90_error'])} (target "
+                     f"its validation runs: attainment {pct(w['long_run_attainment_at_p90_error'])} (target "
                      f"{pct(result['slo']['attainment_target'])}; goodput.error_margin: p90 sizes for that).")
         if w.get("error_margin"):
             m = w["error_margin"]

@@ -651,7 +651,7 @@ def _engine_items(t: dict) -> list:
         out.append(("SLO at p90 error", f"{'met' if e.get('met') else 'missed'}: attainment {pct(e.get('attainment'))} "
                     f"judged at TTFT ≤ {seconds(e.get('ttft_s'))}, TPOT ≤ {seconds(e.get('tpot_s'))} (the bounds / "
                     f"{num(m['ttft_factor'])} and / {num(m['tpot_factor'])}: real latencies exceeded pdsim's by up to "
-                    "that on 90% of the held-out runs of this engine and GPU)"))
+                    f"that on 90% of the {'in-sample MoE' if m.get('in_sample') else 'held-out'} runs of this engine and GPU)"))
     return out
 
 

@@ -210,7 +210,7 @@ def print_goodput(result: dict, out=None) -> None:
         e = (result.get("goodput_at_p90_error") or {}).get(label)
         if e is not None:
             print(f"{label}: at pdsim's p90 error {_estimate(e)} {x} (latencies judged at the bounds / the p90 of "
-                  "measured/simulated over held-out runs; summary slo_at_error)", file=out)
+                  "measured/simulated over its validation runs; summary slo_at_error)", file=out)
 
 
 def build_sweep_report(result: dict, out: Path) -> Path:

@@ -834,6 +834,8 @@ def margin_factors(bands: dict, ttft_pool: str, tpot_pool: str, mode: str = "p90
         where.append(f"{metric.upper()} {band['engine']}|{band['device']}" + (" (MoE, in sample)" if band.get("moe")
                                                                                 else ""))
     out["source"] = f"{mode} of measured/simulated over the validation runs: " + ", ".join(where)
+    # dense bands are held out; an MoE band is in sample (error_band)
+    out["in_sample"] = any(bool(bands[p].get("in_sample")) for p in (ttft_pool, tpot_pool))
     return out
 
 

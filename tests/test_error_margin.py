@@ -168,7 +168,7 @@ def test_the_plan_report_verdict_states_the_judged_bounds():
     assert "judged at TTFT ≤ 250\xa0ms and TPOT ≤ 40\xa0ms" in text and "divided by 2 and 1.25" in text
     assert "judged at" not in _verdict({**result, "rows": [{**row, "error_margin": None}]})
     text = _verdict({**result, "rows": [{**row, "error_margin": None, "long_run_attainment_at_p90_error": 0.7}]})
-    assert "p90 measured/simulated latency over held-out runs: attainment 70.0% (target 90.0%" in text
+    assert "p90 measured/simulated latency over its validation runs: attainment 70.0% (target 90.0%" in text
 
 
 # --- a run's verdict at the p90 error (summary.json's slo_at_error) ------------------------------------------
@@ -380,7 +380,7 @@ def test_the_winner_long_run_is_also_judged_at_the_p90_error(capsys):
     out = io.StringIO()
     print_table(result, out=out)
     assert f"{row['config']} at pdsim's p90 error (its long run judged at the bounds / the p90 of measured/simulated " \
-           "latency over held-out runs): attainment 70.0%" in out.getvalue()
+           "latency over its validation runs): attainment 70.0%" in out.getvalue()
     # with a margin set, the long runs are judged at the margin already: no second judgement
     plan = parse_plan(_raw({"ttft": 0.5}) | {"goodput": raw["goodput"] | {"error_margin": {"ttft": 0.5}}})
     (cfg,) = plan.configs
@@ -389,3 +389,20 @@ def test_the_winner_long_run_is_also_judged_at_the_p90_error(capsys):
     asked.clear()
     run_plan(plan, executor=Script(answer))
     assert all(a is None for a in asked)
+
+
+def test_an_in_sample_moe_band_is_said_to_be_in_sample():
+    import io
+    from pdsim.__main__ import print_error_bands
+    from pdsim.validate import margin_factors
+    moe = {**BAND, "moe": True, "in_sample": True}
+    assert margin_factors({"r": BAND}, "r", "r")["in_sample"] is False
+    m = margin_factors({"p": BAND, "d": moe}, "p", "d")
+    assert m["in_sample"] is True and "TPOT vllm-v1|h100-sxm (MoE, in sample)" in m["source"]
+    e = {"margin": m, "met": True, "attainment": 1.0, "ttft_s": 0.1, "tpot_s": 0.01}
+    out = io.StringIO()
+    print_error_bands({"t": {"slo_at_error": e}, "u": {"slo_at_error": {**e, "margin": {**m, "in_sample": False}}}},
+                      out=out)
+    lines = out.getvalue().splitlines()
+    assert "on 90% of its in-sample MoE runs): t met (100.0%)" in lines[0]
+    assert "on 90% of held-out runs): u met (100.0%)" in lines[1]
