@@ -1128,7 +1128,9 @@ class _Runner:
                 # run to the end (no early stop): a demotion reports a real estimate and its interval
                 tasks = [self._task(*cfg_rates[j], seed, scale=factor[j]) for j in todo]
                 for t, j in zip(tasks, todo):
-                    if cfg_rates[j][0].p90_factors and cfg_rates[j][0].margin is None:
+                    # (attainment mode: the share at the error is what that mode judges)
+                    if cfg_rates[j][0].p90_factors and cfg_rates[j][0].margin is None \
+                            and self.plan.spec.slo.mode == "attainment":
                         t["error_factors"] = list(cfg_rates[j][0].p90_factors)
                 again = []
                 for j, r in zip(todo, self._results(tasks)):

@@ -389,6 +389,13 @@ def test_the_winner_long_run_is_also_judged_at_the_p90_error(capsys):
     asked.clear()
     run_plan(plan, executor=Script(answer))
     assert all(a is None for a in asked)
+    # percentile mode judges percentiles, not a share: no second judgement either
+    raw["slo"]["mode"] = "percentile"
+    plan = parse_plan(raw)
+    plan.configs = [Config(cfg.name, cfg.topology, 1, 1.0, bound_rate=4.0, slo=plan.spec.slo, p90_factors=(1.5, 1.2))]
+    asked.clear()
+    run_plan(plan, executor=Script(answer))
+    assert asked and all(a is None for a in asked)
 
 
 def test_an_in_sample_moe_band_is_said_to_be_in_sample():
