@@ -440,7 +440,8 @@ def cmd_validate(args) -> int:
           f"{c['skipped_by_reason']}")
     for g in res["groups"]:
         print(f"  {g['model']:14s} {g['device']:9s} {g['engine']:8s} {g['mode']:4s} n={g['rows']:<4d} "
-              f"TTFT MAPE {_fmt(g['ttft_mape'])}%  TPOT MAPE {_fmt(g['tpot_mape'])}%")
+              f"TTFT MAPE {_fmt(g['ttft_mape'])}%  TPOT MAPE {_fmt(g['tpot_mape'])}%  measured/simulated p90 "
+              f"TTFT {_fmt(g.get('ttft_measured_over_sim_p90'))}x  TPOT {_fmt(g.get('tpot_measured_over_sim_p90'))}x")
     from .validate import kv_bound
     kvb = [r["id"] for r in res["rows"] if kv_bound(r)]
     if kvb:

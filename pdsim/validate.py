@@ -626,6 +626,9 @@ def validate(rows: list[tuple[dict, str | None]], engine_presets: bool = True, r
                                              / x[f"{m}_ms" if m != "throughput" else "throughput_tok_s"] - 1) * 100
                                             for x in rs if x[f"{m}_ape"] is not None])) if v else None)
         g["rows"] = len(rs)
+        # how much slower the real runs were than pdsim (median and p90 of measured / simulated mean TTFT, TPOT):
+        # what `pdsim plan`'s goodput.error_margin and a run's slo_at_error divide the SLO bounds by
+        g.update({k: v for k, v in error_stats(rs).items() if "measured_over_sim" in k})
         # rows that need more GEMM work per second than their GPUs have (over_gemm_rate): counted, and the
         # group's MAPE without them beside the MAPE over all rows (which stays the headline)
         over = [x for x in rs if over_gemm_rate(x)]

@@ -132,6 +132,13 @@ def test_cli_writes_table_and_exit_codes(tmp_path, capsys):
     summary = json.loads((out / "validate.json").read_text())
     assert summary["counts"]["skipped_by_reason"] == {"moe_model": 1}
     assert "TTFT MAPE" in (out / "validate.html").read_text()
+    # the group's measured / simulated ratios (one row: its own, to 2 decimals), printed: a margin to plan with
+    (g,) = summary["groups"]
+    for m in ("ttft", "tpot"):
+        ratio = round(float(rows[0][f"{m}_ms"]) / float(rows[0][f"sim_{m}_ms"]), 2)
+        assert g[f"{m}_measured_over_sim_p90"] == g[f"{m}_measured_over_sim_median"] == ratio
+    printed = capsys.readouterr().out
+    assert f"measured/simulated p90 TTFT {g['ttft_measured_over_sim_p90']:.3g}x  TPOT " in printed
     # nothing usable: exit 1; an unknown format: one-line error, exit 2
     bad = _silicon(tmp_path / "bad.csv", [{"id": "moe", "model_path": "moonshotai/Kimi-K2-Instruct"}])
     assert main(["validate", str(bad), "--out", str(tmp_path / "o2"), "--quiet"]) == 1
