@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from . import __version__
 from .config import PosFloat, SLOSpec, _Strict, parse, read_yaml, validation_error
@@ -139,6 +139,30 @@ class GoodputSpec(_Strict):
     # (the band's measured/simulated ratio: TTFT from the entry pool, TPOT from the last), a fixed
     # {ttft: 0.3, tpot: 0.1}, or none (judge simulated latencies as they are)
     error_margin: Literal["none", "median", "p90"] | MarginSpec = "none"
+
+    @field_validator("error_margin", mode="before")
+    @classmethod
+    def _margin(cls, v):
+        """One line for every bad form (pydantic's union would name its own branches, or hide a mapping's error)."""
+        hint = "none, median, p90, or a mapping {ttft: M, tpot: M} of fractions >= 0 (0.3: judged 30% longer)"
+        if isinstance(v, MarginSpec):
+            return v
+        if isinstance(v, str):
+            if v not in ("none", "median", "p90"):
+                raise ValueError(f"{v!r} is not one of {hint}")
+            return v
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError(f"an empty mapping: give {hint}")
+            try:
+                return MarginSpec.model_validate(v)
+            except ValidationError as exc:
+                e = exc.errors()[0]
+                where = ".".join(str(p) for p in e["loc"])
+                if e["type"] == "extra_forbidden":
+                    raise ValueError(f"unknown key {where!r} (ttft, tpot)") from None
+                raise ValueError(f"{where} = {e.get('input')!r}: {e['msg']}") from None
+        raise ValueError(f"{v!r} is not one of {hint}")
 
     @model_validator(mode="after")
     def _factors(self):
@@ -1470,7 +1494,9 @@ def winner_scenario(plan: Plan, result: dict) -> dict | None:
 
 TABLE_COLS = ["rank", "config", "gpus", "usd_per_hour", "goodput", "margin", "goodput_per_gpu",
               "goodput_per_usd_hour", "attainment_at_target", "at_target_early_stop", "long_run_attainment", "long_run_ci",
-              "ttft_p_at_target_s", "tpot_p_at_target_s", "bound_rate", "pareto", "status", "note", "expected_error"]
+              "ttft_p_at_target_s", "tpot_p_at_target_s", "bound_rate", "pareto", "status", "note", "expected_error",
+              # the bounds each config was judged at (the SLO's own, or tightened by goodput.error_margin)
+              "judged_ttft_s", "judged_tpot_s", "long_run_attainment_at_p90_error"]
 PLAN_OUTPUTS = ("winner.yaml", "plan.html", "plan.csv", "plan.json")
 
 
@@ -1568,6 +1594,9 @@ def print_table(result: dict, out=None, limit: int = 25) -> None:
     if result["winner"]:
         print(f"\nrecommended: {result['winner']}", file=out)
     else:
+        margin = result.get("error_margin")
         print("\nno configuration meets the SLO"
               + (f" at {result['target_rate']:g} req/s" if result["target_rate"] else "")
+              + (f" at the bounds goodput.error_margin ({margin if isinstance(margin, str) else 'fixed'}) tightened "
+                 "(plan.csv: judged_ttft_s, judged_tpot_s)" if margin not in (None, "none") else "")
               + " within the budget; closest above (see status for which SLO each misses)", file=out)

@@ -37,11 +37,13 @@ HEADERS = {"rank": "#", "config": "config", "gpus": "GPUs", "usd_per_hour": "$/h
 
 # shown inside another cell on the page (plan.csv keeps them as columns): the early-stop kind as a
 # >= / <= before the attainment at target, the long run's 95% interval after its attainment
-FOLDED = ("at_target_early_stop", "long_run_ci")
+FOLDED = ("at_target_early_stop", "long_run_ci", "judged_ttft_s", "judged_tpot_s", "long_run_attainment_at_p90_error")
 
 
 def _ranked_table(result: dict, cols: list[str]) -> str:
     cols = ["status"] + [c for c in cols if c not in ("status",) + FOLDED]   # status first: what to act on
+    # with goodput.error_margin each config's own bounds go under its name (every config's differ)
+    tight = result.get("error_margin") not in (None, "none")
     slo = result["slo"]
     heads = [HEADERS.get(c, c.replace("_", " ")).replace("TTFT pXX", f"TTFT p{num(slo.get('ttft_percentile', 90))}")
              .replace("TPOT pXX", f"TPOT p{num(slo.get('tpot_percentile', 90))}") for c in cols]
@@ -54,6 +56,9 @@ def _ranked_table(result: dict, cols: list[str]) -> str:
                 ok = r.get("meets")
                 cells.append((str(v or "–") + (" ★ winner" if r["config"] == result["winner"] else ""), str(v or ""),
                               f' class="{"pass" if ok else "fail"}"'))
+            elif c == "config" and tight and r.get("judged_ttft_s") is not None:
+                cells.append((f"{v} (judged at TTFT ≤ {seconds(r['judged_ttft_s'])}, TPOT ≤ "
+                              f"{seconds(r.get('judged_tpot_s'))})", str(v), ' class="text"'))
             elif c in ("config", "note"):
                 cells.append((str(v or ""), str(v or ""), ' class="text"'))
             elif c == "attainment_at_target" and r.get("at_target_early_stop") in ("pass", "fail"):
@@ -64,7 +69,9 @@ def _ranked_table(result: dict, cols: list[str]) -> str:
                     len(r["long_run_ci"]) == 2:
                 text, value = _cell(c, v)
                 lo, hi = r["long_run_ci"]
-                cells.append((f"{text} [{pct(lo)}, {pct(hi)}]", value))
+                e = r.get("long_run_attainment_at_p90_error")
+                cells.append((f"{text} [{pct(lo)}, {pct(hi)}]" + (f"; at p90 error {pct(e)}" if e is not None else ""),
+                              value))
             else:
                 cells.append(_cell(c, v))
         rows.append(cells)
@@ -139,8 +146,13 @@ def _verdict(result: dict) -> str:
     rows = result["rows"]
     bounds = _slo_text(slo)
     meets = [r for r in rows if r.get("meets")]
+    margin = result.get("error_margin")
+    tight = margin not in (None, "none")
     s = [f"{len(meets)} of {len(rows)} configurations meet the SLO ({bounds})"
-         + (f" at {num(target)} requests/s" if target else "") + "."]
+         + (f" at {num(target)} requests/s" if target else "")
+         + (f", each judged at these bounds tightened by goodput.error_margin "
+            f"({esc(margin if isinstance(margin, str) else 'fixed')}: the table's judged TTFT/TPOT columns)"
+            if tight else "") + "."]
     if result["winner"]:
         w = next(r for r in rows if r["config"] == result["winner"])
         s.append(f"Recommended ({result['objective']}): {w['config']} with {num(w['gpus'])} GPUs at "

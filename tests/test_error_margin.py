@@ -133,6 +133,14 @@ def test_print_table_states_the_winner_judged_bounds():
     out = io.StringIO()
     print_table({"rows": [{**row, "error_margin": None}], "winner": "c", "target_rate": None}, out=out)
     assert "judged at" not in out.getvalue()
+    # no winner: the closing line says the bounds were tightened
+    for margin, says in (("p90", " at the bounds goodput.error_margin (p90) tightened (plan.csv: judged_ttft_s, "
+                                 "judged_tpot_s)"), ({"ttft": 0.3, "tpot": 0.0}, " at the bounds goodput.error_margin "
+                                                                                "(fixed) tightened (plan.csv: judged_ttft_s, "
+                                                                                "judged_tpot_s)"), ("none", "")):
+        out = io.StringIO()
+        print_table({"rows": [row], "winner": None, "target_rate": 2.0, "error_margin": margin}, out=out)
+        assert f"no configuration meets the SLO at 2 req/s{says} within the budget" in out.getvalue()
 
 
 def test_a_failed_long_run_is_told_against_the_judged_bounds():
@@ -413,3 +421,35 @@ def test_an_in_sample_moe_band_is_said_to_be_in_sample():
     lines = out.getvalue().splitlines()
     assert "on 90% of its in-sample MoE runs): t met (100.0%)" in lines[0]
     assert "on 90% of held-out runs): u met (100.0%)" in lines[1]
+
+
+def test_error_stats_ratios_round_up_and_say_how_often_both_held():
+    # two runs: TTFT measured/simulated 1.1 and 0.8, TPOT 1.05 and 0.95.  p90 by linear interpolation:
+    # 0.8 + 0.9 x 0.3 = 1.07 and 0.95 + 0.9 x 0.1 = 1.04; both within them: run 2 only (run 1's 1.1 > 1.07)
+    from pdsim.validate import _ceil2, error_stats
+    rows = [{"ttft_ape": 10.0, "tpot_ape": 5.0, "sim_ttft_ms": 100.0, "ttft_ms": 110.0, "sim_tpot_ms": 10.0, "tpot_ms": 10.5},
+            {"ttft_ape": 20.0, "tpot_ape": 5.0, "sim_ttft_ms": 100.0, "ttft_ms": 80.0, "sim_tpot_ms": 10.0, "tpot_ms": 9.5}]
+    s = error_stats(rows)
+    assert (s["ttft_measured_over_sim_p90"], s["tpot_measured_over_sim_p90"]) == (1.07, 1.04)
+    assert (s["ttft_measured_over_sim_median"], s["tpot_measured_over_sim_median"]) == (0.95, 1.0)
+    assert s["both_within_p90_share"] == 0.5
+    # a stored factor is rounded up: 1.1927 is stored as 1.2 (rounded to nearest it would be 1.19 and cover less)
+    assert (_ceil2(1.1927), _ceil2(1.19), _ceil2(1.0), _ceil2(2.675)) == (1.2, 1.19, 1.0, 2.68)
+
+
+@pytest.mark.parametrize("value, says", [
+    ("bogus", "'bogus' is not one of none, median, p90, or a mapping {ttft: M, tpot: M}"),
+    (0.3, "0.3 is not one of none, median, p90"),
+    (None, "None is not one of"),
+    ({}, "an empty mapping"),
+    ({"ttft": -1}, "ttft = -1: Input should be greater than or equal to 0"),
+    ({"ttft": 11}, "ttft = 11: Input should be less than or equal to 10"),
+    ({"ttft": float("nan")}, "ttft = nan: Input should be a finite number"),
+    ({"ttfft": 0.3}, "unknown key 'ttfft' (ttft, tpot)"),
+    ({"ttft_s": 0.3}, "unknown key 'ttft_s' (ttft, tpot)"),
+])
+def test_a_bad_error_margin_is_one_line_naming_its_key(value, says):
+    with pytest.raises(ConfigError) as e:
+        parse_plan(_raw(value))
+    assert e.value.key == "goodput.error_margin" and says in str(e.value)
+    assert "literal" not in str(e.value) and "MarginSpec" not in str(e.value)

@@ -92,3 +92,24 @@ def test_early_stop_bound_and_long_run_interval_shown_in_their_cells(result, tmp
     row = re.search(r'<tr data-config="colo-1".*?</tr>', html, re.S).group(0)
     assert '<td data-value="0.8">≤80.0%</td>' in row             # stopped once it could not pass: an upper bound
     assert '<td data-value="0.95">95.0% [94.0%, 96.0%]</td>' in row
+
+
+def test_a_margin_plan_page_says_what_each_config_was_judged_at(result, tmp_path):
+    # goodput.error_margin: the verdict says the bounds were tightened, one column gives each config's bounds, the
+    # long run's cell its share at the p90 error; the page still fits 1024 px
+    result["error_margin"] = "p90"
+    for r in result["rows"]:
+        r.update(judged_ttft_s=0.379, judged_tpot_s=0.0312)
+    w = next(r for r in result["rows"] if r["config"] == "colo-2")
+    w.update(long_run_attainment=0.95, long_run_ci=[0.94, 0.96], long_run_attainment_at_p90_error=0.7)
+    path = build_plan_report(result, tmp_path)
+    html = path.read_text()
+    assert "each judged at these bounds tightened by goodput.error_margin (p90" in html
+    row = re.search(r'<tr data-config="colo-2".*?</tr>', html, re.S).group(0)
+    assert "colo-2 (judged at TTFT ≤ 379\u00a0ms, TPOT ≤ 31.2\u00a0ms)" in row
+    assert "95.0% [94.0%, 96.0%]; at p90 error 70.0%" in row
+    from test_report import _overflows
+    assert _overflows(path, tmp_path, 1024) == []
+    # without a margin: no judged column
+    result["error_margin"] = "none"
+    assert "(judged at TTFT" not in build_plan_report(result, tmp_path).read_text()
