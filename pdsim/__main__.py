@@ -138,7 +138,11 @@ def print_error_bands(summary: dict, out=None) -> None:
         if m is None:
             continue
         key = (m["ttft_factor"], m["tpot_factor"], e["ttft_s"], e["tpot_s"], bool(m.get("in_sample")))
-        att = "-" if e["attainment"] is None else f"{e['attainment']:.1%}"
+        if e.get("mode") == "percentile":      # that mode judges the percentiles, not a share
+            att = (f"TTFT p{e['ttft_percentile']:g} {_fmt(e['ttft_p_s'], 1e3)} ms, TPOT p{e['tpot_percentile']:g} "
+                   f"{_fmt(e['tpot_p_s'], 1e3)} ms")
+        else:
+            att = "-" if e["attainment"] is None else f"{e['attainment']:.1%}"
         at_error.setdefault(key, []).append(f"{name} {'met' if e['met'] else 'MISSED'} ({att})")
     for (ft, fp, ttft_s, tpot_s, in_sample), verdicts in at_error.items():
         print(f"SLO at p90 error (TTFT <= {_fmt(ttft_s * 1e3)} ms, TPOT <= {_fmt(tpot_s * 1e3)} ms: the bounds / "

@@ -531,6 +531,9 @@ def expected_error(topo) -> dict:
             # the bands were measured with the roofline cost model (device profile x model); a constant or
             # linear step time is a what-if nobody measured
             out[p.name] = f"unvalidated: a {p.spec.cost_model.kind} cost model (a what-if, not the roofline)"
+        elif p.spec.pp > 1:
+            # the validation rows with pipeline parallelism are skipped (validate.read_measured): none measured
+            out[p.name] = "unvalidated: pipeline parallel (no measured run used PP)"
         else:
             out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp, moe=p.model.is_moe)
     return out
@@ -550,8 +553,12 @@ def slo_at_error(d: pd.DataFrame, slo, bands: dict, ttft_pool: str, tpot_pool: s
         return {"margin": None, "why": why or "no measured band"}
     tight = slo.tightened(m["ttft_factor"], m["tpot_factor"])
     v = slo_verdict(d, tight)
+    b = v["bounds"]
     return {"margin": m, "met": v["met"], "attainment": v["attainment"], "ttft_s": tight.ttft_s,
-            "tpot_s": tight.tpot_s}
+            "tpot_s": tight.tpot_s, "mode": v["mode"],
+            # percentile mode judges these (None: no sample, or unserved requests put it at infinity)
+            "ttft_p_s": b["ttft"]["measured_s"], "tpot_p_s": b["tpot"]["measured_s"],
+            "ttft_percentile": b["ttft"]["percentile"], "tpot_percentile": b["tpot"]["percentile"]}
 
 
 def _rate(num: float, den: float):

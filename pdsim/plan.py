@@ -222,6 +222,7 @@ class Config:
     # pdsim's p90 measured/simulated factors for its pools (validate.margin_factors; None: no measured band):
     # its long runs are also judged at the bounds divided by them (the winner's attainment at the p90 error)
     p90_factors: tuple[float, float] | None = None
+    margin_error: str = ""        # why goodput.error_margin cannot judge it (no measured band): excluded
 
 
 def error_margin(mode, bands: dict, ttft_pool: str, tpot_pool: str) -> dict | None:
@@ -343,9 +344,18 @@ def _enumerate(plan: Plan) -> None:
             plan.excluded.append({"config": name, "reason": f"${cfg.usd_per_hour:.2f}/h > budget.max_usd_per_hour "
                                                             f"{b.max_usd_per_hour}"})
             continue
+        if cfg.margin_error:
+            plan.excluded.append({"config": name, "reason": cfg.margin_error})
+            continue
         plan.configs.append(cfg)
     if not plan.configs:
         cheapest = min((e for e in plan.excluded), key=lambda e: e["reason"], default=None)
+        if plan.excluded and any("goodput.error_margin" in e["reason"] for e in plan.excluded):
+            raise ConfigError("no configuration of the search space both fits the budget and the model and has a "
+                              "measured error band to judge it by (e.g. "
+                              + next(f"{e['config']}: {e['reason']}" for e in plan.excluded
+                                     if "goodput.error_margin" in e["reason"]) + ")",
+                              file=plan.file, key="goodput.error_margin")
         raise ConfigError("no configuration of the search space fits the budget and the model"
                           + (f" (e.g. {cheapest['config']}: {cheapest['reason']})" if cheapest else ""),
                           file=plan.file, key="budget")
@@ -460,8 +470,11 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     usd = sum(p.gpus * p.price_per_gpu_hour_usd for p in topo.pools)
     from .metrics import expected_error
     cfg = Config(name, t, gpus, usd, expected_error=expected_error(topo))
-    cfg.margin = error_margin(plan.spec.goodput.error_margin, cfg.expected_error, topo.pools[0].name,
-                              topo.pools[-1].name)
+    try:
+        cfg.margin = error_margin(plan.spec.goodput.error_margin, cfg.expected_error, topo.pools[0].name,
+                                  topo.pools[-1].name)
+    except ConfigError as exc:      # no measured band: excluded once the budget has had its say (_enumerate)
+        cfg.margin_error = str(exc)
     cfg.slo = judged_slo(sc.slo, cfg.margin)
     from .validate import margin_factors
     try:
@@ -530,13 +543,30 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
         lone_ttft = np.array([first.prefill_time(int(pt)) for pt in prompt[:400]])
     lone_ttft = lone_ttft + topo.frontend_s      # the entry engine's front end (engines.frontend_latency_s), if any
     lone_tpot = np.array([last.decode_time(1, int(pt)) for pt in prompt[:400]]) / tokens_per_step(topo.pools[-1])
-    ok = (lone_ttft <= slo.ttft_s) & ((out[:400] <= 1) | (lone_tpot <= slo.tpot_s))
+    multi = out[:400] > 1                        # requests with a TPOT (more than one output token)
+    ttft_in = lone_ttft <= slo.ttft_s
+    tpot_in = lone_tpot <= slo.tpot_s
+    if slo.mode == "percentile":
+        # each percentile on its own sample (metrics.slo_samples): p% of the requests within the bound at the
+        # least, while no request beats its lone latency
+        share_t = float(ttft_in.mean())
+        share_p = float(tpot_in[multi].mean()) if multi.any() else 1.0
+        which = []
+        if share_t < slo.ttft_percentile / 100:
+            which.append(f"TTFT: a lone prefill exceeds {slo.ttft_s:.4g} s for {1 - share_t:.0%} (p"
+                         f"{slo.ttft_percentile:g} needs {slo.ttft_percentile:g}% within)")
+        if share_p < slo.tpot_percentile / 100:
+            which.append(f"TPOT: a lone decode step exceeds {slo.tpot_s:.4g} s for {1 - share_p:.0%} (p"
+                         f"{slo.tpot_percentile:g} needs {slo.tpot_percentile:g}% within)")
+        cfg.infeasible = "; ".join(which)
+        return cfg
+    ok = ttft_in & (~multi | tpot_in)
     if ok.mean() < need:
         which = []
-        if (lone_ttft <= slo.ttft_s).mean() < need:
-            which.append(f"TTFT: a lone prefill exceeds {slo.ttft_s} s for {(lone_ttft > slo.ttft_s).mean():.0%}")
-        if (lone_tpot <= slo.tpot_s).mean() < need:
-            which.append(f"TPOT: a lone decode step exceeds {slo.tpot_s} s for {(lone_tpot > slo.tpot_s).mean():.0%}")
+        if ttft_in.mean() < need:
+            which.append(f"TTFT: a lone prefill exceeds {slo.ttft_s:.4g} s for {(~ttft_in).mean():.0%}")
+        if tpot_in.mean() < need:
+            which.append(f"TPOT: a lone decode step exceeds {slo.tpot_s:.4g} s for {(~tpot_in).mean():.0%}")
         cfg.infeasible = "; ".join(which) or f"only {ok.mean():.0%} of requests can meet the SLO even alone"
     return cfg
 
@@ -1099,7 +1129,9 @@ class _Runner:
     def _task(self, cfg: Config, rate: float, seed: int, scale: float = 1.0, early: str | None = None) -> dict:
         sc = _scenario_dict(self.plan, {cfg.name: cfg.topology}, rate, seed, scale)
         if cfg.slo is not None:
-            sc["slo"] = cfg.slo.model_dump()          # judged at the config's bounds (goodput.error_margin)
+            # judged at the config's bounds (goodput.error_margin).  (The scenario's SLO also sizes an `slo`
+            # autoscaler: were plans to search autoscaled topologies, judge with cfg.slo apart from it.)
+            sc["slo"] = cfg.slo.model_dump()
         return {"scenario": sc,
                 "file": self.plan.file, "base_dir": str(Path(self.plan.base_dir).resolve()),
                 "warmup_fraction": self.plan.spec.goodput.warmup_fraction, "early": early}
@@ -1386,17 +1418,17 @@ def _misses(r: dict, slo) -> str:
                                     ("TPOT", r["tpot_p"], slo.tpot_s, slo.tpot_percentile)):
             if v is not None and v > bound:
                 parts.append(f"{what} p{pct:g} " + ("inf (requests never served)" if math.isinf(v) else f"{v:.3g} s")
-                             + f" > {bound:.3g} s")
+                             + f" > {bound:.4g} s")
         return "; ".join(parts) or "the percentile verdict failed (no percentile above its bound on the pooled " \
                                    "figures: a seed's own)"
     # a run stopped once it could no longer pass: shares within a bound are upper bounds, percentiles lower
     # bounds over the requests that had arrived (evaluate)
     at_most, so_far = ("at most ", ">= ") if r.get("p_so_far") else ("", "")
     if r["ttft_ok"] / n < slo.attainment_target:
-        parts.append(f"TTFT: {at_most}{r['ttft_ok'] / n:.0%} within {slo.ttft_s:.3g} s"
+        parts.append(f"TTFT: {at_most}{r['ttft_ok'] / n:.0%} within {slo.ttft_s:.4g} s"
                      + (f" (p{slo.ttft_percentile:g} {so_far}{r['ttft_p']:.3g} s)" if r["ttft_p"] is not None else ""))
     if r["tpot_ok"] / n < slo.attainment_target:
-        parts.append(f"TPOT: {at_most}{r['tpot_ok'] / n:.0%} within {slo.tpot_s:.3g} s"
+        parts.append(f"TPOT: {at_most}{r['tpot_ok'] / n:.0%} within {slo.tpot_s:.4g} s"
                      + (f" (p{slo.tpot_percentile:g} {so_far}{r['tpot_p']:.3g} s)" if r["tpot_p"] is not None else ""))
     if parts:
         return "; ".join(parts)
@@ -1481,7 +1513,10 @@ def winner_scenario(plan: Plan, result: dict) -> dict | None:
     rate = plan.spec.target.rate or row["goodput"]
     sc = _scenario_dict(plan, {row["config"]: row["topology"]}, rate, plan.spec.seed)
     sc["description"] = (f"Winner of plan '{plan.spec.name}' ({plan.spec.objective}): {row['gpus']} GPUs, "
-                         f"${row['usd_per_hour']:.2f}/h, goodput {row['goodput']:.3g} req/s; written by pdsim plan")
+                         f"${row['usd_per_hour']:.2f}/h, goodput {row['goodput']:.3g} req/s"
+                         + (f" at the bounds goodput.error_margin tightened (TTFT <= {row['judged_ttft_s']:.4g} s, "
+                            f"TPOT <= {row['judged_tpot_s']:.4g} s; the SLO below is the plan's own)"
+                            if row.get("error_margin") else "") + "; written by pdsim plan")
     w = sc["workload"]
     if "trace" in w and "path" in w["trace"]:
         w["trace"]["path"] = str((plan.base_dir / w["trace"]["path"]).resolve())

@@ -648,7 +648,9 @@ def _engine_items(t: dict) -> list:
     e = t.get("slo_at_error") or {}
     if e.get("margin"):
         m = e["margin"]
-        out.append(("SLO at p90 error", f"{'met' if e.get('met') else 'missed'}: attainment {pct(e.get('attainment'))} "
+        how = (f"TTFT p{num(e.get('ttft_percentile'))} {seconds(e.get('ttft_p_s'))}, TPOT p{num(e.get('tpot_percentile'))} "
+               f"{seconds(e.get('tpot_p_s'))}" if e.get("mode") == "percentile" else f"attainment {pct(e.get('attainment'))}")
+        out.append(("SLO at p90 error", f"{'met' if e.get('met') else 'missed'}: {how} "
                     f"judged at TTFT ≤ {seconds(e.get('ttft_s'))}, TPOT ≤ {seconds(e.get('tpot_s'))} (the bounds / "
                     f"{num(m['ttft_factor'])} and / {num(m['tpot_factor'])}: real latencies exceeded pdsim's by up to "
                     f"that on 90% of the {'in-sample MoE' if m.get('in_sample') else 'held-out'} runs of this engine and GPU)"))

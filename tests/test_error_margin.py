@@ -89,7 +89,16 @@ def test_a_named_margin_excludes_a_config_nobody_measured():
     # a constant cost model is a what-if with no measured band: the only config goes, the plan says why
     with pytest.raises(ConfigError) as e:
         parse_plan(_raw("p90"))
-    assert "goodput.error_margin" in str(e.value) and "constant cost model" in str(e.value)
+    assert e.value.key == "goodput.error_margin" and "constant cost model" in str(e.value)
+    assert "no configuration of the search space both fits the budget and the model and has a measured error band" \
+        in str(e.value)
+    # over budget as well: the budget says so first (the margin is asked only of configs the budget keeps)
+    raw = _raw("p90")
+    raw["search"]["colocated"]["replicas"] = [2]
+    raw["budget"] = {"max_gpus": 1}
+    with pytest.raises(ConfigError) as e:
+        parse_plan(raw)
+    assert e.value.key == "budget" and "2 GPUs > budget.max_gpus 1" in str(e.value)
 
 
 @pytest.mark.parametrize("target", [None, 2.0])      # goodput mode; target mode (its own miss note)
@@ -201,6 +210,22 @@ def test_slo_at_error_judges_at_the_p90_bounds_by_hand():
     assert (e["attainment"], e["met"]) == (0.4, False)                 # 2 of 5 at the error
     assert (e["ttft_s"], e["tpot_s"]) == (pytest.approx(0.5 / 1.8), pytest.approx(0.04))
     assert (e["margin"]["ttft_factor"], e["margin"]["tpot_factor"]) == (1.8, 1.25)
+    # a target of 40% is met at the error (2 of 5)
+    e = metrics.slo_at_error(df, slo.model_copy(update={"attainment_target": 0.4}), {"replica": BAND}, "replica", "replica")
+    assert (e["attainment"], e["met"]) == (0.4, True)
+    # percentile mode judges percentiles at the tightened bounds: TTFT of the 5 (the rejected one +inf), p60 by
+    # nearest rank is the 3rd of .10 .20 .27 .30 inf = 0.27 <= 0.2778; TPOT p50 of the five (the rejected one +inf
+    # too: .030 .030 .040 .045 inf): the 3rd, 0.040 <= 0.04: met; p80 of TTFT is the 4th, 0.30 > 0.2778: missed
+    pslo = slo.model_copy(update={"mode": "percentile", "ttft_percentile": 60, "tpot_percentile": 50})
+    e = metrics.slo_at_error(df, pslo, {"replica": BAND}, "replica", "replica")
+    assert (e["mode"], e["ttft_p_s"], e["tpot_p_s"], e["met"]) == ("percentile", 0.27, 0.04, True)
+    e = metrics.slo_at_error(df, pslo.model_copy(update={"ttft_percentile": 80}), {"replica": BAND}, "replica", "replica")
+    assert (e["ttft_p_s"], e["met"]) == (0.30, False)
+    import io
+    from pdsim.__main__ import print_error_bands
+    out = io.StringIO()
+    print_error_bands({"t": {"slo_at_error": e}}, out=out)
+    assert out.getvalue().rstrip().endswith("t MISSED (TTFT p80 300 ms, TPOT p50 40 ms)")
     # a pool nobody measured: no verdict, and why
     e = metrics.slo_at_error(df, slo, {"prefill": BAND, "decode": "unvalidated"}, "prefill", "decode")
     assert e == {"margin": None, "why": "decode: unvalidated"}
@@ -227,6 +252,7 @@ def test_a_run_reports_its_verdict_at_the_stored_p90_error(tmp_path):
     ok = fin & (df.ttft_s <= 0.08 / f_ttft) & (df.tpot_s.isna() | (df.tpot_s <= 0.012 / f_tpot))
     assert e["attainment"] == pytest.approx(float(ok.mean()))
     assert e["attainment"] < s["slo_attainment"]       # (tighter bounds, chosen so that some requests fall between)
+    assert e["met"] == (e["attainment"] >= 0.5)
     # the CLI says it under the bands
     import io
     from pdsim.__main__ import print_error_bands
@@ -288,13 +314,13 @@ def test_a_plan_takes_ttft_error_from_the_prefill_gpu_and_tpot_error_from_the_de
     assert (cfg.margin, cfg.p90_factors, cfg.slo.ttft_s) == (None, want, 0.5)
 
 
-def test_miss_notes_give_judged_bounds_to_three_digits():
+def test_miss_notes_give_judged_bounds_to_four_digits():
     from pdsim.plan import _misses
     r = {"n": 100, "ok": 50, "ttft_ok": 50, "tpot_ok": 50, "ttft_p": 0.3, "tpot_p": 0.2}
     slo = SLOSpec(ttft_s=0.5, tpot_s=0.05, attainment_target=0.9).tightened(3.0, 1.6)    # 0.1666..., 0.03125
-    assert _misses(r, slo) == "TTFT: 50% within 0.167 s (p90 0.3 s); TPOT: 50% within 0.0312 s (p90 0.2 s)"
+    assert _misses(r, slo) == "TTFT: 50% within 0.1667 s (p90 0.3 s); TPOT: 50% within 0.03125 s (p90 0.2 s)"
     slo = slo.model_copy(update={"mode": "percentile"})
-    assert _misses(r, slo) == "TTFT p90 0.3 s > 0.167 s; TPOT p90 0.2 s > 0.0312 s"
+    assert _misses(r, slo) == "TTFT p90 0.3 s > 0.1667 s; TPOT p90 0.2 s > 0.03125 s"
 
 
 def test_the_plan_log_counts_configs_excluded_for_want_of_a_band(tmp_path, capsys):
@@ -453,3 +479,28 @@ def test_a_bad_error_margin_is_one_line_naming_its_key(value, says):
         parse_plan(_raw(value))
     assert e.value.key == "goodput.error_margin" and says in str(e.value)
     assert "literal" not in str(e.value) and "MarginSpec" not in str(e.value)
+
+
+def test_pipeline_parallel_pools_have_no_band():
+    # no validation run used pipeline parallelism (validate.read_measured skips them): a PP pool is unvalidated,
+    # so p90 excludes its config while the same config without PP is judged at its band
+    raw = _raw("p90")
+    raw["search"] = {"devices": ["h100-sxm"], "pool": {"engine": "vllm-v1"}, "colocated": {"replicas": [1], "pp": [1, 2]}}
+    plan = parse_plan(raw)
+    assert [c.name for c in plan.configs] == ["colo-h100-sxm-tp1x1"]
+    (ex,) = plan.excluded
+    assert ex["config"] == "colo-h100-sxm-tp1pp2x1" and "unvalidated: pipeline parallel" in ex["reason"]
+
+
+def test_winner_yaml_keeps_the_plan_slo_and_says_the_goodput_was_found_at_tightened_bounds():
+    from pdsim.plan import winner_scenario
+    plan = parse_plan(_raw({"ttft": 1.0}))
+    (cfg,) = plan.configs
+    row = {"config": cfg.name, "topology": cfg.topology, "gpus": 1, "usd_per_hour": 1.0, "goodput": 2.0,
+           "judged_ttft_s": 0.25, "judged_tpot_s": 0.5, "error_margin": cfg.margin}
+    sc = winner_scenario(plan, {"winner": cfg.name, "rows": [row]})
+    assert (sc["slo"]["ttft_s"], sc["slo"]["tpot_s"]) == (0.5, 0.5)
+    assert "goodput 2 req/s at the bounds goodput.error_margin tightened (TTFT <= 0.25 s, TPOT <= 0.5 s; the SLO " \
+           "below is the plan's own)" in sc["description"]
+    sc = winner_scenario(plan, {"winner": cfg.name, "rows": [{**row, "error_margin": None}]})
+    assert "tightened" not in sc["description"]

@@ -1796,7 +1796,7 @@ def test_lone_prefill_is_the_cost_models_idle_instance_ttft(monkeypatch, model):
     _stream(monkeypatch, [1000] * 401, [11] * 401)
     search = {"devices": ["h100-sxm"], "colocated": {}, "pool": {"kv_blocks": 2000}}
     below = math.nextafter(lone, 0)
-    for ttft, want in [(lone, ""), (below, f"TTFT: a lone prefill exceeds {below} s for 100%")]:
+    for ttft, want in [(lone, ""), (below, f"TTFT: a lone prefill exceeds {below:.4g} s for 100%")]:
         (cfg,) = _bounds(search, slo={"ttft_s": ttft, "tpot_s": 1.0, "attainment_target": 0.9},
                          model=model).values()
         assert cfg.infeasible == want
@@ -1855,3 +1855,23 @@ def test_lone_request_ttft_bound_counts_the_front_end(monkeypatch):
                            "frontend_latency_ms": fe}}
         (cfg,) = _bounds(search, slo={"ttft_s": 0.25, "tpot_s": 1.0, "attainment_target": 0.9}).values()
         assert cfg.infeasible == want, fe
+
+
+def test_percentile_mode_judges_lone_requests_by_each_percentile(monkeypatch):
+    # a linear step of 1/1024 s per token: a lone prefill of 256 tokens takes 0.25 s, of 512 tokens 0.5 s; nine
+    # of each ten prompts are 256 tokens, so 90% of lone TTFTs are within 0.3 s.  TTFT p50 <= 0.3 s is reachable
+    # (the config is feasible) though attainment mode at 95% is not; TTFT p95 needs 95% within: infeasible.
+    # TPOT: a decode step of one token, 1/1024 s, meets any bound here; one-token replies have no TPOT at all
+    _stream(monkeypatch, [256] * 9 + [512], [11] * 9 + [1])
+    search = {"devices": ["h100-sxm"], "colocated": {"replicas": [1]},
+              "pool": {"max_running": 4, "kv_blocks": 100, "cost_model": {"kind": "linear", "per_token_s": 1 / 1024}}}
+    pct = {"ttft_s": 0.3, "tpot_s": 1.0, "mode": "percentile", "tpot_percentile": 99}
+    (cfg,) = _bounds(search, slo={**pct, "ttft_percentile": 50}).values()
+    assert cfg.infeasible == ""
+    (cfg,) = _bounds(search, slo={"ttft_s": 0.3, "tpot_s": 1.0, "attainment_target": 0.95}).values()
+    assert cfg.infeasible == "TTFT: a lone prefill exceeds 0.3 s for 10%"
+    (cfg,) = _bounds(search, slo={**pct, "ttft_percentile": 95}).values()
+    assert cfg.infeasible == "TTFT: a lone prefill exceeds 0.3 s for 10% (p95 needs 95% within)"
+    # TPOT p99 over the nine multi-token requests: their lone steps (1/1024 s) exceed a 0.0009 s bound: all of them
+    (cfg,) = _bounds(search, slo={**pct, "ttft_percentile": 50, "tpot_s": 0.0009}).values()
+    assert cfg.infeasible == "TPOT: a lone decode step exceeds 0.0009 s for 100% (p99 needs 99% within)"
