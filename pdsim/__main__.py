@@ -137,17 +137,19 @@ def print_error_bands(summary: dict, out=None) -> None:
         m = e.get("margin")
         if m is None:
             continue
-        key = (m["ttft_factor"], m["tpot_factor"], e["ttft_s"], e["tpot_s"], bool(m.get("in_sample")))
+        key = (m["ttft_factor"], m["tpot_factor"], e["ttft_s"], e["tpot_s"], bool(m.get("in_sample")),
+               m.get("both_within_share"))
         if e.get("mode") == "percentile":      # that mode judges the percentiles, not a share
             att = (f"TTFT p{e['ttft_percentile']:g} {_fmt(e['ttft_p_s'], 1e3)} ms, TPOT p{e['tpot_percentile']:g} "
                    f"{_fmt(e['tpot_p_s'], 1e3)} ms")
         else:
             att = "-" if e["attainment"] is None else f"{e['attainment']:.1%}"
         at_error.setdefault(key, []).append(f"{name} {'met' if e['met'] else 'MISSED'} ({att})")
-    for (ft, fp, ttft_s, tpot_s, in_sample), verdicts in at_error.items():
+    for (ft, fp, ttft_s, tpot_s, in_sample, both), verdicts in at_error.items():
         print(f"SLO at p90 error (TTFT <= {_fmt(ttft_s * 1e3)} ms, TPOT <= {_fmt(tpot_s * 1e3)} ms: the bounds / "
-              f"{ft:.3g} and / {fp:.3g}, as real latencies exceeded pdsim's by up to that on 90% of "
-              f"{'its in-sample MoE' if in_sample else 'held-out'} runs): "
+              f"{ft:.3g} and / {fp:.3g}, the p90 of measured/simulated TTFT and of TPOT over "
+              f"{'its in-sample MoE' if in_sample else 'held-out'} runs"
+              + (f"; both within them on {both:.0%} of those runs" if both is not None else "") + "): "
               + ", ".join(verdicts), file=out)
 
 

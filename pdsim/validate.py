@@ -855,6 +855,10 @@ def margin_factors(bands: dict, ttft_pool: str, tpot_pool: str, mode: str = "p90
     out["source"] = f"{mode} of measured/simulated over the validation runs: " + ", ".join(where)
     # dense bands are held out; an MoE band is in sample (error_band)
     out["in_sample"] = any(bool(bands[p].get("in_sample")) for p in (ttft_pool, tpot_pool))
+    # each factor is its own metric's quantile: how often both held at once on the same runs (one band only)
+    b_t, b_p = bands[ttft_pool], bands[tpot_pool]
+    same = b_t.get("engine") == b_p.get("engine") and b_t.get("device") == b_p.get("device")
+    out["both_within_share"] = b_t.get("both_within_p90_share") if same and mode == "p90" else None
     return out
 
 

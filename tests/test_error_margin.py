@@ -29,11 +29,17 @@ def test_error_margin_factors_by_hand():
     # median: a ratio below 1 (pdsim slower than the real runs) never loosens a bound
     m = error_margin("median", {"replica": BAND}, "replica", "replica")
     assert (m["ttft_factor"], m["tpot_factor"]) == (1.0, 1.05)
+    # how often both factors held at once is the band's own figure, for p90 and one band only
+    shared = {**BAND, "both_within_p90_share": 0.764}
+    assert error_margin("p90", {"replica": shared}, "replica", "replica")["both_within_share"] == 0.764
+    assert error_margin("median", {"replica": shared}, "replica", "replica")["both_within_share"] is None
     # disaggregated: TTFT from the pool a request enters, TPOT from the one it decodes on
     other = {**BAND, "engine": "trtllm", "ttft_measured_over_sim_p90": 3.0, "tpot_measured_over_sim_p90": 1.1}
     m = error_margin("p90", {"prefill": BAND, "decode": other}, "prefill", "decode")
     assert (m["ttft_factor"], m["tpot_factor"]) == (1.8, 1.1)
     assert "TTFT vllm-v1|h100-sxm" in m["source"] and "TPOT trtllm|h100-sxm" in m["source"]
+    assert error_margin("p90", {"prefill": shared, "decode": {**other, "both_within_p90_share": 0.8}},
+                        "prefill", "decode")["both_within_share"] is None       # two bands: not measured together
 
 
 def test_error_margin_without_a_measured_band_says_which_pool_and_key():
@@ -260,8 +266,10 @@ def test_a_run_reports_its_verdict_at_the_stored_p90_error(tmp_path):
     print_error_bands({"c": s}, out=out)
     line = out.getvalue().splitlines()[-1]
     assert line.startswith("SLO at p90 error (TTFT <= ")
-    assert line.endswith(f"the bounds / {f_ttft:.3g} and / {f_tpot:.3g}, as real latencies exceeded pdsim's by up to "
-                         f"that on 90% of held-out runs): c {'met' if e['met'] else 'MISSED'} ({e['attainment']:.1%})")
+    both = band.get("both_within_p90_share")
+    assert line.endswith(f"the bounds / {f_ttft:.3g} and / {f_tpot:.3g}, the p90 of measured/simulated TTFT and of "
+                         "TPOT over held-out runs" + (f"; both within them on {both:.0%} of those runs" if both else "")
+                         + f"): c {'met' if e['met'] else 'MISSED'} ({e['attainment']:.1%})")
     # two topologies judged at the same bounds share one line; different bounds get their own
     out = io.StringIO()
     print_error_bands({"c": s, "d": {**s, "slo_at_error": {**e, "met": False}},
@@ -445,8 +453,8 @@ def test_an_in_sample_moe_band_is_said_to_be_in_sample():
     print_error_bands({"t": {"slo_at_error": e}, "u": {"slo_at_error": {**e, "margin": {**m, "in_sample": False}}}},
                       out=out)
     lines = out.getvalue().splitlines()
-    assert "on 90% of its in-sample MoE runs): t met (100.0%)" in lines[0]
-    assert "on 90% of held-out runs): u met (100.0%)" in lines[1]
+    assert "TPOT over its in-sample MoE runs): t met (100.0%)" in lines[0]
+    assert "TPOT over held-out runs): u met (100.0%)" in lines[1]
 
 
 def test_error_stats_ratios_round_up_and_say_how_often_both_held():
