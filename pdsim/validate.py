@@ -873,6 +873,10 @@ def error_band(engine: str | None, device: str, tp: int | None = None, moe: bool
     idealised engine).  A pair nobody measured (vllm-v0, A100, L40S, a profile of your own) is
     ``unvalidated``."""
     key_dev = Path(device).stem if ("/" in device or device.endswith((".yaml", ".yml", ".json"))) else device
+    if key_dev != device:
+        from .devices import preset_names
+        if key_dev in preset_names():      # a profile file of one's own named like a preset is not that preset
+            return f"unvalidated: the profile {device} (the {key_dev} band was measured with the preset of that name)"
     try:
         table = json.loads(ERROR_TABLE.read_text())
     except (OSError, ValueError):

@@ -512,3 +512,10 @@ def test_winner_yaml_keeps_the_plan_slo_and_says_the_goodput_was_found_at_tighte
            "below is the plan's own)" in sc["description"]
     sc = winner_scenario(plan, {"winner": cfg.name, "rows": [{**row, "error_margin": None}]})
     assert "tightened" not in sc["description"]
+
+
+def test_a_profile_file_named_like_a_preset_does_not_borrow_its_band():
+    from pdsim.validate import error_band
+    assert isinstance(error_band("vllm-v1", "h100-sxm"), dict)
+    assert error_band("vllm-v1", "my/h100-sxm.yaml").startswith("unvalidated: the profile my/h100-sxm.yaml")
+    assert isinstance(error_band("trtllm", "calibration/profiles/h100_sxm-trtllm-aic.yaml"), dict)   # imported: its own
