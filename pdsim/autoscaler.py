@@ -152,7 +152,11 @@ class Autoscaler:
         self.completed: deque = deque()
         self.seen_prompt = [0, 0]         # all arrivals so far: (count, tokens)
         self.seen_output = [0, 0]
-        self.seen_cached = [0, 0]         # all completions so far: (prompt tokens, of them found cached)
+        # prefix-cache hits as the prefill pool saw them: (t_s, prompt tokens, of them found cached) per request
+        # prefilled without a preemption (a preempted request finds its own pages when it comes back, and in PD a
+        # decode instance's recompute overwrites the hit); at hand-off in PD, at completion when colocated
+        self.hits: deque = deque()
+        self.seen_cached = [0, 0]         # all such requests so far: (prompt tokens, of them found cached)
         self.switches: list[dict] = []          # policy mix: role switches (t_s, from, to, KV blocks left)
         if spec.policy in ("slo", "mix"):
             route, finished = topo.route, sink.finished
@@ -163,21 +167,30 @@ class Autoscaler:
                 self.seen_prompt[1] += req.prompt_tokens
                 return _route(req)
 
-            def observed_finished(req, _fin=finished):
-                if req.status == "finished":
-                    self.completed.append((env.now, req.output_tokens, req.prompt_tokens, req.cached_tokens))
-                    self.seen_output[0] += 1
-                    self.seen_output[1] += req.output_tokens
+            pd = getattr(topo, "prefill", None) is not None
+
+            def observed_hit(req):
+                if req.preemptions == 0:
+                    self.hits.append((env.now, req.prompt_tokens, req.cached_tokens))
                     self.seen_cached[0] += req.prompt_tokens
                     self.seen_cached[1] += req.cached_tokens
+
+            def observed_finished(req, _fin=finished):
+                if req.status == "finished":
+                    self.completed.append((env.now, req.output_tokens))
+                    self.seen_output[0] += 1
+                    self.seen_output[1] += req.output_tokens
+                    if not pd:
+                        observed_hit(req)
                 return _fin(req)
             topo.route = observed_route
             sink.finished = observed_finished
-            if getattr(topo, "prefill", None) is not None:
+            if pd:
                 prefill_done = topo.prefill_done
 
                 def observed_prefill(req, inst, _done=prefill_done):
                     self.prefilled += 1
+                    observed_hit(req)
                     return _done(req, inst)
                 topo.prefill_done = observed_prefill
         self.forecasts: list[tuple[float, float]] = []         # (t_s, forecast requests/s), slo policy
@@ -430,13 +443,16 @@ class Autoscaler:
 
     def _means(self) -> tuple[float, float, float] | None:
         """(mean prompt, mean output, share of prompt tokens found cached) over the last ``window_s``: prompts of
-        the arrivals, outputs and cache hits of the completions (a pool that caches prefixes computes only the
-        rest), each falling back to all seen so far when the window holds none."""
+        the arrivals, outputs of the completions, cache hits of the requests prefilled without a preemption (a pool
+        that caches prefixes computes only the rest), each falling back to all seen so far when the window holds
+        none."""
         now, w = self.env.now, self.spec.slo.window_s
         while self.completed and self.completed[0][0] <= now - w:
             self.completed.popleft()
         while self.arrived and self.arrived[0][0] <= now - w:
             self.arrived.popleft()
+        while self.hits and self.hits[0][0] <= now - w:
+            self.hits.popleft()
         if self.arrived:
             prompt = sum(p for _, p in self.arrived) / len(self.arrived)
         elif self.seen_prompt[0]:
@@ -445,12 +461,14 @@ class Autoscaler:
             return None
         if self.completed:
             out = sum(c[1] for c in self.completed) / len(self.completed)
-            hit = sum(c[3] for c in self.completed) / max(1, sum(c[2] for c in self.completed))
         elif self.seen_output[0]:
             out = self.seen_output[1] / self.seen_output[0]
-            hit = self.seen_cached[1] / max(1, self.seen_cached[0])
         else:
             return None                  # nothing finished yet: no output length observed
+        if self.hits:
+            hit = sum(h[2] for h in self.hits) / max(1, sum(h[1] for h in self.hits))
+        else:
+            hit = self.seen_cached[1] / max(1, self.seen_cached[0])
         return prompt, out, hit
 
     def _slo_targets(self) -> dict:
@@ -558,7 +576,9 @@ def prefill_s(pool, prompt: int, cached_share: float = 0.0) -> float:
     """A lone prefill of ``prompt`` tokens on ``pool``, of which the share ``cached_share`` was found in its
     prefix cache (a pool that caches prefixes): the uncached suffix n = prompt - cached computed over the
     whole context, as ``metrics.prefix_summary`` prices it (step of n tokens, attention work n (cached + n / 2));
-    a pool without a cache, or no hit, is ``prefill_time(prompt)``.  At least one token is computed."""
+    a pool without a cache, or no hit, is ``prefill_time(prompt)``.  At least one token is computed.  A hit in the
+    host tier is priced as a GPU hit: its copy into GPU memory (``kvcache.take_load_s``) is left out, so with a
+    host tier this is optimistic."""
     cost = pool.cost
     c = int(round(prompt * cached_share)) if pool.spec.prefix_on else 0
     c = min(c, prompt - 1)

@@ -549,10 +549,11 @@ def error_stats(rows: list[dict]) -> dict:
         # measured / simulated: an APE can never pass 100% however fast pdsim is, so when pdsim is fast the
         # factor says how far (a median 5x reads as 80% APE)
         meas_over_sim = [1.0 / q for q in ratio]
-        # rounded up to 0.01: a stored factor never covers fewer runs than the quantile it stands for (the
-        # error margins divide SLO bounds by them)
+        # the error margins divide SLO bounds by these: the p90 by nearest rank (a run's own ratio, at or above
+        # which at least 90% of the runs lie; numpy's linear interpolation covers fewer), rounded up to 0.01
         out[f"{m}_measured_over_sim_median"] = _ceil2(float(np.median(meas_over_sim))) if ratio else float("nan")
-        out[f"{m}_measured_over_sim_p90"] = _ceil2(float(np.percentile(meas_over_sim, 90))) if ratio else float("nan")
+        out[f"{m}_measured_over_sim_p90"] = (_ceil2(float(np.percentile(meas_over_sim, 90, method="inverted_cdf")))
+                                             if ratio else float("nan"))
     # each p90 factor is its own metric's: the share of runs whose TTFT *and* TPOT both stayed within the two
     # (what a verdict at the p90 error needs) is lower, and stated
     both = [x for x in rows if all(x.get(f"{m}_ape") is not None and x[f"{m}_ape"] == x[f"{m}_ape"]
@@ -566,7 +567,10 @@ def error_stats(rows: list[dict]) -> dict:
 
 
 def _ceil2(x: float) -> float:
-    """``x`` rounded up to 2 decimals (a float's last bits never push an exact 1.19 to 1.20)."""
+    """``x`` rounded up to 2 decimals (a float's last bits never push an exact 1.19 to 1.20); NaN and inf as
+    they are."""
+    if not math.isfinite(x):
+        return x
     return math.ceil(round(x * 100, 9)) / 100
 
 
@@ -874,8 +878,9 @@ def error_band(engine: str | None, device: str, tp: int | None = None, moe: bool
     ``unvalidated``."""
     key_dev = Path(device).stem if ("/" in device or device.endswith((".yaml", ".yml", ".json"))) else device
     if key_dev != device:
-        from .devices import preset_names
-        if key_dev in preset_names():      # a profile file of one's own named like a preset is not that preset
+        from .devices import DATA_DIR, preset_names
+        shipped = Path(device).resolve() == (DATA_DIR / f"{key_dev}.yaml").resolve()
+        if key_dev in preset_names() and not shipped:   # a profile file of one's own named like a preset is not it
             return f"unvalidated: the profile {device} (the {key_dev} band was measured with the preset of that name)"
     try:
         table = json.loads(ERROR_TABLE.read_text())

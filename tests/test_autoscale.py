@@ -433,3 +433,61 @@ def test_slo_planner_prices_prefill_at_the_share_its_prefix_cache_saves():
     # the decode pool caches nothing: its estimate does not move with the share
     assert capacity_per_instance(res.topology.decode, 1000, 4, 0.1, 0.64) == \
         capacity_per_instance(res.topology.decode, 1000, 4, 0.1, 0.0)
+
+
+def test_slo_planner_cached_share_is_the_prefill_pool_first_hits():
+    # PD, both pools caching, the decode pool short of KV so that it preempts and recomputes (its recompute finds
+    # the prompt's pages and overwrites the request's cached_tokens): the planner's share must be the prefill
+    # pool's own hit rate (each request admitted there once: hit tokens / prompt tokens), not the decode side's
+    lin = {"cost_model": {"kind": "linear", "base_s": 0.005, "per_token_s": 2e-5, "per_kv_token_s": 1e-6}}
+    topo = {"kind": "disaggregated",
+            "prefill": {"instances": 1, **lin, "kv_blocks": 20000, "prefix_cache": {"enabled": True}},
+            "decode": {"instances": 1, **lin, "kv_blocks": 300, "prefix_cache": {"enabled": True}},
+            "autoscaler": {"policy": "slo", "interval_s": 2, "slo": {"window_s": 4}, "prefill": {"max": 1},
+                           "decode": {"max": 1}}}
+    sc = scenario({"t": topo}, rate=10, num_requests=120, prompt_tokens=1000, output_tokens=400)
+    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"shared_prefix_tokens": 640})})
+    res = simulate(sc)[0]
+    a = res.topology.autoscaler
+    reqs = res.requests
+    assert sum(r.preemptions for r in reqs) > 0                  # (the case needs decode preemptions)
+    st = res.topology.prefill.instances[0].kv.stats
+    assert st.lookup_tokens == 1000 * len(reqs)                  # every request admitted once on the prefill pool
+    assert a.seen_cached == [st.lookup_tokens, st.gpu_hit_tokens + st.host_hit_tokens]
+    # (what the finished requests carry is the decode side's recompute hit for the preempted ones: more)
+    assert sum(r.cached_tokens for r in reqs) > st.gpu_hit_tokens + st.host_hit_tokens
+
+
+def test_slo_planner_leaves_preempted_requests_out_of_the_cached_share():
+    # colocated, a 16-token shared prefix and a pool short of KV: preempted requests come back to find their own
+    # prompt pages cached (hundreds of tokens) though they computed them once; the share counts only requests never
+    # preempted (hit 16 of 1000 tokens each, the first request none): 16 x (n - 1) / 1000 n
+    lin = {"cost_model": {"kind": "linear", "base_s": 0.005, "per_token_s": 2e-5, "per_kv_token_s": 1e-6}}
+    topo = {"kind": "colocated", "replicas": 1, **lin, "kv_blocks": 300, "prefix_cache": {"enabled": True},
+            "autoscaler": {"policy": "slo", "interval_s": 2, "slo": {"window_s": 4}, "replicas": {"max": 1}}}
+    sc = scenario({"t": topo}, rate=10, num_requests=120, prompt_tokens=1000, output_tokens=400)
+    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"shared_prefix_tokens": 16})})
+    res = simulate(sc)[0]
+    kept = [r for r in res.requests if r.preemptions == 0 and r.status == "finished"]
+    preempted = [r for r in res.requests if r.preemptions]
+    assert preempted and sum(r.cached_tokens for r in preempted) > 16 * len(preempted) * 2   # their inflated hits
+    n = len(kept)
+    assert res.topology.autoscaler.seen_cached == [1000 * n, 16 * (n - 1)]
+
+
+def test_prefill_s_prices_a_cached_prompt_as_the_simulator_steps_it():
+    # a vLLM v1 H100 replica (roofline, the engine's step overhead, its default prefix caching): the second of two
+    # lone 1000-token prompts sharing 640 tokens finds them cached; its one prefill step (it arrives long after the
+    # first has finished) is what prefill_s prices for a 1000-token prompt at that share (attention over the whole
+    # context, the computed suffix only)
+    from pdsim.autoscaler import prefill_s
+    sc = scenario({"c": {"kind": "colocated", **H100, "engine": "vllm-v1"}}, arrival="constant", rate=0.5,
+                  num_requests=2, prompt_tokens=1000, output_tokens=2)
+    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"shared_prefix_tokens": 640})})
+    res = simulate(sc)[0]
+    first, second = res.requests
+    assert (first.cached_tokens, second.cached_tokens) == (0, 640)
+    pool = res.topology.pools[0]
+    assert second.prefill_end_s - second.prefill_start_s == pytest.approx(prefill_s(pool, 1000, 0.64), rel=1e-9)
+    assert first.prefill_end_s - first.prefill_start_s == pytest.approx(prefill_s(pool, 1000, 0.0), rel=1e-9)
+    assert prefill_s(pool, 1000, 0.64) < prefill_s(pool, 1000, 0.0)

@@ -458,15 +458,22 @@ def test_an_in_sample_moe_band_is_said_to_be_in_sample():
 
 
 def test_error_stats_ratios_round_up_and_say_how_often_both_held():
-    # two runs: TTFT measured/simulated 1.1 and 0.8, TPOT 1.05 and 0.95.  p90 by linear interpolation:
-    # 0.8 + 0.9 x 0.3 = 1.07 and 0.95 + 0.9 x 0.1 = 1.04; both within them: run 2 only (run 1's 1.1 > 1.07)
+    # two runs: TTFT measured/simulated 1.1 and 0.8, TPOT 1.05 and 0.95.  p90 by nearest rank: the
+    # ceil(0.9 x 2) = 2nd smallest, 1.1 and 1.05 (linear interpolation would give 1.07 and 1.04, which run 1 exceeds:
+    # a factor covering 1 run in 2); both within them: both runs.  Three runs, TTFT 0.8, 1.1, 1.5 with TPOT 1.0
+    # each: p90 = the 3rd, 1.5; run 2 (1.1, 1.0) and all are within: 1.0
     from pdsim.validate import _ceil2, error_stats
     rows = [{"ttft_ape": 10.0, "tpot_ape": 5.0, "sim_ttft_ms": 100.0, "ttft_ms": 110.0, "sim_tpot_ms": 10.0, "tpot_ms": 10.5},
             {"ttft_ape": 20.0, "tpot_ape": 5.0, "sim_ttft_ms": 100.0, "ttft_ms": 80.0, "sim_tpot_ms": 10.0, "tpot_ms": 9.5}]
     s = error_stats(rows)
-    assert (s["ttft_measured_over_sim_p90"], s["tpot_measured_over_sim_p90"]) == (1.07, 1.04)
+    assert (s["ttft_measured_over_sim_p90"], s["tpot_measured_over_sim_p90"]) == (1.1, 1.05)
     assert (s["ttft_measured_over_sim_median"], s["tpot_measured_over_sim_median"]) == (0.95, 1.0)
-    assert s["both_within_p90_share"] == 0.5
+    assert s["both_within_p90_share"] == 1.0
+    # ten runs, TTFT ratios 0.5 .. 1.4 and TPOT 1.0: p90 = the 9th, 1.3; run 10 (1.4) lies beyond: 0.9 within
+    ten = [{"ttft_ape": 1.0, "tpot_ape": 1.0, "sim_ttft_ms": 100.0, "ttft_ms": 50.0 + 10 * k, "sim_tpot_ms": 10.0,
+            "tpot_ms": 10.0} for k in range(10)]
+    s = error_stats(ten)
+    assert (s["ttft_measured_over_sim_p90"], s["both_within_p90_share"]) == (1.3, 0.9)
     # a stored factor is rounded up: 1.1927 is stored as 1.2 (rounded to nearest it would be 1.19 and cover less)
     assert (_ceil2(1.1927), _ceil2(1.19), _ceil2(1.0), _ceil2(2.675)) == (1.2, 1.19, 1.0, 2.68)
 
