@@ -147,7 +147,7 @@ def print_error_bands(summary: dict, out=None) -> None:
         at_error.setdefault(key, []).append(f"{name} {'met' if e['met'] else 'MISSED'} ({att})")
     for (ft, fp, ttft_s, tpot_s, in_sample, both), verdicts in at_error.items():
         print(f"SLO at p90 error (TTFT <= {_fmt(ttft_s * 1e3)} ms, TPOT <= {_fmt(tpot_s * 1e3)} ms: the bounds / "
-              f"{ft:.3g} and / {fp:.3g}, the p90 of measured/simulated TTFT and of TPOT over "
+              f"{ft:.3g} and / {fp:.3g}, the p90 (at least 1) of measured/simulated TTFT and of TPOT over "
               f"{'its in-sample MoE' if in_sample else 'held-out'} runs"
               + (f"; both within them on {both:.0%} of those runs" if both is not None else "") + "): "
               + ", ".join(verdicts), file=out)

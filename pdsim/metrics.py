@@ -539,10 +539,12 @@ def expected_error(topo) -> dict:
     return out
 
 def slo_at_error(d: pd.DataFrame, slo, bands: dict, ttft_pool: str, tpot_pool: str) -> dict:
-    """The run's SLO verdict if real latencies exceeded pdsim's as they did on 90% of the held-out validation
-    runs of these pools' engine and GPU: the bounds divided by the p90 of measured / simulated mean TTFT
-    (``ttft_pool``'s band) and TPOT (``tpot_pool``'s), :func:`pdsim.validate.margin_factors`.  ``{margin,
-    met, attainment, ttft_s, tpot_s}``, or ``{margin: None, why}`` where a pool has no measured band."""
+    """The run's SLO verdict at pdsim's measured error: the bounds divided by the p90 (nearest rank, at least 1)
+    over the validation runs of these pools' engines and GPUs of measured / simulated mean TTFT (``ttft_pool``'s
+    band) and of TPOT (``tpot_pool``'s), :func:`pdsim.validate.margin_factors` (held out for dense models, in
+    sample for MoE; each factor is its own metric's quantile: both held together on ``margin['both_within_share']``
+    of the runs, where one band gives both).  ``{margin, met, attainment, ttft_s, tpot_s, mode, ttft_p_s,
+    tpot_p_s, ttft_percentile, tpot_percentile}``, or ``{margin: None, why}`` where a pool has no measured band."""
     from .errors import ConfigError
     from .validate import margin_factors
     try:

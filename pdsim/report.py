@@ -652,7 +652,7 @@ def _engine_items(t: dict) -> list:
                f"{seconds(e.get('tpot_p_s'))}" if e.get("mode") == "percentile" else f"attainment {pct(e.get('attainment'))}")
         out.append(("SLO at p90 error", f"{'met' if e.get('met') else 'missed'}: {how} "
                     f"judged at TTFT ≤ {seconds(e.get('ttft_s'))}, TPOT ≤ {seconds(e.get('tpot_s'))} (the bounds / "
-                    f"{num(m['ttft_factor'])} and / {num(m['tpot_factor'])}: the p90 of measured/simulated TTFT and of TPOT over the "
+                    f"{num(m['ttft_factor'])} and / {num(m['tpot_factor'])}: the p90 (at least 1) of measured/simulated TTFT and of TPOT over the "
                     f"{'in-sample MoE' if m.get('in_sample') else 'held-out'} runs of these pools' engines and GPUs"
                     + (f"; both within them on {pct(m['both_within_share'])} of those runs"
                        if m.get("both_within_share") is not None else "") + ")"))

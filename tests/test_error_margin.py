@@ -267,7 +267,7 @@ def test_a_run_reports_its_verdict_at_the_stored_p90_error(tmp_path):
     line = out.getvalue().splitlines()[-1]
     assert line.startswith("SLO at p90 error (TTFT <= ")
     both = band.get("both_within_p90_share")
-    assert line.endswith(f"the bounds / {f_ttft:.3g} and / {f_tpot:.3g}, the p90 of measured/simulated TTFT and of "
+    assert line.endswith(f"the bounds / {f_ttft:.3g} and / {f_tpot:.3g}, the p90 (at least 1) of measured/simulated TTFT and of "
                          "TPOT over held-out runs" + (f"; both within them on {both:.0%} of those runs" if both else "")
                          + f"): c {'met' if e['met'] else 'MISSED'} ({e['attainment']:.1%})")
     # two topologies judged at the same bounds share one line; different bounds get their own
