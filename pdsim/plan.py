@@ -15,6 +15,11 @@ prefill or lone decode already misses the bounds for too many requests can never
 the SLO.  A configuration whose bound is below the goodput of a cheaper one already
 measured is dominated and skipped.
 
+With ``goodput.error_margin`` every configuration is judged at the SLO bounds divided by pdsim's measured
+error for its engine and GPU (the p90 or median of measured / simulated latency over the validation runs,
+or fixed factors), so a goodput holds if the real engine is that much slower than pdsim; without one, the
+long runs are also judged at the p90 error, and the winner's share there is reported.
+
 Simulations run as independent tasks on an executor: a local process pool (default) or
 a Dask distributed cluster; rounds are formed from results only, so both give the same
 table.  Results are cached on disk by a hash of the exact scenario and seed.
