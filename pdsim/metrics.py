@@ -531,7 +531,7 @@ def expected_error(topo) -> dict:
             # the bands were measured with the roofline cost model (device profile x model); a constant or
             # linear step time is a what-if nobody measured
             out[p.name] = f"unvalidated: a {p.spec.cost_model.kind} cost model (a what-if, not the roofline)"
-        elif p.spec.pp > 1:
+        elif getattr(p.spec, "pp", 1) > 1:
             # the validation rows with pipeline parallelism are skipped (validate.read_measured): none measured
             out[p.name] = "unvalidated: pipeline parallel (no measured run used PP)"
         else:
