@@ -116,6 +116,14 @@ def test_a_winner_without_an_expected_error_has_no_line_for_it():
         assert _table({"winner": "A", "target_rate": None, "rows": [row]})[2:] == [FOOTER, "", "recommended: A", ""]
 
 
+def test_whole_numbers_are_printed_whole():
+    # the rank and the GPUs are ints: printed as they are (1000, 1024), not to 3 significant digits as a float
+    # is (1e+03, 1.02e+03); a float goodput 1024.0 is ("1.02e+03"), its $/h to 4 digits ("2048")
+    row = _row(1000, "big", 1024, 2048.0, 1024.0, status="ok")
+    assert _table({"winner": None, "target_rate": None, "rows": [row]})[1].split() == [
+        "1000", "big", "1024", "2048", "1.02e+03", "-", "-", "-", "-", "-", "ok"]
+
+
 def test_table_with_no_rows_is_its_header():
     # every column as wide as its header
     assert _table({"winner": None, "target_rate": None, "rows": []}) == [
@@ -328,11 +336,11 @@ def test_local_executor_runs_inline_with_one_job_or_one_task():
 
 def test_local_executor_pool_keeps_order_ticks_each_and_closes():
     ticks = []
-    ex = LocalExecutor(2)
+    ex = LocalExecutor(3)
     got = ex.map(_pid, [5, 6, 7], on_done=lambda: ticks.append(1))
     assert [x for x, _ in got] == [5, 6, 7] and all(pid != os.getpid() for _, pid in got) and ticks == [1, 1, 1]
     pool = ex._pool
-    assert pool._max_workers == 2                    # the jobs asked for, not the machine's cores
+    assert pool._max_workers == 3        # the jobs asked for, not the machine's cores (2 on the machine measured)
     assert ex.map(_pid, [8, 9])[1][0] == 9 and ex._pool is pool          # the pool is kept between maps
     ex.close()
     with pytest.raises(RuntimeError):                # shut down: takes no more work
