@@ -110,6 +110,39 @@ def test_table_when_no_config_meets_the_slo():
         "simulations saved: 0 configs infeasible alone, 2 pruned by the analytic bound")
 
 
+def test_the_winners_error_margin_lines():
+    # A judged at bounds tightened by a fixed margin of +25% / +10%: 0.5 / 1.25 = 0.4 s and 0.05 / 1.1 = 0.04545
+    # (3 digits: 0.0455) s; its long run's attainment at pdsim's p90 error 87.5%.  B (not the winner) has other
+    # values, which must not show
+    margin = {"ttft_factor": 1.25, "tpot_factor": 1.1, "source": "fixed: TTFT +25%, TPOT +10%"}
+    a = {**_row(1, "A", 1, 1.0, 2.0), "judged_ttft_s": 0.4, "judged_tpot_s": 0.05 / 1.1, "error_margin": margin,
+         "long_run_attainment_at_p90_error": 0.875}
+    b = {**_row(2, "B", 1, 2.0, 1.0), "judged_ttft_s": 0.3, "judged_tpot_s": 0.03, "error_margin": None,
+         "long_run_attainment_at_p90_error": 0.5}
+    assert _table({"winner": "A", "target_rate": None, "rows": [a, b]})[3:6] == [
+        "A at pdsim's p90 error (its long run judged at the bounds / the p90 of measured/simulated latency over its "
+        "validation runs): attainment 87.5%",
+        "A judged at TTFT <= 0.4 s and TPOT <= 0.0455 s: the SLO's bounds / 1.25 and / 1.1 (goodput.error_margin, "
+        "fixed: TTFT +25%, TPOT +10%)",
+        FOOTER]
+    # no margin and no p90 judgement (None): neither line; an attainment of 0.0 at the p90 error is still said
+    for err in (None, {}):
+        a.update(error_margin=err, long_run_attainment_at_p90_error=None)
+        assert _table({"winner": "A", "target_rate": None, "rows": [a, b]})[3] == FOOTER
+    a.update(long_run_attainment_at_p90_error=0.0)
+    assert _table({"winner": "A", "target_rate": None, "rows": [a, b]})[3].endswith("): attainment 0.0%")
+
+
+def test_no_winner_at_bounds_a_margin_tightened():
+    # a named margin is named, a fixed one ({ttft, tpot}) is "fixed"; "none" or no margin: not mentioned
+    rows = [ROWS[2]]
+    said = " at the bounds goodput.error_margin ({}) tightened (plan.csv: judged_ttft_s, judged_tpot_s)"
+    for margin, text in (("p90", said.format("p90")), ("median", said.format("median")),
+                         ({"ttft": 0.3, "tpot": 0.1}, said.format("fixed")), ("none", ""), (None, "")):
+        lines = _table({"winner": None, "target_rate": 2.5, "rows": rows, "error_margin": margin})
+        assert lines[4] == "no configuration meets the SLO at 2.5 req/s" + text + NO_WINNER
+
+
 def test_a_winner_without_an_expected_error_has_no_line_for_it():
     for err in (None, {}):
         row = _row(1, "A", 1, 1.0, 2.0, status="ok", expected_error=err)
@@ -188,7 +221,7 @@ def _result(plan, winner=True):
                   {"replica": "unvalidated"}),
            "kind": "colocated", "bound_rate": 12.0, "bracket": [2.5, None], "points": {"2.5": {"ttft_p": math.inf}},
            "ttft_p_at_target_s": -math.inf, "tpot_p_at_target_s": float("nan"), "meets": winner,
-           "topology": cfg.topology}
+           "topology": cfg.topology, "judged_ttft_s": 0.4, "judged_tpot_s": 0.05, "long_run_attainment_at_p90_error": None}
     return {"plan": "outs", "objective": "goodput_per_dollar", "target_rate": None, "winner": cfg.name if winner
             else None, "rows": [row], "frontier": [cfg.name], "excluded": [], "simulations": 3, "cached": 0,
             "wall_s": 1.5}
@@ -201,7 +234,8 @@ def test_plan_files_by_hand(plan, report, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "plan.json", "winner.yaml"]
     assert report == [(result, out)] and capsys.readouterr().err == ""    # the page: plan_report's (recorded)
     # plan.csv: the table's columns in TABLE_COLS' order, None empty, the long-run interval as its list, the
-    # expected error as one line ("replica: unvalidated"), -inf / nan as pandas writes them
+    # expected error as one line ("replica: unvalidated"), -inf / nan as pandas writes them; the bounds it was
+    # judged at (TTFT tightened to 0.4 s here, TPOT as the SLO's)
     with open(out / "plan.csv", newline="") as fh:
         header, line, *more = list(csv.reader(fh))
     assert header == TABLE_COLS and more == []
@@ -210,7 +244,8 @@ def test_plan_files_by_hand(plan, report, tmp_path, capsys):
                    "margin": "", "goodput_per_gpu": "2.5", "goodput_per_usd_hour": "2.5", "attainment_at_target": "",
                    "at_target_early_stop": "", "long_run_attainment": "0.95", "long_run_ci": "(0.9, 1.0)",
                    "ttft_p_at_target_s": "-inf", "tpot_p_at_target_s": "", "bound_rate": "12.0", "pareto": "True",
-                   "status": "ok", "note": "", "expected_error": "replica: unvalidated"}
+                   "status": "ok", "note": "", "expected_error": "replica: unvalidated", "judged_ttft_s": "0.4",
+                   "judged_tpot_s": "0.05", "long_run_attainment_at_p90_error": ""}
     # plan.json: strict JSON (no Infinity / NaN tokens), two-space indent, every non-finite float a string,
     # the tuple a list
     text = (out / "plan.json").read_text()
