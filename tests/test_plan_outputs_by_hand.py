@@ -221,7 +221,8 @@ def _result(plan, winner=True):
                   {"replica": "unvalidated"}),
            "kind": "colocated", "bound_rate": 12.0, "bracket": [2.5, None], "points": {"2.5": {"ttft_p": math.inf}},
            "ttft_p_at_target_s": -math.inf, "tpot_p_at_target_s": float("nan"), "meets": winner,
-           "topology": cfg.topology, "judged_ttft_s": 0.4, "judged_tpot_s": 0.05, "long_run_attainment_at_p90_error": None}
+           "topology": cfg.topology, "judged_ttft_s": 0.4, "judged_tpot_s": 0.05,
+           "long_run_attainment_at_p90_error": None}
     return {"plan": "outs", "objective": "goodput_per_dollar", "target_rate": None, "winner": cfg.name if winner
             else None, "rows": [row], "frontier": [cfg.name], "excluded": [], "simulations": 3, "cached": 0,
             "wall_s": 1.5}
