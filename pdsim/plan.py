@@ -1589,7 +1589,13 @@ def write_plan_outputs(plan: Plan, result: dict, out: Path, progress: bool = Fal
 
 def print_table(result: dict, out=None, limit: int = 25) -> None:
     def f(x, d=3):
-        return "-" if x is None else (f"{x:.{d}g}" if isinstance(x, float) else str(x))
+        if x is None:
+            return "-"
+        if not isinstance(x, float):
+            return str(x)
+        if math.isfinite(x) and abs(x) >= 10 ** d:     # d significant digits without an exponent: 1024.0 -> 1,020
+            return f"{round(x, d - len(str(int(abs(x))))):,.0f}"
+        return f"{x:.{d}g}"
     def ci(r):
         if r.get("long_run_attainment") is None:
             return "-"

@@ -151,10 +151,11 @@ def test_a_winner_without_an_expected_error_has_no_line_for_it():
 
 def test_whole_numbers_are_printed_whole():
     # the rank and the GPUs are ints: printed as they are (1000, 1024), not to 3 significant digits as a float
-    # is (1e+03, 1.02e+03); a float goodput 1024.0 is ("1.02e+03"), its $/h to 4 digits ("2048")
+    # is (1e+03, 1.02e+03); a float goodput 1024.0 to 3 significant digits without an exponent ("1,020"), its $/h
+    # to 4 digits ("2048")
     row = _row(1000, "big", 1024, 2048.0, 1024.0, status="ok")
     assert _table({"winner": None, "target_rate": None, "rows": [row]})[1].split() == [
-        "1000", "big", "1024", "2048", "1.02e+03", "-", "-", "-", "-", "-", "ok"]
+        "1000", "big", "1024", "2048", "1,020", "-", "-", "-", "-", "-", "ok"]
 
 
 def test_table_with_no_rows_is_its_header():
