@@ -156,6 +156,9 @@ def test_whole_numbers_are_printed_whole():
     row = _row(1000, "big", 1024, 2048.0, 1024.0, status="ok")
     assert _table({"winner": None, "target_rate": None, "rows": [row]})[1].split() == [
         "1000", "big", "1024", "2048", "1,020", "-", "-", "-", "-", "-", "ok"]
+    # 12345.6 req/s to 3 digits: 12,300; $/h 98765.4 to 4: 98,770
+    row = _row(1, "huge", 1, 98765.4, 12345.6, status="ok")
+    assert _table({"winner": None, "target_rate": None, "rows": [row]})[1].split()[3:5] == ["98,770", "12,300"]
 
 
 def test_table_with_no_rows_is_its_header():
