@@ -474,9 +474,11 @@ _LAZY_COMMANDS = {"calibrate": "measure this machine with torch and write a meas
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole CLI.  Given the arguments about to be parsed, and they start with a command other than
-    calibrate or profile, those two get help-only stubs instead of importing their modules (a faster
-    start for ``pdsim run``; ``pdsim --help`` and ``pdsim calibrate ...`` build everything)."""
-    stubs = bool(argv) and argv[0] not in _LAZY_COMMANDS and not argv[0].startswith("-")
+    calibrate or profile (or are ``--help``), those two get help-only stubs instead of importing their
+    modules (a faster start for ``pdsim run`` and ``pdsim --help``; ``pdsim calibrate ...`` and ``pdsim
+    profile ...`` build their own)."""
+    # `pdsim --help` lists the commands only: the stubs carry the real parsers' one-line help (tested)
+    stubs = bool(argv) and argv[0] not in _LAZY_COMMANDS and (not argv[0].startswith("-") or argv[0] in ("-h", "--help"))
     ap = _Parser(prog="pdsim", description="Simulate colocated and prefill/decode-"
                                  "disaggregated LLM serving.")
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -149,6 +149,19 @@ def test_lazy_command_stubs_say_what_the_real_parsers_say():
     full, lazy = helps(build_parser()), helps(build_parser(["run", "x.yaml"]))
     assert lazy == full
     assert {k: full[k] for k in _LAZY_COMMANDS} == _LAZY_COMMANDS
+    assert helps(build_parser(["--help"])) == full == helps(build_parser(["-h"]))
+
+
+def test_help_and_run_do_not_import_the_lazy_commands():
+    """`pdsim --help` and `pdsim run` build calibrate/profile as stubs: their modules (devices tables, pyarrow
+    probing, ~0.2 s) are not imported; `pdsim profile ...` imports its own."""
+    import subprocess
+    import sys
+    code = ("import sys; from pdsim.__main__ import build_parser; build_parser({argv}); "
+            "print('pdsim.profile_import' in sys.modules, 'pdsim.calibrate' in sys.modules)")
+    for argv, want in ((["--help"], "False False"), (["run", "x.yaml"], "False False"), (["profile", "list"], "True")):
+        out = subprocess.run([sys.executable, "-c", code.format(argv=argv)], capture_output=True, text=True, check=True)
+        assert out.stdout.strip().startswith(want), (argv, out.stdout)
 
 
 def test_arrivals_that_only_queue_do_not_cut_the_window():
