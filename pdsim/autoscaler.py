@@ -47,10 +47,11 @@ Policies (plain functions of the pool state, chosen by name):
   cost-model estimate at the workload's observed means (prompt length of recent arrivals, output
   length of recent completions, as the planner reads ISL/OSL from its metrics; nothing here reads a
   request's output length before it finished): a prefill instance serves 1 / prefill_time(prompt)
-  requests/s (a pool that caches prefixes: the uncached share of the prompt, the share of prompt tokens
-  its recent completions found cached, computed over the whole context); a decode instance runs the largest batch B (<= max_running, within KV capacity) whose
-  step time at the mean context stays within the TPOT bound, so B / (output x step time(B)) requests/s;
-  a colocated replica 1 / (prefill_time + output x step time(B) / B).  Dynamo profiles these on the
+  requests/s (a pool that caches prefixes: the prompt's uncached share, by the share of prompt tokens its
+  recent prefills found cached, never-preempted requests only, computed over the whole context; a host-tier
+  hit's copy time left out); a decode instance runs the largest batch B (<= max_running, within KV
+  capacity) whose step time at the mean context stays within the TPOT bound, so B / (output x step
+  time(B)) requests/s; a colocated replica 1 / (prefill_time + output x step time(B) / B).  Dynamo profiles these on the
   real engine before deployment; here the cost model is that profile.  Cooldown applies.
   ``slo.prefill_capacity: measured`` replaces the prefill estimate by what the pool measured over the
   window: prompts handed off per busy second of its instances (it sees the batching the estimate of

@@ -538,6 +538,7 @@ def expected_error(topo) -> dict:
             out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp, moe=p.model.is_moe)
     return out
 
+
 def slo_at_error(d: pd.DataFrame, slo, bands: dict, ttft_pool: str, tpot_pool: str) -> dict:
     """The run's SLO verdict at pdsim's measured error: the bounds divided by the p90 (nearest rank, at least 1)
     over the validation runs of these pools' engines and GPUs of measured / simulated mean TTFT (``ttft_pool``'s
