@@ -478,7 +478,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     modules (a faster start for ``pdsim run`` and ``pdsim --help``; ``pdsim calibrate ...`` and ``pdsim
     profile ...`` build their own)."""
     # `pdsim --help` lists the commands only: the stubs carry the real parsers' one-line help (tested)
-    stubs = bool(argv) and argv[0] not in _LAZY_COMMANDS and (not argv[0].startswith("-") or argv[0] in ("-h", "--help"))
+    stubs = bool(argv) and argv[0] not in _LAZY_COMMANDS and (not argv[0].startswith("-")
+                                                               or argv[0] in ("-h", "--help"))
     ap = _Parser(prog="pdsim", description="Simulate colocated and prefill/decode-"
                                  "disaggregated LLM serving.")
     sub = ap.add_subparsers(dest="cmd", required=True)
