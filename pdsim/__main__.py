@@ -259,6 +259,10 @@ def cmd_estimate(args) -> int:
                        for src in ("exact", "interpolated", "extrapolated", "roofline")},
            "table_notes": table_notes,   # measured tables asked for (--mla-tables, --a2a-tables) that do not serve
            "kv_capacity": _kv_capacity(pool, model, args, what.get("prompt_tokens") or what.get("context", 0) + 1)}
+    # the error pdsim showed against measured serving runs of this engine and GPU (as `pdsim run` prints it)
+    from .validate import error_band
+    res["expected_error"] = ("unvalidated: pipeline parallel (no measured run used PP)" if args.pp > 1 else
+                             error_band(pool.engine, args.device, args.tp, moe=model.is_moe))
     if args.json or args.format == "json":
         print(json.dumps(res, indent=2))
     else:
@@ -278,6 +282,9 @@ def cmd_estimate(args) -> int:
                   f"  {v.get('source', '')}")
         for note in table_notes:
             print(f"  note: {note}")
+        from .validate import band_text
+        print(f"expected error of serving runs on {pool.engine or 'no engine preset'} / {args.device}: "
+              f"{band_text(res['expected_error'])}")
         kv = res["kv_capacity"]
         if "error" in kv:
             print(f"KV cache: none ({kv['error']})")

@@ -526,3 +526,18 @@ def test_a_profile_file_named_like_a_preset_does_not_borrow_its_band():
     assert isinstance(error_band("vllm-v1", "h100-sxm"), dict)
     assert error_band("vllm-v1", "my/h100-sxm.yaml").startswith("unvalidated: the profile my/h100-sxm.yaml")
     assert isinstance(error_band("trtllm", "calibration/profiles/h100_sxm-trtllm-aic.yaml"), dict)   # imported: its own
+
+
+def test_estimate_states_the_band_of_its_engine_and_gpu(capsys):
+    from pdsim.__main__ import main
+    from pdsim.validate import ERROR_TABLE, band_text
+    band = json.loads(ERROR_TABLE.read_text())["bands"]["trtllm|h100-sxm"]
+    assert main(["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--engine", "trtllm",
+                 "--prefill", "1000", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["expected_error"]
+    assert got["ttft_measured_over_sim_p90"] == band["ttft_measured_over_sim_p90"] and got["rows"] == band["rows"]
+    assert main(["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--engine", "trtllm",
+                 "--prefill", "1000"]) == 0
+    assert f"expected error of serving runs on trtllm / h100-sxm: {band_text(got)}" in capsys.readouterr().out
+    assert main(["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--pp", "2", "--prefill", "1000"]) == 0
+    assert "no engine preset / h100-sxm: unvalidated: pipeline parallel" in capsys.readouterr().out
