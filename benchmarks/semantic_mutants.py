@@ -52,6 +52,7 @@ SLO = "tests/test_slo.py::"
 SPEC = "tests/test_speculative.py::"
 EN = "tests/test_energy.py::"
 SWA = "tests/test_sliding_window.py::"
+EM = "tests/test_error_margin.py::"
 
 MUTANTS: list[Mutant] = [
     # --- metrics ---------------------------------------------------------------------------------
@@ -387,6 +388,27 @@ MUTANTS: list[Mutant] = [
            "fc, fm, ov = (1.0, 1.0, e.fp8_gemm_overhead_us) if dtype == \"fp8\"",
            ("tests/test_costmodel_by_hand.py::test_fp8_dense_gemm_efficiencies_by_hand",),
            "fp8 dense GEMMs priced at twice bf16's speed (the fitted fp8 fractions unused): fp8 prefill ~1.35x too fast"),
+    # --- verdicts at the measured error (2026-12-07) -------------------------------------------------
+    Mutant("margin-not-judged", "pdsim/plan.py",
+           "            sc[\"slo\"] = cfg.slo.model_dump()", "            pass",
+           (EM + "test_every_simulation_is_judged_at_the_config_bounds_and_the_outputs_say_so",),
+           "goodput.error_margin shown in the outputs but the simulations judged at the plan's own bounds"),
+    Mutant("slo-at-error-nominal", "pdsim/metrics.py",
+           "    v = slo_verdict(d, tight)", "    v = slo_verdict(d, slo)",
+           (EM + "test_slo_at_error_judges_at_the_p90_bounds_by_hand",),
+           "a run's verdict at the p90 error taken at the nominal bounds (it could never differ from the plain one)"),
+    Mutant("percentile-lone-check-by-attainment", "pdsim/plan.py",
+           '    if slo.mode == "percentile":\n        # each percentile', '    if False:\n        # each percentile',
+           ("tests/test_plan_by_hand.py::test_percentile_mode_judges_lone_requests_by_each_percentile",),
+           "percentile mode's lone-request check judged against attainment_target (prunes feasible p50 configs)"),
+    Mutant("jitter-keeps-row-order", "pdsim/workload.py",
+           "arrival, prompt, output = arrival[order], prompt[order], output[order]", "arrival = arrival[order]",
+           ("tests/test_workload_by_hand.py::test_trace_jitter_moves_each_row_with_its_own_arrival",),
+           "trace.jitter_s reorders arrivals but leaves lengths in row order (a request gets another row's lengths)"),
+    Mutant("autoscaler-counts-preempted-hits", "pdsim/autoscaler.py",
+           "                if req.preemptions == 0:", "                if True:",
+           ("tests/test_autoscale.py::test_slo_planner_leaves_preempted_requests_out_of_the_cached_share",),
+           "the slo planner's cached share counts a preempted request's re-admission hit (its own pages)"),
 ]
 
 
