@@ -1034,3 +1034,32 @@ def test_slo_samples_leave_out_an_unserved_request_that_asked_for_one_token():
                        "output_tokens": [3, 1]})
     ttft, tpot = metrics.slo_samples(df)
     assert ttft.tolist() == [0.2, math.inf] and tpot.tolist() == [0.1]
+
+
+def test_expected_error_of_pools_with_a_frontend_latency_by_hand():
+    # no stored band was measured with a front-end latency: an engine pool names its preset's band, a pool
+    # without an engine every band; 0 ms is no front end (the band as without the key)
+    roof, dense = NS(kind="roofline"), NS(is_moe=False)
+    topo = NS(pools=[NS(name="a", model=dense, spec=NS(engine="sglang", step_overhead=None, frontend_latency_ms=50.0,
+                                                       device="h100-sxm", tp=1, cost_model=roof)),
+                     NS(name="b", model=dense, spec=NS(engine=None, frontend_latency_ms=2.5, device="h100-sxm", tp=1,
+                                                       cost_model=roof)),
+                     NS(name="c", model=dense, spec=NS(engine="sglang", step_overhead=None, frontend_latency_ms=0.0,
+                                                       device="h100-sxm", tp=1, cost_model=roof))])
+    e = metrics.expected_error(topo)
+    assert e["a"] == "unvalidated: frontend_latency_ms 50 set; the sglang preset's band was measured without one"
+    assert e["b"] == "unvalidated: frontend_latency_ms 2.5 set; every stored band was measured without one"
+    assert e["c"]["engine"] == "sglang"
+
+
+def test_prefix_summary_says_which_pools_cache_and_why_by_hand():
+    # pool p caches by its engine's default (topology.prefix_by_engine names the engine), pool d by the
+    # scenario's prefix_cache key, pool x not at all (left out)
+    topo = NS(instances=[], prefix_by_engine={"p": "vllm-v1"},
+              pools=[NS(name="p", spec=NS(prefix_on=True)), NS(name="d", spec=NS(prefix_on=True)),
+                     NS(name="x", spec=NS(prefix_on=False))])
+    s = metrics.prefix_summary(NS(topology=topo, requests=[]))
+    assert s["enabled_by"] == {"p": "engine default (vllm-v1)", "d": "scenario"}
+    # a topology that records no engine default: every caching pool by the scenario
+    del topo.prefix_by_engine
+    assert metrics.prefix_summary(NS(topology=topo, requests=[]))["enabled_by"] == {"p": "scenario", "d": "scenario"}
