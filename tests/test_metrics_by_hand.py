@@ -937,3 +937,129 @@ def test_slo_samples_leave_out_a_finished_request_whose_client_saw_one_token():
     slo = config.SLOSpec(ttft_s=1.0, tpot_s=0.5, mode="percentile", ttft_percentile=100, tpot_percentile=100)
     v = metrics.slo_verdict(ok, slo)
     assert v["bounds"]["tpot"]["measured_s"] == 0.1 and v["met"]
+
+
+def test_nearest_rank_of_unsorted_samples_at_every_percentile_by_hand():
+    # np.partition(x, k - 1) promises only position k - 1 (the k-th smallest there); partitioning at another
+    # index leaves position k - 1 to the algorithm (nearest_rank 31 partitioned at k - 2).  Permutations of
+    # 0 .. n-1 (i x m mod n, m prime to n): the p-th percentile by nearest rank is the value ceil(p n / 100) - 1
+    # (rank 1 for p at or below 100 / n).  Several sizes and strides, every integer p: numpy's selection
+    # (generic introselect, or the SIMD one on AVX2/AVX-512) leaves a wrong value at k - 1 for some of them.
+    for n, m in ((211, 37), (101, 29), (199, 53), (1000, 389)):
+        x = [float(i * m % n) for i in range(n)]
+        for p in range(1, 101):
+            assert metrics.nearest_rank(x, p) == max(1, math.ceil(p * n / 100)) - 1, (n, m, p)
+    # four values, p50: rank 2 -> 2.0 (introselect at rank 1 only moves the minimum to the front: [1, 5, 9, 2])
+    assert metrics.nearest_rank([5.0, 1.0, 9.0, 2.0], 50) == 2.0
+
+
+class _NumpyWithDirtyMemory:
+    """numpy, except that an array np.divide allocates itself (no ``out=``) starts as NaN, not as whatever
+    bytes the allocator hands out: numpy leaves the ``where=False`` places of such an output uninitialised,
+    and its cache of small freed buffers makes their content depend on what was freed last (a just-freed
+    zero-filled temporary reads as 0, a just-freed np.full(n, 7.0) as 7), i.e. on the tests run before."""
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def divide(x, y, out=None, where=True, **kw):
+        if out is None:
+            out = np.full(np.broadcast(np.asarray(x), np.asarray(y)).shape, np.nan)
+        return np.divide(x, y, out=out, where=where, **kw)
+
+
+def test_idle_bins_have_batch_size_zero_whatever_memory_numpy_hands_out(monkeypatch):
+    # the two-request run of test_timeseries_bins_by_hand (0.25 s bins): bins 1-3 start no step, so no batch:
+    # 0, not the garbage of an uninitialised buffer (timeseries_frame 62, 66 dropped out=np.zeros(n) and
+    # survived or died by the allocator's history: flaky).  With the freshly divided array made NaN, a
+    # division that leaves the idle bins unwritten shows NaN there every time
+    monkeypatch.setattr(metrics, "np", _NumpyWithDirtyMemory())
+    sc, res = _run([(0.0, 20, 3), (1.0, 30, 1)], bin_s=0.25)
+    ts = metrics.timeseries_frame([res])
+    assert list(ts.steps) == [3, 0, 0, 0, 1] and list(ts.batch_size) == [1.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def test_p99_of_51_gaps_takes_numpys_upper_form_at_gamma_one_half_by_hand():
+    # 51 gaps: index (51 - 1) x 0.99 = 49.5 exactly (50 x 0.99 rounds to 49.5), gamma = 0.5, the 50th and 51st
+    # smallest gaps a, b.  numpy's lerp (np.percentile, linear) takes b - (b - a)(1 - gamma) for gamma >= 0.5.
+    # Tokens at 0, 0.1, 1.6, then 49 more 1/16 s apart: gaps 0.1, 1.5 (1.6 - 0.1) and 49 x 0.0625, so
+    # a = 0.1, b = 1.5, b - a = 1.4, half 0.7: b - 0.7 = 0.8, whereas a + 0.7 = 0.7999999999999999 (itl_columns
+    # 91, `gamma > 0.5`, took that form)
+    t = [0.0, 0.1, 1.6] + [1.6 + k / 16 for k in range(1, 50)]
+    mean, p99, mx = metrics.itl_columns([_tok(t)], np.zeros(1, np.int64))
+    assert 0.1 + 0.7 != 0.8 and 1.5 - 0.7 == 0.8
+    assert p99[0] == 0.8 and mx[0] == 1.5
+
+
+def _kv_pool(total=100, watermark=10, block=16):
+    """A pool as kv_capacity reads it: its first instance's cache (blocks of ``block`` tokens, ceil), no engine."""
+    kv = NS(total_blocks=total, watermark_blocks=watermark, block_size=block, blocks_for=lambda t: -(-t // block))
+    return NS(instances=[NS(kv=kv)], spec=NS(engine=None, kv_blocks=None), cost=NS())
+
+
+def test_kv_capacity_of_an_empty_run_and_of_a_mean_size_that_does_not_divide_by_hand():
+    # (100 - 10) blocks above the watermark x 16 tokens = 1440 tokens whatever the run
+    cols = {"prompt_tokens": pd.Series([], dtype="int64"), "output_tokens": pd.Series([], dtype="int64")}
+    k = metrics.kv_capacity(_kv_pool(), pd.DataFrame(cols))
+    # no request measured: no mean size, so no capacity in requests (None, not NaN, not 90 // 1, no exception)
+    assert k == {"engine": None, "kv_blocks": 100, "kv_block_size": 16, "kv_capacity_tokens": 1440,
+                 "kv_capacity_requests": None, "kv_request_tokens_mean": None}
+    # requests of 20 + 10 and 60 + 10 tokens: mean 50, ceil(50 / 16) = 4 blocks a request: 90 // 4 = 22 whole
+    # requests (90 / 4 = 22.5 is no count of requests)
+    k = metrics.kv_capacity(_kv_pool(), pd.DataFrame({"prompt_tokens": [20, 60], "output_tokens": [10, 10]}))
+    assert k["kv_request_tokens_mean"] == 50.0 and k["kv_capacity_requests"] == 22
+    assert type(k["kv_capacity_requests"]) is int
+
+
+def test_kv_capacity_sizing_of_fp8_weights_by_hand():
+    # as test_kv_capacity_with_an_engine_shows_its_sizing_by_hand, with fp8 weights: 1 B a decoder parameter,
+    # the embeddings and LM head stay bf16 (2 B): 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336)
+    # + 2 x (2 x 128256 x 4096) bytes; SGLang's pool: 80 GiB x 0.8 - weights - 1 GiB
+    gib = 1024 ** 3
+    weights = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 2 * (2 * 128256 * 4096)
+    topo = {"kind": "colocated", "engine": "sglang", "device": "h100-sxm", "gpu_memory_utilization": 0.8,
+            "cuda_graph_GiB": 1.0, "watermark": 0.0}
+    sc, res = _run([(0.0, 20, 3)], topo=topo, weight_dtype="fp8")
+    p = metrics.summarize([res], metrics.requests_frame([res], sc.client), sc)["c"]["pools"]["replica"]
+    k = p["kv_sizing_bytes"]
+    assert k["weights_bytes"] == weights
+    assert k["kv_bytes"] == pytest.approx(80 * gib * 0.8 - weights - 1 * gib, rel=1e-12)
+
+
+def test_slo_samples_leave_out_an_unserved_request_that_asked_for_one_token():
+    # a request asking for one output token has no TPOT, served or not: rejected, it is a +inf TTFT sample
+    # and no TPOT sample (slo_samples 17 took output_tokens >= 1 and ranked it a +inf TPOT: a p100 TPOT
+    # "unserved" where every request that could have a TPOT met the bound)
+    df = pd.DataFrame({"status": ["finished", "rejected"], "ttft_s": [0.2, np.nan], "tpot_s": [0.1, np.nan],
+                       "output_tokens": [3, 1]})
+    ttft, tpot = metrics.slo_samples(df)
+    assert ttft.tolist() == [0.2, math.inf] and tpot.tolist() == [0.1]
+
+
+def test_expected_error_of_pools_with_a_frontend_latency_by_hand():
+    # no stored band was measured with a front-end latency: an engine pool names its preset's band, a pool
+    # without an engine every band; 0 ms is no front end (the band as without the key)
+    roof, dense = NS(kind="roofline"), NS(is_moe=False)
+    topo = NS(pools=[NS(name="a", model=dense, spec=NS(engine="sglang", step_overhead=None, frontend_latency_ms=50.0,
+                                                       device="h100-sxm", tp=1, cost_model=roof)),
+                     NS(name="b", model=dense, spec=NS(engine=None, frontend_latency_ms=2.5, device="h100-sxm", tp=1,
+                                                       cost_model=roof)),
+                     NS(name="c", model=dense, spec=NS(engine="sglang", step_overhead=None, frontend_latency_ms=0.0,
+                                                       device="h100-sxm", tp=1, cost_model=roof))])
+    e = metrics.expected_error(topo)
+    assert e["a"] == "unvalidated: frontend_latency_ms 50 set; the sglang preset's band was measured without one"
+    assert e["b"] == "unvalidated: frontend_latency_ms 2.5 set; every stored band was measured without one"
+    assert e["c"]["engine"] == "sglang"
+
+
+def test_prefix_summary_says_which_pools_cache_and_why_by_hand():
+    # pool p caches by its engine's default (topology.prefix_by_engine names the engine), pool d by the
+    # scenario's prefix_cache key, pool x not at all (left out)
+    topo = NS(instances=[], prefix_by_engine={"p": "vllm-v1"},
+              pools=[NS(name="p", spec=NS(prefix_on=True)), NS(name="d", spec=NS(prefix_on=True)),
+                     NS(name="x", spec=NS(prefix_on=False))])
+    s = metrics.prefix_summary(NS(topology=topo, requests=[]))
+    assert s["enabled_by"] == {"p": "engine default (vllm-v1)", "d": "scenario"}
+    # a topology that records no engine default: every caching pool by the scenario
+    del topo.prefix_by_engine
+    assert metrics.prefix_summary(NS(topology=topo, requests=[]))["enabled_by"] == {"p": "scenario", "d": "scenario"}
