@@ -402,6 +402,14 @@ def test_measured_prefill_capacity_is_prompts_per_busy_second():
     assert got == pytest.approx([20.0] * len(got), rel=1e-9)
 
 
+def _shared_prefix_run(topo: dict, rate: float, n: int, output: int, shared: int):
+    """One topology ``t`` at ``rate`` of ``n`` 1000-token prompts whose first ``shared`` tokens every prompt
+    shares (workload.shared_prefix_tokens), ``output`` tokens out; the run's result."""
+    sc = scenario({"t": topo}, rate=rate, num_requests=n, prompt_tokens=1000, output_tokens=output)
+    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"shared_prefix_tokens": shared})})
+    return simulate(sc)[0]
+
+
 def test_slo_planner_prices_prefill_at_the_share_its_prefix_cache_saves():
     # a linear step cost (10 ms + 0.1 ms per computed token + 0.01 ms per KV token read): a lone prefill of 1000
     # tokens costs 0.01 + 0.1 + 0.01 = 0.12 s; with its first 640 tokens cached (every prompt shares them, 40
@@ -414,9 +422,7 @@ def test_slo_planner_prices_prefill_at_the_share_its_prefix_cache_saves():
             "decode": {"instances": 1, **lin},
             "autoscaler": {"policy": "slo", "interval_s": 2, "slo": {"window_s": 4}, "prefill": {"max": 3},
                            "decode": {"max": 3}}}
-    sc = scenario({"t": topo}, rate=4, num_requests=60, prompt_tokens=1000, output_tokens=4)
-    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"shared_prefix_tokens": 640})})
-    res = simulate(sc)[0]
+    res = _shared_prefix_run(topo, rate=4, n=60, output=4, shared=640)
     a = res.topology.autoscaler
     pool = res.topology.prefill
     assert prefill_s(pool, 1000, 0.64) == pytest.approx(0.056, rel=1e-12)
@@ -445,9 +451,7 @@ def test_slo_planner_cached_share_is_the_prefill_pool_first_hits():
             "decode": {"instances": 1, **lin, "kv_blocks": 300, "prefix_cache": {"enabled": True}},
             "autoscaler": {"policy": "slo", "interval_s": 2, "slo": {"window_s": 4}, "prefill": {"max": 1},
                            "decode": {"max": 1}}}
-    sc = scenario({"t": topo}, rate=10, num_requests=120, prompt_tokens=1000, output_tokens=400)
-    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"shared_prefix_tokens": 640})})
-    res = simulate(sc)[0]
+    res = _shared_prefix_run(topo, rate=10, n=120, output=400, shared=640)
     a = res.topology.autoscaler
     reqs = res.requests
     assert sum(r.preemptions for r in reqs) > 0                  # (the case needs decode preemptions)
@@ -465,9 +469,7 @@ def test_slo_planner_leaves_preempted_requests_out_of_the_cached_share():
     lin = {"cost_model": {"kind": "linear", "base_s": 0.005, "per_token_s": 2e-5, "per_kv_token_s": 1e-6}}
     topo = {"kind": "colocated", "replicas": 1, **lin, "kv_blocks": 300, "prefix_cache": {"enabled": True},
             "autoscaler": {"policy": "slo", "interval_s": 2, "slo": {"window_s": 4}, "replicas": {"max": 1}}}
-    sc = scenario({"t": topo}, rate=10, num_requests=120, prompt_tokens=1000, output_tokens=400)
-    sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"shared_prefix_tokens": 16})})
-    res = simulate(sc)[0]
+    res = _shared_prefix_run(topo, rate=10, n=120, output=400, shared=16)
     kept = [r for r in res.requests if r.preemptions == 0 and r.status == "finished"]
     preempted = [r for r in res.requests if r.preemptions]
     assert preempted and sum(r.cached_tokens for r in preempted) > 16 * len(preempted) * 2   # their inflated hits
