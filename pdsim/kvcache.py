@@ -7,6 +7,7 @@ scheduler decides what to do (wait or preempt), as vLLM's
 """
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 
 from .workload import Request
@@ -160,13 +161,17 @@ def page_layout(hash_ids, unit_tokens: int, block_size: int, tokens: int) -> tup
 class PrefixStats:
     """Counters of one instance's prefix cache (tokens; block counts times block size)."""
     __slots__ = ("lookup_tokens", "gpu_hit_tokens", "host_hit_tokens", "host_load_bytes", "evicted_blocks",
-                 "host_evicted_blocks", "admissions", "transfer_hit_tokens")
+                 "host_evicted_blocks", "admissions", "transfer_hit_tokens", "hits")
 
     def __init__(self):
         self.lookup_tokens = self.gpu_hit_tokens = self.host_hit_tokens = 0
         self.host_load_bytes = 0.0
         self.evicted_blocks = self.host_evicted_blocks = self.admissions = 0
         self.transfer_hit_tokens = 0
+        # every admission that found a prefix: (tokens it had to compute without the cache, tokens found),
+        # flat; what metrics.prefix_summary prices under this instance's cost model (a re-admission after
+        # a preemption counts again, as it does in gpu_hit_tokens / host_hit_tokens)
+        self.hits = array("q")
 
 
 class PrefixKVCache(KVCache):
@@ -372,7 +377,10 @@ class PrefixKVCache(KVCache):
         s.lookup_tokens += req.prompt_tokens
         s.gpu_hit_tokens += gpu_tokens
         s.host_hit_tokens += host_tokens
-        req.cached_tokens = gpu_tokens + host_tokens
+        req.cached_tokens = hit = gpu_tokens + host_tokens
+        if hit:
+            s.hits.append(req.known)
+            s.hits.append(hit)
 
     def take_load_s(self) -> float:
         t, self.load_s = self.load_s, 0.0

@@ -571,9 +571,10 @@ def _rate(num: float, den: float):
 def prefix_summary(res) -> dict:
     """Prefix-cache figures of one topology: hit rates per instance and tier (hit tokens / prompt
     tokens of the admissions looked up there), prompt tokens not computed, the prefill FLOPs they
-    would have cost (each request's prompt alone vs its uncached suffix over the cached context,
-    under its instance's cost model; None for cost models without FLOPs), and KV-transfer bytes
-    not sent because the decode instance held the prefix already."""
+    would have cost (every admission that found a prefix, as the hit-token counts have it, a
+    re-admission after a preemption included: its tokens alone vs its uncached suffix over the cached
+    context, under the cost model of the instance that looked it up; None for cost models without
+    FLOPs), and KV-transfer bytes not sent because the decode instance held the prefix already."""
     topo = res.topology
     per_instance = {}
     tot = {"lookup_tokens": 0, "gpu_hit_tokens": 0, "host_hit_tokens": 0}
@@ -592,21 +593,19 @@ def prefix_summary(res) -> dict:
             "cached_blocks_at_end": inst.kv.cached_blocks}
         for k in tot:
             tot[k] += getattr(st, k)
-    costs = {i.name: i.cost for i in topo.instances}
     flops_saved, has_flops = 0.0, True
-    for r in res.requests:
-        h = r.cached_tokens
-        if not h:
+    for inst in topo.instances:           # every admission that found a prefix, under the cost model it ran on
+        if not inst.kv.prefix_on or not has_flops:
             continue
-        cost = costs.get(r.instance)
-        if cost is None:
-            continue
-        p, n = r.prompt_tokens, r.prompt_tokens - h
-        full = cost.step(p, p * p / 2.0, p, 1, 1).flops
-        if full == 0.0:
-            has_flops = False
-            break
-        flops_saved += full - cost.step(n, n * (h + n / 2.0), p, 1, 1).flops
+        hits, cost = inst.kv.stats.hits, inst.cost
+        for i in range(0, len(hits), 2):
+            p, h = hits[i], hits[i + 1]
+            n = p - h
+            full = cost.step(p, p * p / 2.0, p, 1, 1).flops
+            if full == 0.0:
+                has_flops = False
+                break
+            flops_saved += full - cost.step(n, n * (h + n / 2.0), p, 1, 1).flops
     by_engine = getattr(topo, "prefix_by_engine", None) or {}
     return {
         # which pools cache, and why: the scenario's prefix_cache key, or the engine's default (engines.py)

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_prefix import _serve  # noqa: E402  (admit, compute, finish, leave: the same helper)
 
 from pdsim.kvcache import KVCache, PrefixKVCache, SlidingKVCache, page_layout  # noqa: E402
-from pdsim.workload import FINISHED, Request  # noqa: E402
+from pdsim.workload import FINISHED, UNFINISHED, Request  # noqa: E402
 
 
 def _req(i, prompt, out, ids, unit=16):
@@ -137,6 +137,28 @@ def test_a_host_hit_admission_counts_its_copied_blocks_and_gives_them_back():
     st = kv.stats
     assert (st.admissions, st.lookup_tokens, st.gpu_hit_tokens, st.host_hit_tokens) == (3, 48 + 64 + 64, 64, 32)
     assert kv.take_load_s() == pytest.approx(0.002) and st.host_load_bytes == 2000.0
+    # the admissions that found a prefix, as (tokens to compute without the cache, tokens found): b and c
+    assert list(st.hits) == [64, 48, 64, 48]
+
+
+def test_a_readmission_after_preemption_logs_its_known_tokens_and_its_new_hit():
+    """A 48-token chain [1, 2, 3] served, then a request of the same prompt that had generated 5 tokens before
+    a preemption is admitted again: it must recompute 48 + 5 = 53 tokens, finds (53 - 1) // 16 = 3 pages
+    (48 tokens) cached, and the stats log (53, 48); its first admission's hit (none: it was the first) is not
+    overwritten in the log, only in ``cached_tokens``, which keeps the last admission's."""
+    kv = PrefixKVCache(20, 16)
+    a = _req(0, 48, 10, [1, 2, 3])
+    assert kv.peek(a) == 0 and kv.attach(a, 0, 48)
+    a.computed = 48
+    kv.commit(a)
+    b = _req(1, 48, 10, [1, 2, 3])
+    assert kv.peek(b) == 32 and kv.attach(b, 32, 48)        # (48 - 1) // 16 = 2 pages while a holds them
+    b.computed, b.generated = 53, 5
+    kv.release(b)                                           # preempted: its blocks go back
+    b.computed, b.status = 0, UNFINISHED
+    assert kv.peek(b) == 48 and kv.attach(b, 48, 53)
+    assert (kv.stats.admissions, b.cached_tokens) == (3, 48)
+    assert list(kv.stats.hits) == [48, 32, 53, 48]
 
 
 def test_peek_is_zero_for_a_request_already_holding_kv():

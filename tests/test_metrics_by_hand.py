@@ -210,29 +210,30 @@ def test_timeseries_bins_by_hand():
 
 class _FakeCost:
     """FLOPs of a step as a known sum of its arguments, so what prefix_summary prices is read off by hand."""
-    def __init__(self, zero=False):
-        self.zero = zero
+    def __init__(self, zero=False, scale=1.0):
+        self.zero, self.scale = zero, scale
 
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch):
         f = 0.0 if self.zero else 1e6 * tokens + 1e3 * attn_work + 10 * kv_read_tokens + 7 * sampled + 3 * batch
+        f *= self.scale
         return NS(time_s=0.0, flops=f, bytes=0.0)
 
 
-def _stats(adm, look, gpu, host):
+def _stats(adm, look, gpu, host, hits=()):
     return NS(admissions=adm, lookup_tokens=look, gpu_hit_tokens=gpu, host_hit_tokens=host, evicted_blocks=2,
-              host_evicted_blocks=1, host_load_bytes=4096, transfer_hit_tokens=16)
+              host_evicted_blocks=1, host_load_bytes=4096, transfer_hit_tokens=16, hits=list(hits))
 
 
 def test_prefix_summary_by_hand():
     cost = _FakeCost()
-    off = NS(name="x-0", kv=NS(prefix_on=False), cost=cost)               # no prefix cache: not counted
-    a = NS(name="a-0", kv=NS(prefix_on=True, stats=_stats(3, 400, 100, 50), cached_blocks=5), cost=cost)
-    b = NS(name="b-0", kv=NS(prefix_on=True, stats=_stats(1, 100, 20, 50), cached_blocks=0), cost=cost)
+    off = NS(name="x-0", kv=NS(prefix_on=False, stats=_stats(1, 50, 0, 0, (50, 16))), cost=cost)   # not counted
+    # a-0 logged one admission: 100 tokens, 40 found; b-0 one: 20 tokens, 16 found
+    a = NS(name="a-0", kv=NS(prefix_on=True, stats=_stats(3, 400, 100, 50, (100, 40)), cached_blocks=5), cost=cost)
+    b = NS(name="b-0", kv=NS(prefix_on=True, stats=_stats(1, 100, 20, 50, (20, 16)), cached_blocks=0),
+           cost=_FakeCost(scale=2.0))            # another cost model (twice the FLOPs): b-0's hits priced on it
     idle = NS(name="d-0", kv=NS(prefix_on=True, stats=_stats(0, 0, 0, 0), cached_blocks=0), cost=cost)
-    reqs = [NS(cached_tokens=0, instance="a-0", prompt_tokens=50),          # nothing cached: nothing saved
-            NS(cached_tokens=16, instance="gone", prompt_tokens=50),        # no such instance: skipped
-            NS(cached_tokens=40, instance="a-0", prompt_tokens=100),
-            NS(cached_tokens=16, instance="b-0", prompt_tokens=20)]
+    # the requests' own cached_tokens (the last admission's) are not what is priced
+    reqs = [NS(cached_tokens=99, instance="a-0", prompt_tokens=100)]
     res = NS(topology=NS(instances=[off, a, b, idle]), requests=reqs)
     s = metrics.prefix_summary(res)
     # a-0: (100 + 50) / 400 hit, 100 / 400 on the GPU, 50 / 400 from host memory
@@ -247,12 +248,13 @@ def test_prefix_summary_by_hand():
     # all: 500 looked up, 120 GPU hits, 100 host hits
     assert (s["hit_rate"], s["gpu_hit_rate"], s["host_hit_rate"]) == (0.44, 0.24, 0.2)
     assert s["prompt_tokens_looked_up"] == 500 and s["tokens_saved"] == 220
-    # request 2: the whole 100-token prompt, alone (attention work 100^2 / 2, reads 100, samples 1, batch 1)
+    # a-0's admission: the whole 100-token prompt, alone (attention work 100^2 / 2, reads 100, samples 1, batch 1)
     # 1e8 + 5e6 + 1000 + 7 + 3; its 60-token suffix over 40 cached: work 60 x (40 + 30) = 4200
     # 6e7 + 4.2e6 + 1000 + 7 + 3.  Saved: 105_001_010 - 64_201_010 = 40_800_000
-    # request 3: 20 tokens, 16 cached: 2e7 + 2e5 + 200 + 10 = 20_200_210 less its 4-token suffix
-    # (work 4 x (16 + 2) = 72): 4e6 + 72_000 + 200 + 10 = 4_072_210 -> 16_128_000; both: 56_928_000
-    assert s["prefill_flops_saved"] == 56_928_000.0
+    # b-0's: 20 tokens, 16 cached: 2e7 + 2e5 + 200 + 10 = 20_200_210 less its 4-token suffix
+    # (work 4 x (16 + 2) = 72): 4e6 + 72_000 + 200 + 10 = 4_072_210 -> 16_128_000, twice on b-0's model:
+    # 32_256_000; both: 73_056_000
+    assert s["prefill_flops_saved"] == 73_056_000.0
     assert s["transfer_bytes_saved"] == 0.0                                 # a topology without links
     res.topology.transfer_bytes_saved = 123.0
     assert metrics.prefix_summary(res)["transfer_bytes_saved"] == 123.0
