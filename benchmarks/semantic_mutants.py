@@ -409,6 +409,10 @@ MUTANTS: list[Mutant] = [
            "                if req.preemptions == 0:", "                if True:",
            ("tests/test_autoscale.py::test_slo_planner_leaves_preempted_requests_out_of_the_cached_share",),
            "the slo planner's cached share counts a preempted request's re-admission hit (its own pages)"),
+    Mutant("prefix-flops-first-admission-only", "pdsim/kvcache.py",
+           "        if hit:\n            s.hits.append(req.known)", "        if hit and not req.generated:\n            s.hits.append(req.known)",
+           ("tests/test_kvcache_by_hand.py::test_a_readmission_after_preemption_logs_its_known_tokens_and_its_new_hit",),
+           "the prefill FLOPs saved leave out a re-admission's hit that the hit-token counts include"),
 ]
 
 
