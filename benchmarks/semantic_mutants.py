@@ -413,6 +413,10 @@ MUTANTS: list[Mutant] = [
            "        if hit:\n            s.hits.append(req.known)", "        if hit and not req.generated:\n            s.hits.append(req.known)",
            ("tests/test_kvcache_by_hand.py::test_a_readmission_after_preemption_logs_its_known_tokens_and_its_new_hit",),
            "the prefill FLOPs saved leave out a re-admission's hit that the hit-token counts include"),
+    Mutant("dp-attention-splits-prompts", "pdsim/instance.py",
+           "self.attn_ranks = ranks if isinstance(ranks, int) and ranks > 1 else 1", "self.attn_ranks = 1",
+           ("tests/test_dp_attention.py::test_a_prompt_arriving_among_decodes_waits_its_whole_prefill",),
+           "DP attention shares a prompt chunk's tokens out over the ranks in proportion (one request split)"),
 ]
 
 

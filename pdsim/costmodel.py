@@ -47,8 +47,12 @@ per-step overhead); :class:`pdsim.pipeline.PipelineCost` turns those into the pe
 micro-batched pipeline.  ``step`` itself never depends on ``pp``.
 
 DP attention (``dp_attention``, ep = tp): every op but the routed experts runs on the busiest attention
-rank's share of the batch (ceil(batch / tp) requests) with whole (unsharded) weights; the routed experts
-on all the step's tokens / ep; no all-reduce; the all-to-all moves a rank's own tokens.
+rank's share of the batch with whole (unsharded) weights; the routed experts on all the step's tokens / ep;
+no all-reduce; the all-to-all moves a rank's own tokens.  A request's tokens are never split over ranks:
+a step's prompt chunks go whole, largest first, each onto the least-loaded rank, and its one-token items
+(decodes) fill the ranks up evenly (:func:`busiest_rank`, which the simulator's steps use); a step of
+one-token items only (every decode step, the fast path's windows) gives the busiest rank ceil(batch / tp)
+of them, each carrying the batch's mean context (ASSUMPTION: an ideal balancer).
 
 Sliding-window attention (a model with ``sliding_layers`` > 0 and window W): a sliding layer's
 new token at position p (it attends to p tokens, itself included, on a full layer) attends to
@@ -191,6 +195,57 @@ class CostModel:
         w, kv = sliding_aggregates(context, 1, W)
         return self.step(batch, float(batch * context), batch * (context + 1), batch, batch,
                          swa=(batch * w, batch * kv)).time_s
+
+
+def busiest_rank(items, ranks: int):
+    """The busiest attention rank of a DP-attention step whose requests are ``items`` = [(request, new
+    tokens)] (before the step: ``computed`` tokens in cache), dealt over ``ranks`` ranks as an ideal balancer
+    would with whole requests: the multi-token items (prompt chunks) largest first, each onto the rank
+    with the fewest tokens so far (ties: the lowest rank), then the one-token items one at a time onto the
+    least-loaded rank, each carrying the mean attention work, KV read and sampling of the one-token items.
+    Returns (tokens, attn_work, kv_read_tokens, sampled, requests) of the rank with the most tokens (ties:
+    the most attention work, then the lowest rank), or None when every item is one token (then the
+    proportional share of :meth:`RooflineCost._rank` is exact under the same assumption)."""
+    parts = []
+    for req, n in items:
+        c = req.computed
+        parts.append((n, n * (c + 0.5 * n), c + n, 1 if c + n == req.prompt_tokens + req.generated else 0))
+    return deal_ranks(parts, ranks)
+
+
+def deal_ranks(parts, ranks: int):
+    """:func:`busiest_rank` on per-request parts (new tokens, attention work, KV read, sampled tokens)."""
+    chunks = []
+    d = d_attn = d_kv = d_s = 0
+    for p in parts:
+        if p[0] > 1:
+            chunks.append(p)
+        else:
+            d += 1
+            d_attn += p[1]
+            d_kv += p[2]
+            d_s += p[3]
+    if not chunks:
+        return None
+    chunks.sort(key=lambda x: -x[0])          # stable: equal chunks keep the step's order
+    load = [[0, 0.0, 0, 0, 0] for _ in range(ranks)]      # tokens, attention work, KV read, sampled, requests
+    for n, a, kv, s in chunks:
+        r = min(range(ranks), key=lambda j: load[j][0])
+        x = load[r]
+        x[0] += n
+        x[1] += a
+        x[2] += kv
+        x[3] += s
+        x[4] += 1
+    dec = [0] * ranks
+    for _ in range(d):
+        r = min(range(ranks), key=lambda j: load[j][0] + dec[j])
+        dec[r] += 1
+    best = max(range(ranks), key=lambda j: (load[j][0] + dec[j], load[j][1] + dec[j] * (d_attn / d if d else 0.0),
+                                            -j))
+    x, k = load[best], dec[best]
+    f = k / d if d else 0.0
+    return (x[0] + k, x[1] + f * d_attn, x[2] + f * d_kv, x[3] + f * d_s, x[4] + k)
 
 
 @dataclass
@@ -631,7 +686,7 @@ class RooflineCost(CostModel):
             self._static_cache[key] = out
         return out
 
-    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
         """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays).  A caller
         that passes no ``swa`` for a model with sliding layers gets every layer priced as full attention
         (an overestimate; the simulator's steps, the fast path, prefill_time, decode_time and ``pdsim
@@ -644,23 +699,27 @@ class RooflineCost(CostModel):
             # attention summed first: with equal full and sliding ops this is the full-attention sum, bit for bit
             return (t_s + (t_f * full.count + t_w * sl.count), f_s + (full.flops * full.count + sl.flops * sl.count),
                     b_s + (full.bytes * full.count + sl.bytes * sl.count))
-        t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill)
+        t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill, rank)
         t_a = self.op_time(att)[0]
         L = att.count
         return t_s + t_a * L, f_s + att.flops * L, b_s + att.bytes * L
 
-    def _parts(self, tokens, attn_work, kv_read_tokens, sampled, batch, prefill: bool):
+    def _parts(self, tokens, attn_work, kv_read_tokens, sampled, batch, prefill: bool, rank=None):
         """A step without sliding layers in two parts: the cached static sum (time_s, flops, bytes) and the
-        attention op, under DP attention the busiest rank's (:meth:`_rank`)."""
+        attention op, under DP attention the busiest rank's (``rank``, from :func:`busiest_rank`, or else
+        :meth:`_rank`)."""
         if self.attn_dp > 1:
-            Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
+            Ta, aw, kv, Sa, rb = rank if rank is not None else self._rank(tokens, attn_work, kv_read_tokens,
+                                                                           sampled, batch)
             return (*self._static(tokens, sampled, (Ta, Sa)), self._attention_op(Ta, aw, kv, rb, prefill))
         return (*self._static(tokens, sampled), self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill))
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
+        """One step from its aggregates; under DP attention ``rank`` (:func:`busiest_rank` of the step's
+        requests) replaces the proportional share of the busiest attention rank."""
         if swa is not None:
             swa = (float(swa[0]), float(swa[1]))
-        t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch, swa)
+        t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch, swa, rank)
         return StepCost(float(t), float(f), float(b))
 
     # --- pipeline stages (pdsim/pipeline.py combines them) ----------------------

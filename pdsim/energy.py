@@ -90,9 +90,12 @@ class CappedCost:
         full = np.maximum(c, m)
         return np.where(full > 0, np.maximum(c / self.f, m) / np.where(full > 0, full, 1.0), 1.0)
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
-        s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch) if swa is None else \
-            self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, swa=swa)
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
+        if rank is not None:            # DP attention's busiest rank (costmodel.busiest_rank)
+            s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, rank=rank)
+        else:
+            s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch) if swa is None else \
+                self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, swa=swa)
         return StepCost(s.time_s * float(self._stretch(s.flops, s.bytes)), s.flops, s.bytes)
 
     def decode_steps(self, batch, attn0, kv0, k, swa=None):

@@ -280,8 +280,10 @@ class EngineCost:
     def __getattr__(self, name):          # device, tp, compute_dtype, weight_bytes_per_gpu, ...
         return getattr(self.inner, name)
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None):
-        if swa is None:
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
+        if rank is not None:            # DP attention's busiest rank (costmodel.busiest_rank)
+            c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, rank=rank)
+        elif swa is None:
             c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch)
         else:
             c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, swa=swa)

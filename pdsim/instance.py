@@ -22,7 +22,7 @@ from collections import deque
 
 import numpy as np
 
-from .costmodel import CostModel, StepCost, window_sums
+from .costmodel import CostModel, StepCost, busiest_rank, window_sums
 from .kvcache import KVCache
 from .scheduler import Limits
 import simpy
@@ -186,6 +186,9 @@ class Instance:
         self.env, self.name, self.pool, self.role = env, name, pool, role
         self.cost, self.kv, self.policy, self.limits = cost, kv, policy, limits
         self.window = limits.window        # sliding window of the model's sliding layers (None: none)
+        # DP attention's ranks (1: none): a step with a prompt chunk is priced on its busiest rank's whole requests
+        ranks = getattr(cost, "attn_dp", 1)
+        self.attn_ranks = ranks if isinstance(ranks, int) and ranks > 1 else 1
         self.gpus = gpus
         self.sink = sink                   # topology callbacks: first_token, finished, prefill_done
         self.waiting: deque[Request] = deque()
@@ -283,7 +286,13 @@ class Instance:
             if self.spec is not None:       # speculative decoding: verify steps (pdsim/speculative.py)
                 c, drafts = self.spec.plan_step(plan, self.kv)
             elif self.window is None:
-                c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled, len(plan.items))
+                rank = busiest_rank(plan.items, self.attn_ranks) if self.attn_ranks > 1 else None
+                if rank is None:
+                    c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled,
+                                       len(plan.items))
+                else:       # DP attention with a prompt chunk in the step: whole requests per rank
+                    c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled,
+                                       len(plan.items), rank=rank)
             else:
                 c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled, len(plan.items),
                                    swa=plan.swa)

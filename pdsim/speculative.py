@@ -50,7 +50,7 @@ import dataclasses
 
 import numpy as np
 
-from .costmodel import RooflineCost, StepCost
+from .costmodel import RooflineCost, StepCost, deal_ranks
 from .errors import ConfigError
 from .kernels import attention_roofline
 from .pipeline import PipelineCost
@@ -208,14 +208,24 @@ class Speculator:
             else:
                 drafts.append(-1)
                 pure = False
-        tgt = self._verify_cost(T, attn, kvr, S, len(plan.items), pure and bool(ds))
+        rank = None
+        if not pure and getattr(self.target, "attn_dp", 1) > 1:   # DP attention, a prompt chunk in the step
+            parts = []
+            for (req, n), d in zip(plan.items, drafts):
+                c = req.computed
+                if d > 0:          # a verify item: 1 + d query tokens, each sampled
+                    parts.append((1 + d, (1 + d) * (c + 0.5 * (1 + d)), c + 1 + d, 1 + d))
+                else:
+                    parts.append((n, n * (c + 0.5 * n), c + n, 1 if c + n == req.known else 0))
+            rank = deal_ranks(parts, self.target.attn_dp)
+        tgt = self._verify_cost(T, attn, kvr, S, len(plan.items), pure and bool(ds), rank)
         if not ds:
             return tgt, drafts
         dt, df, db = self._draft_cost(ds, cs)
         self.draft_time_s += dt
         return StepCost(tgt.time_s + dt, tgt.flops + df, tgt.bytes + db), drafts
 
-    def _verify_cost(self, T, attn, kvr, S, B, pure: bool) -> StepCost:
+    def _verify_cost(self, T, attn, kvr, S, B, pure: bool, rank=None) -> StepCost:
         cost = self.target
         wrappers = []                                # engine overhead, power cap: outermost first
         inner = cost
@@ -223,7 +233,7 @@ class Speculator:
             wrappers.append(inner)
             inner = inner.inner
         if not (pure and isinstance(inner, RooflineCost)):
-            return cost.step(T, attn, kvr, S, B)
+            return cost.step(T, attn, kvr, S, B) if rank is None else cost.step(T, attn, kvr, S, B, rank=rank)
         # (under DP attention the busiest rank's attention: RooflineCost._parts deals the batch as for any step)
         t_s, f_s, b_s, att = inner._parts(T, float(attn), float(kvr), S, B, False)
         # decode kernel: the KV is read once; the d + 1 queries' FLOPs at the decode kernel's efficiency

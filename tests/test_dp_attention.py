@@ -12,7 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pdsim import config, metrics
-from pdsim.costmodel import RooflineCost
+from types import SimpleNamespace as NS
+
+from pdsim.costmodel import RooflineCost, busiest_rank
 from pdsim.devices import GiB, get_device
 from pdsim.models import get_model
 from pdsim.simulation import simulate
@@ -82,6 +84,67 @@ def test_a_lone_request_runs_on_one_rank():
     P = 3000
     assert dp.breakdown(P, P * P / 2.0, P, 1, 1)["attention"] == one.breakdown(P, P * P / 2.0, P, 1, 1)["attention"]
     assert dp.breakdown(1, 5000.0, 5001, 1, 1)["attention"] == one.breakdown(1, 5000.0, 5001, 1, 1)["attention"]
+
+
+def _item(computed, prompt, generated, n):
+    return (NS(computed=computed, prompt_tokens=prompt, generated=generated), n)
+
+
+def test_busiest_rank_deals_whole_requests_by_hand():
+    """8 ranks.  A 3000-token prompt from empty (it samples its first token), a 1000-token chunk of a
+    4000-token prompt (no sample) and 20 decodes: the chunks go largest first onto empty ranks 0 and 1; the
+    decodes fill ranks 2-7 one at a time (lowest rank first among the least loaded): 4, 4, 3, 3, 3, 3.
+    Rank 0 is the busiest with the 3000-token prompt alone: work 3000 x 1500, KV read 3000, 1 sampled, 1
+    request.  Nothing is split as the proportional share would (3000 + 1000 + 20 tokens x 3 / 22 requests)."""
+    items = [_item(0, 4000, 0, 1000), *[_item(500 + i, 500, i + 1, 1) for i in range(20)], _item(0, 3000, 0, 3000)]
+    assert busiest_rank(items, 8) == (3000, 4_500_000.0, 3000, 1, 1)
+    # 70 decodes at context 1000 (each: work 1000.5, KV 1001, samples) and a 10-token chunk at 100 cached of a
+    # 200-token prompt: the chunk takes rank 0 (10 tokens), the decodes level ranks 1-7 at 10 each; on equal
+    # tokens the rank with the most attention work is the busiest: a rank of 10 decodes, not the chunk's
+    # (work 10 x 105 = 1050): work 10 x 1000.5, KV 10 x 1001, 10 sampled, 10 requests
+    items = [_item(100, 200, 0, 10), *[_item(1000, 990, 11, 1) for _ in range(70)]]
+    assert busiest_rank(items, 8) == (10, 10_005.0, 10_010.0, 10.0, 10)
+    # decodes only: None (the proportional share is exact for them)
+    assert busiest_rank([_item(10, 5, 6, 1)] * 9, 8) is None
+    # one rank: everything on it
+    assert busiest_rank([_item(0, 64, 0, 64), _item(99, 50, 50, 1)], 1) == (65, 64 * 32 + 99.5, 64 + 100, 2, 2)
+
+
+def test_a_prompt_chunk_beside_decodes_costs_its_rank_what_it_costs_alone():
+    """A 3000-token prompt prefilled in the same step as 7 decodes: its rank does the whole prompt, so the
+    step costs at least the prompt alone on an idle instance (the experts see 7 more tokens: within 1%); the
+    proportional share (3007 tokens / 8 requests, one rank's 1/8) priced it at well under that."""
+    dp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8, 0.0, 1, True)
+    P, c = 3000, 2000
+    items = [_item(0, P, 0, P), *[_item(c, 1000, c - 999, 1) for _ in range(7)]]
+    tokens, work, kv = P + 7, P * P / 2.0 + 7 * (c + 0.5), P + 7 * (c + 1)
+    rank = busiest_rank(items, 8)
+    assert rank == (P, P * P / 2.0, P, 1, 1)
+    lone = dp.step(P, P * P / 2.0, P, 1, 1).time_s
+    mixed = dp.step(tokens, work, kv, 8, 8, rank=rank).time_s
+    assert lone <= mixed <= 1.01 * lone
+    assert dp.step(tokens, work, kv, 8, 8).time_s < 0.6 * lone
+
+
+@pytest.mark.parametrize("extra", [{}, {"engine": "sglang"}, {"power_cap_W": 500},
+                                   {"speculative": {"method": "mtp", "k": 2, "acceptance": 0.8}}])
+def test_a_prompt_arriving_among_decodes_waits_its_whole_prefill(tmp_path, extra):
+    """Simulated: 7 short requests decode on a DP-attention instance (8 ranks) when a 3000-token prompt
+    arrives; its first token comes no sooner than its prefill alone takes on the idle instance (also through
+    an engine's overhead and a power cap, which wrap the cost model, and with MTP drafts in the decodes)."""
+    trace = tmp_path / "t.csv"
+    rows = ["arrived_at,num_prefill_tokens,num_decode_tokens"] + ["0.0,16,400"] * 7 + ["0.5,3000,4"]
+    trace.write_text("\n".join(rows) + "\n")
+    pool = {"kind": "colocated", "device": "h200", "tp": 8, "ep": 8, "dp_attention": True,
+            "chunked_prefill": {"token_budget": 8192}, **extra}
+    sc = config.parse({"model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                       "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "topologies": {"t": pool}}, "t.yaml")
+    (res,) = simulate(sc)
+    long = max(res.requests, key=lambda r: r.prompt_tokens)
+    cost = res.topology.instances[0].cost
+    assert long.first_token_s - long.arrival_s >= cost.prefill_time(3000) * (1 - 1e-9)
+    assert all(r.first_token_s < 0.5 < r.finish_s for r in res.requests if r is not long)   # it met 7 decodes
 
 
 DP_TOPOS = [
