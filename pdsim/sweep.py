@@ -4,7 +4,10 @@ A ``--set KEY=lo:hi:step`` (numbers, hi included) or ``--set KEY=a,b,c`` is an a
 ``--set`` applies to every point.  Every point's scenario is validated before anything is simulated.  For
 each point and topology it keeps SLO attainment, TTFT/TPOT percentiles and cost, and per topology the
 goodput: DistServe's highest swept value whose attainment (and every lower value's) meets the target,
-with the crossing interpolated linearly between the last passing and the first failing point.
+with the crossing interpolated linearly between the last passing and the first failing point.  Goodput is
+given over a load only (``LOAD_KEYS``: rate, rate_scale, clients); over any other numeric key (an SLO bound,
+replicas, lengths) the values where the SLO is met and missed are listed instead, and a topology that a
+``topologies.NAME...`` key does not set is said to be unchanged by it.
 
 Writes ``sweep.csv`` (one row per point per topology), ``sweep.json`` and ``sweep.html``.
 """
@@ -120,6 +123,27 @@ def goodput(xs: list[float], att: list[float], target: float) -> dict:
     return {"status": "within the swept range", "last_pass": x0, "first_fail": x1, "estimate": est}
 
 
+# the axes that raise the load: goodput (the highest value that still meets the SLO) means something on them only
+LOAD_KEYS = ("workload.rate", "workload.trace.rate_scale", "workload.rate_curve.scale", "workload.clients")
+
+
+def axis_topology(key: str, names) -> str | None:
+    """The topology a ``topologies.NAME...`` key sets (None: a key every topology reads)."""
+    if not key.startswith("topologies."):
+        return None
+    rest = key[len("topologies."):]
+    for n in sorted(names, key=len, reverse=True):    # a name may hold dots: the longest that matches
+        if rest == n or rest.startswith(n + "."):
+            return n
+    return rest.split(".", 1)[0]
+
+
+def passes_and_fails(xs: list, att: list, target: float) -> dict:
+    """On an axis that is not a load: the swept values where the SLO was met and where it was not, in order."""
+    pts = sorted((x, a) for x, a in zip(xs, att) if a is not None and not math.isnan(a))
+    return {"passes_at": [x for x, a in pts if a >= target], "fails_at": [x for x, a in pts if a < target]}
+
+
 def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress: bool = True,
               executor=None) -> dict:
     """The grid: in this process (jobs 1), a local process pool, or ``executor`` (a
@@ -169,18 +193,24 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
     for row in rows:
         label = row["topology"] + "".join(f" · {k.split('.')[-1]}={row[k]}" for k in others)
         series.setdefault(label, []).append(row)
-    gp, gp_err = {}, {}
+    gp, gp_err, verdicts, untouched = {}, {}, {}, []
     numeric = all(_is_num(v) for v in dict(axes)[xkey])
+    load = xkey in LOAD_KEYS
+    only = axis_topology(xkey, list(sc.topologies))
     for label, rs in series.items():
-        if numeric:
+        if only is not None and rs[0]["topology"] != only:
+            untouched.append(label)         # the x axis sets another topology: nothing to judge over it here
+        elif numeric and load:
             gp[label] = goodput([r[xkey] for r in rs], [r["slo_attainment"] for r in rs], target)
             # the same at pdsim's p90 error (metrics.slo_at_error): the low end of the goodput's band
             if all(r.get("slo_attainment_at_p90_error") is not None for r in rs):
                 gp_err[label] = goodput([r[xkey] for r in rs], [r["slo_attainment_at_p90_error"] for r in rs], target)
+        elif numeric:                       # not a load: a bigger value need not be harder, so no goodput
+            verdicts[label] = passes_and_fails([r[xkey] for r in rs], [r["slo_attainment"] for r in rs], target)
     return {"scenario": str(scenario), "name": sc.name, "axes": [{"key": k, "values": v} for k, v in axes],
-            "fixed": fixed, "x": xkey, "numeric_x": numeric, "slo": sc.slo.model_dump(), "rows": rows,
+            "fixed": fixed, "x": xkey, "numeric_x": numeric, "load_x": load, "slo": sc.slo.model_dump(), "rows": rows,
             "series": {k: [r for r in v] for k, v in series.items()}, "goodput": gp, "goodput_at_p90_error": gp_err,
-            "wall_s": time.perf_counter() - t0, "jobs": jobs}
+            "verdicts": verdicts, "untouched": untouched, "wall_s": time.perf_counter() - t0, "jobs": jobs}
 
 
 def write_sweep_outputs(result: dict, out: Path) -> Path:
@@ -211,6 +241,17 @@ def print_goodput(result: dict, out=None) -> None:
         if e is not None:
             print(f"{label}: at pdsim's p90 error {_estimate(e)} {x} (latencies judged at the bounds / the p90 of "
                   "measured/simulated over its validation runs; summary slo_at_error)", file=out)
+    for label, v in (result.get("verdicts") or {}).items():
+        print(f"{label}: {x} {_passes_text(v)} (not a load axis: no goodput)", file=out)
+    for label in result.get("untouched") or ():
+        print(f"{label}: unchanged by {x} (the key sets another topology)", file=out)
+
+
+def _passes_text(v: dict) -> str:
+    from .charts import num
+    p, f = v["passes_at"], v["fails_at"]
+    return "; ".join(([f"meets the SLO at {', '.join(num(x) for x in p)}"] if p else []) +
+                     ([f"misses it at {', '.join(num(x) for x in f)}"] if f else [])) or "no point judged"
 
 
 def build_sweep_report(result: dict, out: Path) -> Path:
@@ -272,9 +313,19 @@ def build_sweep_report(result: dict, out: Path) -> Path:
         e = (result.get("goodput_at_p90_error") or {}).get(label)
         if e is not None:
             verdict[-1] += f"; at pdsim's p90 error {_estimate(e)}"
-    text = (f"Goodput over {x} (the highest value at which at least {pct(tgt)} of requests meet TTFT ≤ "
-            f"{seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])}, interpolated between grid points): "
-            + "; ".join(verdict) + ".") if verdict else f"{x} is not numeric: no goodput is computed."
+    if verdict:
+        text = (f"Goodput over {x} (the highest value at which at least {pct(tgt)} of requests meet TTFT ≤ "
+                f"{seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])}, interpolated between grid points): "
+                + "; ".join(verdict) + ".")
+    elif result.get("verdicts"):
+        text = (f"{x} is not a load (rate, rate_scale or clients), so a larger value need not be harder and no "
+                f"goodput is computed. At least {pct(tgt)} of requests meet TTFT ≤ {seconds(slo['ttft_s'])} and "
+                f"TPOT ≤ {seconds(slo['tpot_s'])}: "
+                + "; ".join(f"{label} {_passes_text(v)}" for label, v in result["verdicts"].items()) + ".")
+    else:
+        text = f"{x} is not numeric: no goodput is computed."
+    if result.get("untouched"):
+        text += f" Unchanged by {x} (it sets another topology): {', '.join(result['untouched'])}."
     cols = [a["key"] for a in result["axes"]] + ["topology", "slo_attainment", "ttft_p50_s", "ttft_p90_s",
                                                   "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
                                                   "e2e_p90_s", "gpus", "cost_per_million_output_tokens_usd"]

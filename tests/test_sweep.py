@@ -144,3 +144,33 @@ def test_a_sweep_point_runs_from_the_scenario_contents_alone(tmp_path):
             "overrides": ["workload.rate=5"]}
     out = run_point(task)
     assert out["rows"][0]["finished"] == 20 and raw["workload"]["rate"] == 5      # the shared contents untouched
+
+
+def test_goodput_only_over_a_load_and_only_for_the_topology_an_axis_sets(tmp_path, capsys):
+    """A TTFT bound is no load: a tighter bound fails where a looser one passes, so 'goodput < 0.005 ttft_s'
+    would be nonsense; the sweep lists where the SLO is met and missed instead.  Every step costs 10 ms and
+    each request is one step to its first token, so TTFT is 10 ms at 1 req/s (no queueing): a 5 ms bound
+    misses, 0.3 s and 0.5 s meet.  A key under topologies.a leaves topology b unchanged: b gets no verdict."""
+    from pdsim.sweep import print_goodput, run_sweep
+    sc = tmp_path / "s.yaml"
+    sc.write_text("name: s\nseed: 1\nmodel: llama-3.1-8b\n"
+                  "workload: {arrival: constant, rate: 1, num_requests: 10, prompt_tokens: 16, output_tokens: 2}\n"
+                  "slo: {ttft_s: 1.0, tpot_s: 1.0}\n"
+                  "topologies:\n  a: {kind: colocated, kv_blocks: 1000, cost_model: {kind: constant, step_s: 0.01}}\n"
+                  "  b: {kind: colocated, kv_blocks: 1000, cost_model: {kind: constant, step_s: 0.01}}\n")
+    res = run_sweep(str(sc), ["slo.ttft_s=0.005,0.3,0.5"], jobs=1, progress=False)
+    assert res["goodput"] == {} and res["load_x"] is False and res["untouched"] == []
+    assert res["verdicts"] == {"a": {"passes_at": [0.3, 0.5], "fails_at": [0.005]},
+                               "b": {"passes_at": [0.3, 0.5], "fails_at": [0.005]}}
+    print_goodput(res)
+    out = capsys.readouterr().out
+    assert "a: slo.ttft_s meets the SLO at 0.3, 0.5; misses it at 0.005 (not a load axis: no goodput)" in out
+    assert "goodput <" not in out and "goodput ≥" not in out
+    # replicas of a only: b is unchanged by the axis
+    res = run_sweep(str(sc), ["topologies.a.replicas=1,2"], jobs=1, progress=False)
+    assert res["untouched"] == ["b"] and list(res["verdicts"]) == ["a"] and res["goodput"] == {}
+    assert res["verdicts"]["a"] == {"passes_at": [1, 2], "fails_at": []}
+    # a rate is a load: goodput as before (10 ms steps, one request each: meets up to 100 req/s at most)
+    res = run_sweep(str(sc), ["workload.rate=1,2"], jobs=1, progress=False)
+    assert set(res["goodput"]) == {"a", "b"} and res["verdicts"] == {} and res["load_x"] is True
+    assert res["goodput"]["a"]["status"] == "above the swept range"
