@@ -534,6 +534,13 @@ def expected_error(topo) -> dict:
         elif getattr(p.spec, "pp", 1) > 1:
             # the validation rows with pipeline parallelism are skipped (validate.read_measured): none measured
             out[p.name] = "unvalidated: pipeline parallel (no measured run used PP)"
+        elif getattr(p.spec, "speculative", None) is not None:
+            # no validation row records speculative decoding: its TPOT rests on the acceptance assumed
+            out[p.name] = (f"unvalidated: speculative decoding ({p.spec.speculative.method}; no measured run "
+                           "used it, and its TPOT rests on the acceptance rate assumed)")
+        elif getattr(p.spec, "power_cap_W", None) is not None:
+            out[p.name] = (f"unvalidated: power cap {p.spec.power_cap_W:g} W (no measured run was capped; the clock "
+                           "model under a cap is not measured)")
         else:
             out[p.name] = error_band(p.spec.engine, p.spec.device, p.spec.tp, moe=p.model.is_moe)
     return out

@@ -895,7 +895,12 @@ def test_releasable_and_expected_error_by_hand():
                      NS(name="f", model=moe, spec=NS(engine="vllm-v1", step_overhead=None, device="h100-sxm", tp=8,
                                                      cost_model=roof)),
                      NS(name="g", model=dense, spec=NS(engine="sglang", step_overhead=None, device="h100-sxm", tp=1,
-                                                       cost_model=NS(kind="linear")))])
+                                                       cost_model=NS(kind="linear"))),
+                     # a band measured without speculation or a power cap says nothing of pools with them
+                     NS(name="h", model=dense, spec=NS(engine="sglang", step_overhead=None, device="h100-sxm", tp=1,
+                                                       cost_model=roof, speculative=NS(method="draft_model"))),
+                     NS(name="i", model=dense, spec=NS(engine="sglang", step_overhead=None, device="h100-sxm", tp=1,
+                                                       cost_model=roof, power_cap_W=450.0))])
     e = metrics.expected_error(topo)
     assert e["a"] == ("unvalidated: step_overhead set on the sglang preset, whose band was measured with its own "
                       "(a `pdsim calibrate --from-benchmark` file states its held-out error)")
@@ -906,6 +911,9 @@ def test_releasable_and_expected_error_by_hand():
     assert e["e"]["moe"] and e["e"]["in_sample"] and e["e"]["rows"] == table["moe_bands"]["sglang|h200"]["rows"]
     assert e["f"].startswith("unvalidated for MoE models") and "vllm-v1|h100-sxm" in bands
     assert e["g"] == "unvalidated: a linear cost model (a what-if, not the roofline)"
+    assert e["h"] == ("unvalidated: speculative decoding (draft_model; no measured run used it, and its TPOT rests "
+                      "on the acceptance rate assumed)")
+    assert e["i"] == "unvalidated: power cap 450 W (no measured run was capped; the clock model under a cap is not measured)"
 
 
 def test_an_autoscaled_run_that_ends_at_t0_has_no_mean_gpus(tmp_path):
