@@ -83,6 +83,10 @@ class EnginePreset:
     # prefill pool of the engine caches prefixes unless its prefix_cache key says otherwise
     # (engine_prefix_cache)
     prefix_caching: bool = False
+    # under DP attention every attention rank runs its own scheduler with this token budget (TensorRT-LLM's
+    # max_num_tokens, vLLM's max_num_batched_tokens per DP engine), so the instance's budget is ranks x it;
+    # False: the budget is the instance's and split over the ranks (SGLang divides chunked_prefill_size by dp)
+    budget_per_rank: bool = True
 
 
 PRESETS: dict[str, EnginePreset] = {p.name: p for p in [
@@ -99,7 +103,7 @@ PRESETS: dict[str, EnginePreset] = {p.name: p for p in [
     EnginePreset("sglang", "fcfs", 8192, 2048, 1, 0.88, "static", 0.0, 34.16, 0.0, 150.0, 0.0, 0.0, 0.0,
                  "SGLang defaults (page 1, mem_fraction_static 0.88); step overhead FITTED to the TPOT residuals of "
                  "the train half of the aiconfigurator silicon sample (SGLang 0.5.x, H100/H200; it also absorbs "
-                 "cost-model error), tp_extra an estimate", prefix_caching=True),
+                 "cost-model error), tp_extra an estimate", prefix_caching=True, budget_per_rank=False),
     EnginePreset("trtllm", "chunked", 8192, 2048, 32, 0.9, "free", 620.6, 17.8, 0.0, 100.0, 0.0, 0.5, 0.0,
                  "TensorRT-LLM defaults (tokens_per_block 32, free_gpu_memory_fraction 0.9); step overhead FITTED "
                  "to the TPOT residuals of the train half of the aiconfigurator silicon sample (TRT-LLM 1.0, "
@@ -119,6 +123,8 @@ def apply_preset(pool) -> None:
     given = pool.model_fields_set
     if "max_batched_tokens" not in given:
         pool.max_batched_tokens = p.max_batched_tokens
+        if pool.dp_attention and p.budget_per_rank:     # each attention rank schedules its own budget
+            pool.max_batched_tokens *= pool.tp
     if "max_running" not in given:
         pool.max_running = p.max_running
     if "block_size" not in given:
@@ -195,7 +201,10 @@ def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float, w
     if weights is None:
         weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention,
                                              pool.pp_layers)
-    act = activation_peak_bytes(model, pool.max_batched_tokens, pool.max_running, pool.tp)
+    if pool.dp_attention:       # a GPU is one attention rank: its share of the tokens, unsharded layers
+        act = activation_peak_bytes(model, -(-pool.max_batched_tokens // pool.tp), -(-pool.max_running // pool.tp), 1)
+    else:
+        act = activation_peak_bytes(model, pool.max_batched_tokens, pool.max_running, pool.tp)
     graph = (pool.cuda_graph_GiB if pool.cuda_graph_GiB is not None else p.cuda_graph_GiB) * GiB
     non_torch = p.non_torch_GiB * GiB
     frac = pool.gpu_memory_utilization

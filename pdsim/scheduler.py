@@ -94,6 +94,9 @@ class Limits:
     max_batched_tokens: int = 8192      # tokens in one step (the chunked policy's token budget)
     reserve_full: bool = False          # admission takes blocks for the whole sequence (kv_reservation: full)
     window: int | None = None           # the model's sliding window (None: no sliding layers)
+    # the most prompt tokens one request computes in a step (None: the budget): under DP attention a request
+    # runs on one rank, whose share of the budget is budget / ranks (SGLang splits chunked_prefill_size so)
+    max_chunk: int | None = None
 
 
 def _preempt(victim: Request, kv: KVCache, running: list, waiting: deque, plan: StepPlan) -> None:
@@ -140,6 +143,8 @@ def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: Ste
                 n = budget
             elif plan.items:   # a whole prompt larger than the budget still runs, alone
                 break
+        if chunk and limits.max_chunk is not None and n > limits.max_chunk:
+            n = limits.max_chunk
         want = req.computed + hit + n
         if full and final_kv_tokens(req) > want:
             want = final_kv_tokens(req)
@@ -156,7 +161,8 @@ def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: Ste
     return budget
 
 
-def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, budget: int | None) -> int:
+def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, budget: int | None,
+                    max_chunk: int | None = None) -> int:
     """One step's tokens for every running request (a decode's one, a chunked prompt's next chunk) in batch
     order, within ``budget`` tokens (None: no budget), preempting when a request cannot grow; returns the
     budget left.  This loop runs for every request of every step, so a plain ``StepPlan``'s sums are kept
@@ -169,6 +175,7 @@ def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, 
     scheduled: set | None = set() if prefix else None   # a prefix pool's grow runs for every request
     tokens, attn, kv_read, sampled = plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled
     left = budget if budget is not None else 1 << 62
+    cap = max_chunk if max_chunk is not None else 1 << 62
     for req in list(running):
         if left <= 0:
             break
@@ -179,6 +186,8 @@ def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, 
         n = known - c
         if n > left:
             n = left
+        if n > cap:
+            n = cap
         if prefix:
             # a prefix pool's grow also trims its cache, so it always goes through
             if not _grow_running(req, n, kv, running, waiting, plan, scheduled):
@@ -216,7 +225,7 @@ def fcfs(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan
 
 def chunked(running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
     plan = StepPlan() if limits.window is None else SlidingStepPlan(window=limits.window)
-    budget = _decode_running(running, waiting, kv, plan, limits.max_batched_tokens)
+    budget = _decode_running(running, waiting, kv, plan, limits.max_batched_tokens, limits.max_chunk)
     if not plan.preempted:
         _admit(waiting, running, kv, limits, plan, budget, chunk=True)
     return plan

@@ -275,7 +275,9 @@ class Pool:
         # full reservation covers the sequence an instance will hold: a prefill instance hands off after the
         # prompt (TRT-LLM's context servers run with max_tokens 1), so it reserves the prompt only
         limits = Limits(spec.max_running, spec.token_budget, spec.kv_reservation == "full" and role != "prefill",
-                        model.window)
+                        model.window,
+                        # DP attention: a request runs on one of tp ranks, each with budget / tp of the step's tokens
+                        -(-spec.token_budget // spec.tp) if spec.dp_attention and spec.tp > 1 else None)
         policy = SCHEDULERS[spec.scheduler_name]
         if model.has_sliding:      # each request also holds its sliding layers' window (check_sliding: no prefix)
             extra = model.sliding_extra_blocks(spec.block_size)

@@ -193,3 +193,60 @@ def test_summary_says_dp_attention():
     res = simulate(sc)
     pool = metrics.summarize(res, metrics.requests_frame(res), sc)["t"]["pools"]["replica"]
     assert pool["dp_attention"] is True and pool["gpus"] == 2
+
+
+def test_a_dp_attention_rank_prefills_at_most_its_share_of_the_budget():
+    """Under DP attention a request runs on one of the tp ranks, each with budget / tp of a step's tokens (SGLang
+    splits chunked_prefill_size over its DP ranks): a 100-token prompt alone with a 64-token budget on 2 ranks
+    goes in chunks of 32, 32, 32, 4 (4 steps of 10 ms: first token at 40 ms), not 64 + 36 (20 ms); a second
+    prompt 1 ms behind joins at the second step and takes its own 32 a step beside the first (the budget holds
+    both): its first token 4 steps later, 49 ms after it arrived."""
+    def run(dp, n):
+        sc = config.parse({"model": "qwen3-30b-a3b", "workload": {"arrival": "constant", "rate": 1000.0,
+                                                                   "num_requests": n, "prompt_tokens": 100,
+                                                                   "output_tokens": 2},
+                           "topologies": {"t": {"kind": "colocated", "tp": 2, "ep": 2, "dp_attention": dp,
+                                                "kv_blocks": 1000, "chunked_prefill": {"token_budget": 64},
+                                                "cost_model": {"kind": "constant", "step_s": 0.01}}}})
+        (res,) = simulate(sc)
+        return sorted(r.first_token_s - r.arrival_s for r in res.requests)
+    assert run(True, 1) == pytest.approx([0.04], abs=1e-12)
+    assert run(False, 1) == pytest.approx([0.02], abs=1e-12)
+    assert run(True, 2) == pytest.approx([0.04, 0.04 - 0.001 + 0.01], abs=1e-12)
+
+
+def test_engine_budgets_under_dp_attention_follow_each_engine():
+    """TensorRT-LLM's max_num_tokens (8192) and vLLM's max_num_batched_tokens are per attention rank (each rank
+    its own scheduler): an 8-rank instance steps up to 8 x 8192 tokens, 8192 of them a request's.  SGLang's
+    chunked_prefill_size is the instance's, divided over the ranks (8192 / 8 = 1024 a rank).  Without DP
+    attention every preset keeps its 8192."""
+    from pdsim.topology import build
+    from pdsim.simulation import Context, Sink
+    import simpy
+    from pathlib import Path
+
+    def pool(engine, dp):
+        sc = config.parse({"model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                           "workload": {"rate": 1, "num_requests": 1},
+                           "topologies": {"t": {"kind": "colocated", "device": "h200", "tp": 8, "ep": 8,
+                                                "dp_attention": dp, "engine": engine, "scheduler": "chunked"}}})
+        spec = sc.topologies["t"]
+        env = simpy.Environment()
+        topo = build("t", spec, env, Context(get_model("deepseek-v3"), "fp8", "fp8", Path("."), 1.0), Sink(env))
+        lim = topo.instances[0].limits
+        return spec.max_batched_tokens, lim.max_batched_tokens, lim.max_chunk
+    assert pool("trtllm", True) == (65536, 65536, 8192)
+    assert pool("vllm-v1", True) == (65536, 65536, 8192)
+    assert pool("sglang", True) == (8192, 8192, 1024)
+    for engine in ("trtllm", "vllm-v1", "sglang"):
+        assert pool(engine, False) == (8192, 8192, None)
+    # the activation peak a GPU sizes its KV around: one rank's 8192 tokens and 2048 / 8 = 256 rows through
+    # unsharded layers (attention TP 1), not 65536 tokens over 8-way shards
+    from pdsim.engines import activation_peak_bytes, kv_cache_bytes
+    spec = config.parse({"model": "deepseek-v3", "weight_dtype": "fp8", "workload": {"rate": 1, "num_requests": 1},
+                         "topologies": {"t": {"kind": "colocated", "device": "h200", "tp": 8, "ep": 8,
+                                              "dp_attention": True, "engine": "trtllm"}}}).topologies["t"]
+    got = kv_cache_bytes(spec, DS, "fp8", H200.memory_bytes)["activation_bytes"]
+    m = DS
+    per_token = 2 * m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim + (3 if m.gated_mlp else 2) * m.mlp_width
+    assert got == activation_peak_bytes(DS, 8192, 256, 1) == 8192 * per_token * 2.0 + 256 * m.vocab * 4.0
