@@ -19,7 +19,8 @@ fast-path windows included).
 
 Power cap (``power_cap_W`` per pool, per GPU, like ``nvidia-smi -pl``).  **Law**: dynamic
 power scales with the cube of the SM clock (P ~ f V^2, V ~ f in the DVFS range), so a cap gives
-the clock fraction ``f = ((cap - idle_W) / (max_W - idle_W)) ** (1/3)`` (1 when cap >= max_W).
+the clock fraction ``f = ((cap - idle_W) / (max_W - idle_W)) ** (1/3)`` (1 at cap = max_W; caps below
+2/7 of max_W, the lowest H100/H200 boards accept, or above max_W are refused).
 Compute slows by f, HBM bandwidth does not: a step whose roofline times at full clock are
 ``c = FLOPs / peak`` and ``m = bytes / bandwidth`` takes ``max(c / f, m) / max(c, m)`` times
 as long (a memory-bound decode step barely changes, a compute-bound prefill slows by 1/f).
@@ -34,6 +35,12 @@ import numpy as np
 
 from .costmodel import CostModel, StepCost
 from .errors import ConfigError
+
+
+# the lowest power limit a board accepts, as a fraction of its maximum: NVIDIA's H100/H200 SXM boards report
+# an allowable minimum of 200 W against 700 W (nvidia-smi -q "Min Power Limit", DGX Redfish AllowableMin);
+# other boards are assumed to allow the same fraction
+MIN_CAP_FRACTION = 200.0 / 700.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,14 @@ def power_model(device, cost, cap_W: float | None, key: str) -> PowerModel | Non
         return PowerModel(p.idle_W, p.max_W, p.source, peak, device.mem_bw_Bps)
     if cap_W <= p.idle_W:
         raise ConfigError(f"a power cap must be above the device's idle power ({p.idle_W} W)",
+                          key=f"{key}.power_cap_W", value=cap_W)
+    lowest = MIN_CAP_FRACTION * p.max_W
+    if cap_W < lowest:
+        raise ConfigError(f"below the lowest cap a board accepts, {lowest:.0f} W (2/7 of its {p.max_W:g} W, as H100 "
+                          "and H200 SXM boards allow 200 of 700 W); the clock law is not meant for deeper caps",
+                          key=f"{key}.power_cap_W", value=cap_W)
+    if cap_W > p.max_W:
+        raise ConfigError(f"above the device's maximum power ({p.max_W:g} W): such a cap changes nothing; leave it out",
                           key=f"{key}.power_cap_W", value=cap_W)
     f = clock_fraction(p.idle_W, p.max_W, cap_W)
     return PowerModel(p.idle_W, min(p.max_W, cap_W), p.source, peak * f, device.mem_bw_Bps, f, cap_W)

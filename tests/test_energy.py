@@ -136,6 +136,8 @@ def test_power_cap_in_a_run_lowers_power_and_slows_prefill():
     ({"device": "h100-sxm", "power_cap_W": 50}, "power_cap_W"),           # below idle
     ({"device": "cpu-epyc-2c", "power_cap_W": 100}, "power_cap_W"),        # no power model
     ({"device": "h100-sxm", "power_cap_W": -1}, "power_cap_W"),
+    ({"device": "h100-sxm", "power_cap_W": 199}, "power_cap_W"),          # below 200 of 700 W: boards refuse it
+    ({"device": "h100-sxm", "power_cap_W": 701}, "power_cap_W"),          # above the board's 700 W: does nothing
 ])
 def test_bad_power_cap_is_one_line(pool, key):
     with pytest.raises(ConfigError) as e:
@@ -179,3 +181,14 @@ def test_report_shows_the_energy_of_summary_json(tmp_path):
         assert e["energy_J"] > 0
         assert (j_tok, tok_kw) == (num(e["J_per_output_token"]), num(e["output_tokens_per_s_per_kW"]))
         assert f">{num(e['J_per_request'])}<" in html        # the energy table
+
+
+def test_power_caps_at_the_boards_limits():
+    """H100 SXM: 200 W (2/7 of its 700 W) and 700 W are the board's limits and run; 199 W and 701 W are refused
+    with the limit named."""
+    for cap in (200, 700):
+        simulate(scenario({"c": {"kind": "colocated", "device": "h100-sxm", "power_cap_W": cap}}, num_requests=1))
+    with pytest.raises(ConfigError, match="lowest cap a board accepts, 200 W"):
+        simulate(scenario({"c": {"kind": "colocated", "device": "h100-sxm", "power_cap_W": 199}}, num_requests=1))
+    with pytest.raises(ConfigError, match="maximum power \\(700 W\\)"):
+        simulate(scenario({"c": {"kind": "colocated", "device": "h100-sxm", "power_cap_W": 701}}, num_requests=1))
