@@ -98,6 +98,12 @@ def _fmt(x, scale=1.0, digits=3):
     return f"{v:.{digits}g}"
 
 
+def _att(x) -> str:
+    """An attainment truncated to 0.1% as the report shows it (0.8996 reads 89.9%, never a rounded-up 90.0%)."""
+    import math
+    return "-" if x is None else f"{math.floor(x * 1000 + 1e-9) / 10:.1f}%"
+
+
 def print_summary(summary: dict, out=None) -> None:
     out = out or sys.stdout          # looked up per call: a default bound at import would keep a closed stream
     cols = ["topology", "gpus", "done/total", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "E2E p90 s",
@@ -108,7 +114,7 @@ def print_summary(summary: dict, out=None) -> None:
         rows.append([name, str(s["gpus"]), f"{r['finished']}/{r['total']}",
                      "/".join(_fmt(t[k], 1e3) for k in ("p50", "p90", "p99")),
                      "/".join(_fmt(p[k], 1e3) for k in ("p50", "p90", "p99")),
-                     _fmt(e["p90"]), "-" if s["slo_attainment"] is None else f"{s['slo_attainment']:.1%}",
+                     _fmt(e["p90"]), _att(s["slo_attainment"]),
                      _fmt(s["throughput"]["output_tokens_per_s_per_gpu"], 1, 4),
                      _fmt(s["cost_per_million_output_tokens_usd"])])
     w = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
@@ -143,7 +149,7 @@ def print_error_bands(summary: dict, out=None) -> None:
             att = (f"TTFT p{e['ttft_percentile']:g} {_fmt(e['ttft_p_s'], 1e3)} ms, TPOT p{e['tpot_percentile']:g} "
                    f"{_fmt(e['tpot_p_s'], 1e3)} ms")
         else:
-            att = "-" if e["attainment"] is None else f"{e['attainment']:.1%}"
+            att = _att(e["attainment"])
         at_error.setdefault(key, []).append(f"{name} {'met' if e['met'] else 'MISSED'} ({att})")
     for (ft, fp, ttft_s, tpot_s, in_sample, both), verdicts in at_error.items():
         print(f"SLO at p90 error (TTFT <= {_fmt(ttft_s * 1e3)} ms, TPOT <= {_fmt(tpot_s * 1e3)} ms: the bounds / "

@@ -421,3 +421,20 @@ def test_report_follows_the_runs_own_verdict_and_mode(quick, tmp_path):
     assert '<td data-value="FAIL" class="fail">FAIL</td>' in row
     assert "percentile mode" in page and f"{first} fails" in page
     assert _parse(page).best_rows != [first]
+
+
+def test_cli_table_truncates_attainment_as_the_report_does(capsys):
+    """0.58668 reads 58.6% on the page (charts.pct truncates) and must read the same in the CLI table, and
+    0.8996 must never print 90.0% beside a missed 90% target."""
+    from pdsim.__main__ import _att, print_summary
+    from pdsim.charts import pct
+    for x in (0.58668, 0.8996, 0.9, 1.0, 0.0):
+        assert float(_att(x)[:-1]) == float(pct(x)[:-1])
+    assert (_att(0.8996), _att(0.58668), _att(1.0), _att(None)) == ("89.9%", "58.6%", "100.0%", "-")
+    nan = {"p50": None, "p90": None, "p99": None}
+    print_summary({"t": {"ttft_s": nan, "tpot_s": nan, "e2e_s": nan, "gpus": 1,
+                         "requests": {"finished": 1, "total": 1}, "slo_attainment": 0.8996,
+                         "throughput": {"output_tokens_per_s_per_gpu": 1.0},
+                         "cost_per_million_output_tokens_usd": None}})
+    out = capsys.readouterr().out
+    assert "89.9%" in out and "90.0%" not in out
