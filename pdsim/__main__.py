@@ -123,6 +123,19 @@ def print_summary(summary: dict, out=None) -> None:
         print("  ".join(v.ljust(w[i]) for i, v in enumerate(r)), file=out)
 
 
+def print_rejections(summary: dict, out=None) -> None:
+    """One stderr line per topology that rejected requests (a prompt larger than any KV pool, a full queue...):
+    a run whose every request was turned away must not look like a quiet success."""
+    out = out or sys.stderr
+    for name, s in summary.items():
+        r = s["requests"]
+        if r.get("rejected"):
+            why = ", ".join(f"{k} {v}" for k, v in (s.get("rejected_by_reason") or {}).items())
+            print(f"pdsim: {name}: {r['rejected']} of {r['total']} requests rejected"
+                  f"{f' ({why})' if why else ''}; each one's reason is in the reject_reason column"
+                  + (" (none was served)" if r["rejected"] == r["total"] else ""), file=out)
+
+
 def print_error_bands(summary: dict, out=None) -> None:
     """The TTFT/TPOT error measured against real runs for each pool's engine and GPU (pdsim validate)."""
     from .validate import band_text
@@ -182,6 +195,7 @@ def cmd_run(args) -> int:
     else:
         print_summary(summary["topologies"])
         print_error_bands(summary["topologies"])
+    print_rejections(summary["topologies"])
     print(f"\nwrote {out}/ ({REQUESTS_FILES[args.requests_format]}, summary.json, timeseries.csv"
           f"{', report.html' if (out / 'report.html').exists() else ''}) in {wall:.2f} s wall", file=sys.stderr)
     return 0

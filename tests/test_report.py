@@ -438,3 +438,16 @@ def test_cli_table_truncates_attainment_as_the_report_does(capsys):
                          "cost_per_million_output_tokens_usd": None}})
     out = capsys.readouterr().out
     assert "89.9%" in out and "90.0%" not in out
+
+
+def test_a_run_that_rejects_every_request_says_so_on_stderr(tmp_path, capsys):
+    """Five 120,000-token prompts against a 100-block pool of 16 tokens: all five rejected for KV capacity; the
+    run exits 0 (the rejections are its result) but says so in one line per topology, not only in summary.json."""
+    from pdsim.__main__ import main
+    sc = tmp_path / "s.yaml"
+    sc.write_text("model: llama-3.1-8b\nworkload: {rate: 1, num_requests: 5, prompt_tokens: 120000, output_tokens: 4}\n"
+                  "topologies: {c: {kind: colocated, kv_blocks: 100, cost_model: {kind: constant, step_s: 0.01}}}\n")
+    assert main(["run", str(sc), "--out", str(tmp_path / "o"), "--quiet", "--no-report"]) == 0
+    err = capsys.readouterr().err
+    assert "pdsim: c: 5 of 5 requests rejected (kv_capacity 5); each one's reason is in the reject_reason column " \
+           "(none was served)" in err
