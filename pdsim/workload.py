@@ -275,7 +275,8 @@ def generate(sc, model) -> list[Request]:
         if t.jitter_s > 0:
             # each row moves with its own jittered arrival (lengths and hash chains too): a row jittered
             # past a later row is served after it, as the request it stands for
-            arrival = arrival + rng.uniform(0, t.jitter_s, len(arrival))
+            # (in trace time, as the ticks it spreads over: scale_rate shrank those by rate_scale)
+            arrival = arrival + rng.uniform(0, t.jitter_s / t.rate_scale, len(arrival))
             order = np.argsort(arrival, kind="stable")
             arrival, prompt, output = arrival[order], prompt[order], output[order]
             hashes = None if hashes is None else [hashes[i] for i in order.tolist()]

@@ -439,6 +439,20 @@ def test_trace_jitter_moves_each_row_with_its_own_arrival(tmp_path):
     assert [(r.prompt_tokens, r.hash_ids) for r in rs] == [(p, h) for _, p, _, h in rows[:2]]
 
 
+def test_trace_jitter_shrinks_with_the_ticks_under_rate_scale(tmp_path):
+    """Ticks at 0 and 3 s of trace time, 3 s of jitter, rate_scale 10: the ticks land at 0 and 0.3 s and each
+    row moves by the seed's draw x 0.3 s (the spread in trace time, scaled as the ticks are), so the mean
+    rate stays 10x; a 3 s spread after scaling would have pushed the first tick's rows past the second's."""
+    (tmp_path / "m.jsonl").write_text("".join(
+        f'{{"timestamp": {t}, "input_length": 16, "output_length": 1, "hash_ids": [1]}}\n' for t in (0, 0, 3000, 3000)))
+    shift = np.random.default_rng(0).uniform(0, 0.3, 4)
+    want = sorted(np.array([0.0, 0.0, 0.3, 0.3]) + shift)
+    rs = _gen(_sc(tmp_path, arrival="trace", trace={"path": "m.jsonl", "jitter_s": 3.0, "rate_scale": 10,
+                                                     "hash_block_tokens": 16}))
+    assert [r.arrival_s for r in rs] == pytest.approx(want, abs=1e-12)
+    assert max(r.arrival_s for r in rs) < 0.6
+
+
 def test_trace_replay_reads_the_format_given(tmp_path):
     # the arrival trace too: a Vidur file replayed as an Azure trace lacks Azure's columns
     from pdsim.errors import TraceError
