@@ -268,6 +268,14 @@ def generate(sc, model) -> list[Request]:
             raise ConfigError("this trace has no timestamps; use it for lengths "
                               "(prompt_tokens: {dist: trace, path: ...}) with a synthetic arrival",
                               key="workload.trace.path", value=t.path)
+        if tr.hash_ids is not None:     # each id stands for hash_block_tokens of the prompt: they must agree
+            b = t.hash_block_tokens
+            for i, (h, p) in enumerate(zip(tr.hash_ids, tr.prompt_tokens.tolist())):
+                if len(h) != -(-p // b):
+                    raise ConfigError(f"row {i + 1} by arrival (at {tr.arrival_s[i]:.3f} s): {len(h)} hash ids for "
+                                      f"input_length {p}, where {b} tokens an id need {-(-p // b)}; set it to the "
+                                      "trace's block size (512 in Mooncake's traces)",
+                                      file=str(sc.resolve(t.path)), key="workload.trace.hash_block_tokens", value=b)
         tr = scale_rate(window(tr, t.start_s, t.duration_s), t.rate_scale)
         arrival = tr.arrival_s.copy()
         prompt, output = tr.prompt_tokens, tr.output_tokens

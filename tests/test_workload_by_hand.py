@@ -292,13 +292,22 @@ def test_generate_replays_a_trace_window_by_hand(tmp_path):
 
 
 def test_mooncake_trace_replay_keeps_hash_ids(tmp_path):
+    from pdsim.errors import ConfigError
     (tmp_path / "m.jsonl").write_text(
         '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
         '{"timestamp": 500, "input_length": 20, "output_length": 3, "hash_ids": [1, 2]}\n'
         '{"timestamp": 1000, "input_length": 30, "output_length": 4, "hash_ids": [1, 2, 3]}\n')
-    rs = _gen(_sc(tmp_path, arrival="trace", num_requests=2, trace={"path": "m.jsonl", "hash_block_tokens": 8}))
+    rs = _gen(_sc(tmp_path, arrival="trace", num_requests=2, trace={"path": "m.jsonl", "hash_block_tokens": 10}))
     assert [(r.arrival_s, r.prompt_tokens, r.hash_ids, r.hash_block_tokens) for r in rs] == \
-        [(0.0, 10, [1], 8), (0.5, 20, [1, 2], 8)]
+        [(0.0, 10, [1], 10), (0.5, 20, [1, 2], 10)]
+    # ids and lengths must agree at the block size: at 8 tokens an id the 10-token row needs 2 ids, not 1
+    with pytest.raises(ConfigError) as e:
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": "m.jsonl", "hash_block_tokens": 8}))
+    assert e.value.key == "workload.trace.hash_block_tokens" and e.value.value == 8
+    assert "row 1 by arrival (at 0.000 s): 1 hash ids for input_length 10, where 8 tokens an id need 2" in str(e.value)
+    # 9 tokens an id: 10 -> 2 ids again (a short last block is an id too)
+    with pytest.raises(ConfigError):
+        _gen(_sc(tmp_path, arrival="trace", trace={"path": "m.jsonl", "hash_block_tokens": 9}))
 
 
 def test_trace_lengths_keep_pairs_from_one_file_and_mix_two(tmp_path):
