@@ -740,14 +740,14 @@ def cmd_from_benchmark(args) -> int:
     """Fit engine step overheads to measured serving runs (pdsim/engine_fit.py)."""
     from .engine_fit import calibrate_from_benchmark, print_result, write_result
     from .validate import check_defaults, parse_profiles, silicon_sample_path
-    check_defaults(args.gpu, None, args.engine, ("--gpu", "--tp", "--engine"))   # before any row is read
-    files = list(args.from_benchmark or [])
-    if args.silicon:
-        files.append(str(silicon_sample_path()))
     tps = [t for group in (args.tp or []) for t in group]
     if len(tps) > 1:
         raise ConfigError("with --from-benchmark: one TP degree, the one of JSON results that do not give it",
                           key="--tp", value=",".join(map(str, tps)))
+    check_defaults(args.gpu, tps[0] if tps else None, args.engine, ("--gpu", "--tp", "--engine"))  # before reading
+    files = list(args.from_benchmark or [])
+    if args.silicon:
+        files.append(str(silicon_sample_path()))
     defaults = {k: v for k, v in (("device", args.gpu), ("tp", tps[0] if tps else None), ("engine", args.engine))
                 if v}
     profiles = parse_profiles(args.profile, args.profiles) if (args.profile or args.profiles) else None

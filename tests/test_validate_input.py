@@ -150,7 +150,7 @@ def test_validate_flags_are_checked_up_front(tmp_path, capsys, flag, value, know
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("flag,value", [("--engine", "bogus"), ("--gpu", "h999")])
+@pytest.mark.parametrize("flag,value", [("--engine", "bogus"), ("--gpu", "h999"), ("--tp", "16")])
 def test_calibrate_flags_are_checked_up_front(tmp_path, capsys, flag, value):
     p = _json(tmp_path, "run.json")
     assert main(["calibrate", "--from-benchmark", str(p), flag, value, "--out", str(tmp_path / "c.yaml"),
