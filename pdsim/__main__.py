@@ -438,7 +438,9 @@ def _plan(args, plan, out: Path, jobs: int | None) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .validate import parse_profiles, read_measured, silicon_sample_path, validate, write_outputs
+    from .validate import (bad_value_lines, check_defaults, parse_profiles, read_measured, silicon_sample_path,
+                           validate, write_outputs)
+    check_defaults(args.device, args.tp, args.engine)      # a bad flag is one line, not every row skipped
     files = list(args.measured)
     if args.silicon:
         files.append(silicon_sample_path())
@@ -469,12 +471,23 @@ def cmd_validate(args) -> int:
     out = Path(args.out or "reports/validate")
     write_outputs(res, out)
     c = res["counts"]
+    for line in bad_value_lines(res["skipped"]):          # errors in the input: printed even with --quiet
+        print(f"pdsim validate: {line}", file=sys.stderr)
     print(f"{c['rows_in']} rows, {c['simulated']} simulated, {c['skipped']} skipped "
           f"{c['skipped_by_reason']}")
+    from .validate import GROUP
     for g in res["groups"]:
+        key = tuple(g[k] for k in GROUP)
+        one_token = all(r["osl"] <= 1 for r in res["rows"] if tuple(str(r[k]) for k in GROUP) == key)
+        if g["tpot_mape"] is None and one_token:      # no inter-token gap to compare
+            tpot, tpot_ratio = "no TPOT: 1-token replies", ""
+        else:
+            tpot = f"TPOT MAPE {_fmt(g['tpot_mape'])}%"
+            r = g.get("tpot_measured_over_sim_p90")
+            tpot_ratio = f"  TPOT {_fmt(r)}x" if r is not None and r == r else "  TPOT -"
         print(f"  {g['model']:14s} {g['device']:9s} {g['engine']:8s} {g['mode']:4s} n={g['rows']:<4d} "
-              f"TTFT MAPE {_fmt(g['ttft_mape'])}%  TPOT MAPE {_fmt(g['tpot_mape'])}%  measured/simulated p90 "
-              f"TTFT {_fmt(g.get('ttft_measured_over_sim_p90'))}x  TPOT {_fmt(g.get('tpot_measured_over_sim_p90'))}x")
+              f"TTFT MAPE {_fmt(g['ttft_mape'])}%  {tpot}  measured/simulated p90 "
+              f"TTFT {_fmt(g.get('ttft_measured_over_sim_p90'))}x{tpot_ratio}")
     from .validate import kv_bound
     kvb = [r["id"] for r in res["rows"] if kv_bound(r)]
     if kvb:

@@ -738,28 +738,40 @@ def cmd_calibrate(args) -> int:
 
 def cmd_from_benchmark(args) -> int:
     """Fit engine step overheads to measured serving runs (pdsim/engine_fit.py)."""
-    from .engine_fit import calibrate_from_benchmark, print_result
-    from .validate import parse_profiles, silicon_sample_path
-    files = list(args.from_benchmark or [])
-    if args.silicon:
-        files.append(str(silicon_sample_path()))
+    from .engine_fit import calibrate_from_benchmark, print_result, write_result
+    from .validate import check_defaults, parse_profiles, silicon_sample_path
     tps = [t for group in (args.tp or []) for t in group]
     if len(tps) > 1:
         raise ConfigError("with --from-benchmark: one TP degree, the one of JSON results that do not give it",
                           key="--tp", value=",".join(map(str, tps)))
+    check_defaults(args.gpu, tps[0] if tps else None, args.engine, ("--gpu", "--tp", "--engine"))  # before reading
+    files = list(args.from_benchmark or [])
+    if args.silicon:
+        files.append(str(silicon_sample_path()))
     defaults = {k: v for k, v in (("device", args.gpu), ("tp", tps[0] if tps else None), ("engine", args.engine))
                 if v}
     profiles = parse_profiles(args.profile, args.profiles) if (args.profile or args.profiles) else None
     out = args.out or "reports/calibrate/engines-fitted.yaml"
-    res = calibrate_from_benchmark(files, defaults, out, holdout=0.5 if args.holdout is None else args.holdout,
+    if Path(out).is_dir():      # said before minutes of fitting, not after
+        raise ConfigError("is a folder; give a file path (e.g. engines-fitted.yaml)", key="--out", value=str(out))
+    # written below only when an engine was fitted: a file with `engines: {}` is no calibration
+    res = calibrate_from_benchmark(files, defaults, None, holdout=0.5 if args.holdout is None else args.holdout,
                                    split_by=args.split_by or "row", rounds=args.rounds,
                                    fit=args.step_overhead_fit or "both",
                                    requests_per_client=args.requests_per_client, sample=args.sample, seed=args.seed,
                                    profiles=profiles, progress=not args.quiet,
                                    keep_beyond_ceiling=args.keep_beyond_ceiling)
     print_result(res)
+    if not res["engines"]:      # an error, so never quiet: why nothing was fitted, on one line
+        why = [f"{eng}: {w}" for eng, w in res["not_fitted"].items()]
+        skipped = ", ".join(f"{k}: {n}" for k, n in sorted(res["skipped_by_reason"].items()))
+        print(f"pdsim calibrate: nothing fitted, {out} not written: "
+              + "; ".join(why + ([f"rows skipped by reason {{{skipped}}}"] if skipped else []) or ["no rows"])
+              + (" (pdsim validate lists each skipped row in skipped.csv)" if skipped else ""), file=sys.stderr)
+        return 1
+    write_result(res, out)
     print(f"wrote {out}", file=sys.stderr)
-    return 0 if res["engines"] else 1
+    return 0
 
 
 def add_parser(sub) -> None:

@@ -15,7 +15,9 @@ Input formats (detected from the content):
 
 Each usable row becomes a closed-loop scenario at the measured concurrency with the measured
 ISL/OSL, model, GPU, TP, precision and engine; rows pdsim cannot express (MoE models, fp4/int4,
-attention data parallelism, an unknown GPU or model, ...) are counted and listed by reason.
+attention data parallelism, an unknown GPU or model, instances over 8 GPUs, an open-loop run at a finite
+``request_rate``, ...) and rows with a bad value (``bad_value: KEY = VALUE: ...``) are counted and listed by
+reason; the rest still run.
 Outputs: ``validate.csv`` (measured vs simulated per row, with APE), ``skipped.csv``,
 ``validate.json`` (MAPE per model/GPU/backend/mode, counts by reason, worst rows) and
 ``validate.html``.
@@ -55,6 +57,20 @@ MAX_ROW_TP = 8
 ENGINES = ("vllm-v1", "vllm-v0", "sglang", "trtllm")
 
 
+def check_defaults(device: str | None = None, tp: int | None = None, engine: str | None = None,
+                   flags: tuple[str, str, str] = ("--device", "--tp", "--engine")) -> None:
+    """The GPU, TP and engine given for files that do not name them (``flags``: their CLI names), checked
+    before any row is read: a bad one is one error naming the flag, not every row skipped."""
+    if device is not None and str(device).lower() not in GPUS:
+        raise ConfigError(f"unknown GPU (one of {', '.join(sorted(GPUS))})", key=flags[0], value=device)
+    if tp is not None and not (isinstance(tp, int) and 1 <= tp <= MAX_ROW_TP):
+        raise ConfigError(f"must be a TP degree in 1..{MAX_ROW_TP} (an instance over {MAX_ROW_TP} GPUs is "
+                          "multi-node: not modelled)", key=flags[1], value=tp)
+    if engine is not None and _engine(str(engine), "") is None:
+        raise ConfigError(f"unknown engine (one of {', '.join(ENGINES)}, or vllm: v0 or v1 by the file's "
+                          "vllm_version)", key=flags[2], value=engine)
+
+
 def _model(name: str) -> tuple[str | None, str | None]:
     base = name.strip().split("/")[-1].lower()
     if MOE.search(base):
@@ -84,6 +100,77 @@ def _int(x) -> int | None:
         return None
 
 
+class BadValue(Exception):
+    """A value of a measured file that is not what its format holds: the row is skipped as ``bad_value``,
+    with the key and the value in its reason (``bad_value: KEY = VALUE: what is wrong``)."""
+
+    def __init__(self, key: str, value, why: str):
+        from .errors import _short
+        self.reason = f"bad_value: {key} = {_short(value, 60)}: {why}"
+        super().__init__(self.reason)
+
+
+def _number(key: str, x, whole: bool = False) -> float | int | None:
+    """A number of a measured file: None when absent (None, an empty cell, or NaN / inf for a measurement), an
+    int or float (a numeric string reads as its number, as every field always did), else BadValue; ``whole``:
+    a count (ISL, TP, concurrency), which a fraction is not (512.7 is not silently cut to 512)."""
+    if x is None or (isinstance(x, str) and not x.strip()):
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float, str)):
+        raise BadValue(key, x, "not a number")
+    try:
+        v = float(x)
+    except ValueError:
+        raise BadValue(key, x, "not a number") from None
+    if not math.isfinite(v):        # a NaN latency or throughput reads as absent, as it always did (a count: bad)
+        if whole:
+            raise BadValue(key, x, "not a finite number")
+        return None
+    if whole:
+        if not v.is_integer():
+            raise BadValue(key, x, "not a whole number")
+        return int(v)
+    return v
+
+
+def _text(key: str, x) -> str | None:
+    """A name of a measured file (GPU, engine, precision): None when absent, else a string or BadValue."""
+    if x is None or x == "":
+        return None
+    if not isinstance(x, str):
+        raise BadValue(key, x, "not a string")
+    return x
+
+
+def _lengths(key: str, x) -> list[float] | None:
+    """Per-request token counts (``input_lens``): None when absent or empty, else non-negative numbers."""
+    if x is None or x == []:
+        return None
+    if not isinstance(x, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
+                                      for v in x):
+        raise BadValue(key, x, "not a list of token counts")
+    return [float(v) for v in x]
+
+
+def _open_loop(key: str, rate) -> str | None:
+    """``open_loop_rate: KEY = RATE`` for a run sent at a finite request rate (Poisson or gamma arrivals, up to
+    max_concurrency in flight): not the closed loop pdsim simulates a row as.  None for no rate or an unlimited
+    one (vllm writes ``"inf"``): the closed loop at max_concurrency."""
+    if rate is None or (isinstance(rate, str) and rate.strip().lower() in ("inf", "infinity")):
+        return None
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, str)):
+        raise BadValue(key, rate, "not a request rate (a number or \"inf\")")
+    try:
+        v = float(rate)
+    except ValueError:
+        raise BadValue(key, rate, "not a request rate (a number or \"inf\")") from None
+    if v == math.inf:
+        return None
+    if not v > 0:
+        raise BadValue(key, rate, "not a request rate (a number > 0 or \"inf\")")
+    return f"open_loop_rate: {key.split('.')[-1]} = {rate}"
+
+
 # --- readers: each yields (row dict | None, skip reason | None) ------------------------------------
 def _row(source, rid, model, gpu, backend, version, mode, tp, isl, osl, conc, precision, ttft_ms, tpot_ms,
          throughput=None, extra=None):
@@ -111,7 +198,9 @@ def _row(source, rid, model, gpu, backend, version, mode, tp, isl, osl, conc, pr
     bad = [k for k in ("tp", "isl", "osl", "concurrency") if not (isinstance(r[k], int) and r[k] > 0)]
     if bad:
         return r, f"missing_{bad[0]}"
-    if not (ttft_ms and ttft_ms > 0 and tpot_ms and tpot_ms > 0):
+    if osl == 1:                # 1-token replies: no inter-token gap (vllm writes mean_tpot_ms 0), TTFT only
+        r["tpot_ms"] = tpot_ms = None
+    if not (ttft_ms and ttft_ms > 0 and (osl == 1 or (tpot_ms and tpot_ms > 0))):
         return r, "missing_measurement"
     return r, None
 
@@ -153,30 +242,55 @@ def _moe_split(r: dict, moe_tp: int, moe_ep: int, attention_dp: int) -> str | No
     return "multi_node_tp" if r["tp"] > MAX_ROW_TP else None
 
 
+def _bad_row(source: str, rid, model, gpu, backend, mode: str) -> dict:
+    """What skipped.csv lists of a row with a bad value (the reason says which key and value)."""
+    return {"source": source, "id": rid, "model_name": str(model or ""), "gpu_name": str(gpu or ""),
+            "backend": str(backend or ""), "mode": mode}
+
+
+def _dense_tp(r: dict, why: str | None) -> str | None:
+    """A row of one instance over more than MAX_ROW_TP GPUs is multi-node: not modelled, as for MoE rows."""
+    return "multi_node_tp" if why is None and r["tp"] > MAX_ROW_TP else why
+
+
 def read_silicon(path: Path) -> list[tuple[dict, str | None]]:
     out = []
     with open(path, newline="", encoding="utf-8") as f:
         for line in csv.DictReader(f):
-            src = line.get("silicon_data_source", "")
-            m = re.search(r"silicon_concurrency=(\d+)", src)
-            conc = int(m.group(1)) if m else _int(line.get("batch_size"))
-            harness, ratio = silicon_harness(src, _int(line.get("isl")), _int(line.get("osl")))
-            r, why = _row("silicon", line.get("id", ""), line.get("model_path", ""), line.get("system", ""),
-                          line.get("backend", ""), line.get("backend_version", ""), line.get("mode", ""),
-                          _int(line.get("tp_size")), _int(line.get("isl")), _int(line.get("osl")), conc,
-                          line.get("moe_quant_mode") or line.get("gemm_quant_mode") or line.get("precision"),
-                          _float(line.get("silicon_ttft_ms")), _float(line.get("silicon_tpot_ms")),
-                          extra={"harness": harness, "length_ratio": ratio})
-            if why is None:
-                if (_int(line.get("pp_size")) or 1) > 1:
-                    why = "pipeline_parallel"
-                elif r["model"] in MOE_MODELS.values():
-                    why = _moe_split(r, _int(line.get("moe_tp_size")) or 1, _int(line.get("moe_ep_size")) or 1,
-                                     _int(line.get("attention_dp_size")) or 1)
-                elif (_int(line.get("attention_dp_size")) or 1) > 1:
-                    why = "attention_data_parallel"
-            out.append((r, why))
+            try:
+                out.append(_silicon_row(line))
+            except BadValue as exc:
+                out.append((_bad_row("silicon", line.get("id", ""), line.get("model_path"), line.get("system"),
+                                     line.get("backend"), line.get("mode") or ""), exc.reason))
     return out
+
+
+def _silicon_row(line: dict) -> tuple[dict, str | None]:
+    def whole(key):
+        return _number(key, line.get(key), whole=True)
+    src = line.get("silicon_data_source") or ""
+    m = re.search(r"silicon_concurrency=(\d+)", src)
+    conc = int(m.group(1)) if m else whole("batch_size")
+    isl, osl = whole("isl"), whole("osl")
+    harness, ratio = silicon_harness(src, isl, osl)
+    r, why = _row("silicon", line.get("id", ""), line.get("model_path", ""), line.get("system", ""),
+                  line.get("backend", ""), line.get("backend_version", ""), line.get("mode", ""),
+                  whole("tp_size"), isl, osl, conc,
+                  line.get("moe_quant_mode") or line.get("gemm_quant_mode") or line.get("precision"),
+                  _number("silicon_ttft_ms", line.get("silicon_ttft_ms")),
+                  _number("silicon_tpot_ms", line.get("silicon_tpot_ms")),
+                  extra={"harness": harness, "length_ratio": ratio})
+    if why is None:
+        if (whole("pp_size") or 1) > 1:
+            why = "pipeline_parallel"
+        elif r["model"] in MOE_MODELS.values():
+            why = _moe_split(r, whole("moe_tp_size") or 1, whole("moe_ep_size") or 1,
+                             whole("attention_dp_size") or 1)
+        elif (whole("attention_dp_size") or 1) > 1:
+            why = "attention_data_parallel"
+        else:
+            why = _dense_tp(r, why)
+    return r, why
 
 
 def _float(x) -> float | None:
@@ -188,45 +302,90 @@ def _float(x) -> float | None:
 
 
 def read_vllm(path: Path, data: dict, defaults: dict) -> list[tuple[dict, str | None]]:
-    done = _int(data.get("completed")) or 0
+    try:
+        return [_vllm_row(path, data, defaults)]
+    except BadValue as exc:
+        return [(_bad_row("vllm", path.name, data.get("model_id") or data.get("model"), data.get("gpu"),
+                          data.get("engine"), "agg"), exc.reason)]
+
+
+def _vllm_row(path: Path, data: dict, defaults: dict) -> tuple[dict, str | None]:
+    open_loop = _open_loop("request_rate", data.get("request_rate"))
+    done = _number("completed", data.get("completed"), whole=True) or 0
     isl = osl = None
-    if data.get("input_lens"):
-        isl = int(round(float(np.mean(data["input_lens"]))))
-    elif done and data.get("total_input_tokens") is not None:
-        isl = int(round(data["total_input_tokens"] / done))
-    if data.get("output_lens"):
-        osl = int(round(float(np.mean(data["output_lens"]))))
-    elif done and data.get("total_output_tokens") is not None:
-        osl = int(round(data["total_output_tokens"] / done))
-    gpu = data.get("gpu") or data.get("device") or defaults.get("device") or ""
-    tp = _int(data.get("tp") or data.get("tensor_parallel_size") or defaults.get("tp"))
-    backend = data.get("engine") or defaults.get("engine") or "vllm"
-    r = _row("vllm", path.name, str(data.get("model_id") or data.get("model") or ""), gpu, backend,
-             str(data.get("vllm_version") or defaults.get("version") or ""), "agg", tp, isl, osl,
-             _int(data.get("max_concurrency")), data.get("precision") or defaults.get("precision"),
-             _float(data.get("mean_ttft_ms")), _float(data.get("mean_tpot_ms")),
-             _float(data.get("output_throughput")))
-    return [r]
+    lens = _lengths("input_lens", data.get("input_lens"))
+    total = _number("total_input_tokens", data.get("total_input_tokens"))
+    if lens:
+        isl = int(round(float(np.mean(lens))))
+    elif done and total is not None:
+        isl = int(round(total / done))
+    lens = _lengths("output_lens", data.get("output_lens"))
+    total = _number("total_output_tokens", data.get("total_output_tokens"))
+    if lens:
+        osl = int(round(float(np.mean(lens))))
+    elif done and total is not None:
+        osl = int(round(total / done))
+    gpu_key = "gpu" if data.get("gpu") else "device"
+    gpu = _text(gpu_key, data.get(gpu_key)) or defaults.get("device") or ""
+    tp_key = "tp" if data.get("tp") is not None else "tensor_parallel_size"
+    tp = _number(tp_key, data.get(tp_key), whole=True)
+    tp = tp if tp is not None else _int(defaults.get("tp"))
+    backend = _text("engine", data.get("engine")) or defaults.get("engine") or "vllm"
+    precision = _text("precision", data.get("precision")) or defaults.get("precision")
+    r, why = _row("vllm", path.name, str(data.get("model_id") or data.get("model") or ""), gpu, backend,
+                  str(data.get("vllm_version") or defaults.get("version") or ""), "agg", tp, isl, osl,
+                  _number("max_concurrency", data.get("max_concurrency"), whole=True), precision,
+                  _number("mean_ttft_ms", data.get("mean_ttft_ms")), _number("mean_tpot_ms", data.get("mean_tpot_ms")),
+                  _number("output_throughput", data.get("output_throughput")))
+    # a run at a finite rate is open loop whatever else it lacks: no closed loop (and no --tp) expresses it
+    return r, open_loop or _dense_tp(r, why)
 
 
 def read_genai_perf(path: Path, data: dict, defaults: dict) -> list[tuple[dict, str | None]]:
-    cfg = data.get("input_config") or {}
+    try:
+        return [_genai_perf_row(path, data, defaults)]
+    except BadValue as exc:
+        return [(_bad_row("genai-perf", path.name, "", data.get("gpu"), data.get("engine"), "agg"), exc.reason)]
+
+
+def _genai_perf_row(path: Path, data: dict, defaults: dict) -> tuple[dict, str | None]:
+    cfg = data.get("input_config")
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, dict):
+        raise BadValue("input_config", cfg, "not an object")
     models = cfg.get("model") or cfg.get("model_names") or [""]
-    model = models[0] if isinstance(models, list) else str(models)
-    stim = ((cfg.get("perf_analyzer") or {}).get("stimulus") or {})
-    conc = _int(stim.get("concurrency") or cfg.get("concurrency") or defaults.get("concurrency"))
+    model = models[0] if isinstance(models, list) and models else models
+    if not isinstance(model, str):
+        raise BadValue("input_config.model", models, "not a model name or a list of them")
+    pa = cfg.get("perf_analyzer") or {}
+    if not isinstance(pa, dict):
+        raise BadValue("input_config.perf_analyzer", pa, "not an object")
+    stim = pa.get("stimulus") or {}
+    if not isinstance(stim, dict):
+        raise BadValue("input_config.perf_analyzer.stimulus", stim, "not an object")
+    open_loop = _open_loop("input_config.perf_analyzer.stimulus.request_rate", stim.get("request_rate"))
+    conc = (_number("input_config.perf_analyzer.stimulus.concurrency", stim.get("concurrency"), whole=True)
+            or _number("input_config.concurrency", cfg.get("concurrency"), whole=True))
+    conc = conc or _int(defaults.get("concurrency"))
 
     def avg(key):
         v = data.get(key)
-        return _float(v.get("avg")) if isinstance(v, dict) else None
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise BadValue(key, v, "not an object with an avg")
+        return _number(f"{key}.avg", v.get("avg"))
 
     isl, osl = avg("input_sequence_length"), avg("output_sequence_length")
-    r = _row("genai-perf", path.name, model, data.get("gpu") or defaults.get("device") or "",
-             data.get("engine") or defaults.get("engine") or "vllm", str(defaults.get("version") or ""), "agg",
-             _int(data.get("tp") or defaults.get("tp")), _int(round(isl)) if isl else None,
-             _int(round(osl)) if osl else None, conc, defaults.get("precision"),
-             avg("time_to_first_token"), avg("inter_token_latency"), avg("output_token_throughput"))
-    return [r]
+    tp = _number("tp", data.get("tp"), whole=True)
+    r, why = _row("genai-perf", path.name, model, _text("gpu", data.get("gpu")) or defaults.get("device") or "",
+                  _text("engine", data.get("engine")) or defaults.get("engine") or "vllm",
+                  str(defaults.get("version") or ""), "agg",
+                  tp if tp is not None else _int(defaults.get("tp")), _int(round(isl)) if isl else None,
+                  _int(round(osl)) if osl else None, conc, defaults.get("precision"),
+                  avg("time_to_first_token"), avg("inter_token_latency"), avg("output_token_throughput"))
+    return r, open_loop or _dense_tp(r, why)
 
 
 def read_measured(path: str | Path, defaults: dict | None = None) -> list[tuple[dict, str | None]]:
@@ -243,16 +402,36 @@ def read_measured(path: str | Path, defaults: dict | None = None) -> list[tuple[
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"not valid JSON: {exc}", file=str(path)) from None
         if isinstance(data, dict) and "mean_ttft_ms" in data:
-            return read_vllm(path, data, defaults)
+            return _from(path, read_vllm(path, data, defaults))
         if isinstance(data, dict) and "time_to_first_token" in data:
-            return read_genai_perf(path, data, defaults)
+            return _from(path, read_genai_perf(path, data, defaults))
         raise ConfigError("JSON is neither a `vllm bench serve` result (mean_ttft_ms) nor a GenAI-Perf "
                           "export (time_to_first_token)", file=str(path))
     first_line = text_head.splitlines()[0] if text_head else ""
     if "silicon_ttft_ms" in first_line:
-        return read_silicon(path)
+        return _from(path, read_silicon(path))
     raise ConfigError("unknown format: expected the aiconfigurator silicon CSV (silicon_ttft_ms column), a "
                       "`vllm bench serve` JSON or a GenAI-Perf JSON export", file=str(path))
+
+
+def _from(path: Path, rows: list[tuple[dict, str | None]]) -> list[tuple[dict, str | None]]:
+    for r, _ in rows:
+        r["file"] = str(path)       # where a skipped row came from, for the line that names it
+    return rows
+
+
+def bad_value_lines(skipped: list[tuple[dict, str]], limit: int = 5) -> list[str]:
+    """One line per row skipped for a bad value, naming its file (and row), key and value; ``limit`` lines,
+    then how many more skipped.csv lists."""
+    bad = [(r, why) for r, why in skipped if why.startswith("bad_value:")]
+    out = []
+    for r, why in bad[:limit]:
+        f = r.get("file") or r.get("source") or ""
+        row = "" if str(r.get("id")) == Path(f).name else f" row {r.get('id')}"
+        out.append(f"{f}{row}: {why.split(': ', 1)[1]} (row skipped)")
+    if len(bad) > limit:
+        out.append(f"... and {len(bad) - limit} more rows with a bad value (skipped.csv)")
+    return out
 
 
 def silicon_sample_path() -> Path:
