@@ -417,6 +417,11 @@ MUTANTS: list[Mutant] = [
            "self.attn_ranks = ranks if isinstance(ranks, int) and ranks > 1 else 1", "self.attn_ranks = 1",
            ("tests/test_dp_attention.py::test_a_prompt_arriving_among_decodes_waits_its_whole_prefill",),
            "DP attention shares a prompt chunk's tokens out over the ranks in proportion (one request split)"),
+    Mutant("dp-rank-chunk-uncapped", "pdsim/topology.py",
+           "-(-spec.token_budget // spec.tp) if spec.dp_attention and spec.tp > 1 else None",
+           "None if spec.dp_attention and spec.tp > 1 else None",
+           ("tests/test_dp_attention.py::test_a_dp_attention_rank_prefills_at_most_its_share_of_the_budget",),
+           "a DP-attention rank prefills a whole budget's chunk of one request, not its budget / ranks share"),
 ]
 
 
