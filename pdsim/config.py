@@ -34,6 +34,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class KeyProblem(ValueError):
+    """A check of a whole mapping that blames one key below it: ``validation_error`` names that key
+    (``path``, relative to the mapping) and the value the input gave it, not just the mapping."""
+
+    def __init__(self, path: str | tuple, message: str):
+        self.path = (path,) if isinstance(path, str) else tuple(path)
+        self.message = message
+        super().__init__(message)
+
+
 # --- model -------------------------------------------------------------------
 class InlineModel(_Strict):
     name: str = "custom"
@@ -580,6 +590,7 @@ class WorkloadSpec(_Strict):
 
     @model_validator(mode="after")
     def _need(self):
+        self._check_unused()
         if self.shared_prefix_tokens and (self.arrival == "trace" or self.conversation is not None):
             raise ValueError("shared_prefix_tokens shares the start of synthetic prompts; not with "
                              + ("arrival: trace (a trace's rows carry their own content)" if self.arrival == "trace"
@@ -611,6 +622,42 @@ class WorkloadSpec(_Strict):
             raise ValueError(f"rate x duration_s = {self.rate * self.duration_s:.3g} requests, more than "
                              f"{MAX_REQUESTS:,}; give num_requests or a shorter duration_s")
         return self
+
+    def _check_unused(self) -> None:
+        """A key the user set that this arrival process never reads is an error: ignored, it would make a
+        sweep over it report the same run under different labels.  Defaults (keys left out) do not count,
+        nor an explicit null."""
+        given = [k for k in self.model_fields_set if getattr(self, k) is not None]
+        unused = _UNUSED_BY_ARRIVAL[self.arrival]
+        for k in sorted(given, key=list(type(self).model_fields).index):
+            if k in unused:
+                raise KeyProblem(k, f"not used with arrival: {self.arrival} ({unused[k]})")
+
+
+_CLOSED_ONLY = "closed-loop clients: use arrival: closed"
+_THINK = ("the closed-loop clients' pause: use arrival: closed, or conversation.think_s between the turns "
+          "of a multi-turn session")
+_GAMMA_ONLY = "the spread of arrival: gamma's gaps: use arrival: gamma"
+_NOT_A_TRACE = ("to replay a trace use arrival: trace; to draw lengths from one, "
+                "prompt_tokens / output_tokens: {dist: trace, path: ...}")
+_TRACE_LENGTHS = ("a trace's rows carry their own lengths; for synthetic arrivals with a trace's lengths use "
+                  "arrival: poisson with prompt_tokens / output_tokens: {dist: trace, path: ...}")
+#: per arrival process, the workload keys it never reads (pdsim/workload.py generate, simulation.py), and
+#: what to use instead.  conversation and rate_curve have their own checks; timeout_s, num_requests and
+#: shared_prefix_tokens are read by every arrival that allows them.
+_UNUSED_BY_ARRIVAL: dict[str, dict[str, str]] = {
+    "trace": {"rate": "scale a trace with workload.trace.rate_scale",
+              "duration_s": "cut a trace with workload.trace.duration_s (trace seconds, before rate_scale) "
+                            "or workload.num_requests",
+              "prompt_tokens": _TRACE_LENGTHS, "output_tokens": _TRACE_LENGTHS,
+              "cv": _GAMMA_ONLY, "clients": _CLOSED_ONLY, "think_s": _THINK},
+    "poisson": {"cv": _GAMMA_ONLY, "clients": _CLOSED_ONLY, "think_s": _THINK, "trace": _NOT_A_TRACE},
+    "gamma": {"clients": _CLOSED_ONLY, "think_s": _THINK, "trace": _NOT_A_TRACE},
+    "constant": {"cv": _GAMMA_ONLY, "clients": _CLOSED_ONLY, "think_s": _THINK, "trace": _NOT_A_TRACE},
+    "closed": {"rate": "a closed loop sends as fast as workload.clients and workload.think_s allow",
+               "duration_s": "a closed loop sends num_requests requests; stop the clock earlier with horizon_s",
+               "cv": _GAMMA_ONLY, "trace": _NOT_A_TRACE},
+}
 
 
 class ClientSpec(_Strict):
@@ -802,6 +849,19 @@ def _key(loc, raw=None) -> str:
     return ".".join(parts)
 
 
+def _raw_at(raw, loc) -> tuple[bool, Any]:
+    """(found, value): the input's value at an error location, pydantic's own parts (tags) skipped."""
+    node = raw
+    for p in loc:
+        if isinstance(node, dict) and p in node:
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            node = node[p]
+        elif not _is_tag(p):
+            return False, None
+    return True, node
+
+
 def validation_error(exc: ValidationError, file: str | None, raw=None, vocabulary=None) -> ConfigError:
     """The first pydantic error as one line: file, dotted key, value, and a did-you-mean for typos
     (among ``vocabulary``, default the scenario's keys; never the unknown key itself)."""
@@ -815,6 +875,12 @@ def validation_error(exc: ValidationError, file: str | None, raw=None, vocabular
                 or (e["type"] == "string_type" and e["loc"][-1:] == ("[key]",))), errs[0])
     key = _key(err["loc"], raw) or (repr(str(err["loc"][-1])) if err["loc"] else "")   # '' is a key too
     msg = err["msg"].removeprefix("Value error, ")
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, KeyProblem):        # a mapping's check that blames one key below it
+        key = ".".join([key, *map(str, cause.path)] if key else map(str, cause.path))
+        found, value = _raw_at(raw, [*err["loc"], *cause.path])
+        scalar = found and not isinstance(value, (dict, list)) and value is not None
+        return ConfigError(cause.message, file=file, key=key, value=value if scalar else None, has_value=scalar)
     if not err["loc"]:      # a whole-scenario check ("faults.instances[0].topology: no topology ..."): its key leads
         m = re.match(r"([A-Za-z_][\w.\[\]-]*): (.+)", msg, re.S)
         if m:
