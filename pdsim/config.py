@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from .errors import ConfigError
 
@@ -151,13 +151,21 @@ class AcceptanceDistSpec(_Strict):
         return self
 
 
+#: an acceptance rate or a distribution of them: a mapping is a distribution, anything else a number, so each
+#: reports its own error (a plain union answered "Input should be a valid number" to a bad distribution)
+Acceptance = Annotated[
+    Union[Annotated[Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)], Tag("acceptance-rate")],
+          Annotated[AcceptanceDistSpec, Tag("acceptance-dist")]],
+    Discriminator(lambda v: "acceptance-dist" if isinstance(v, (dict, AcceptanceDistSpec)) else "acceptance-rate")]
+
+
 class SpeculativeSpec(_Strict):
     """Speculative decoding of a decode-capable pool (pdsim/speculative.py): each decode step drafts
     ``k`` tokens and verifies them in one (k+1)-token-per-request step of the target model."""
     method: Literal["draft", "mtp"] = "draft"
     k: Annotated[int, Field(ge=1, le=32)] = 3
     # probability that each drafted token is accepted, i.i.d. per position (a constant, or per request)
-    acceptance: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | AcceptanceDistSpec = 0.7
+    acceptance: Acceptance = 0.7
     draft_model: str | InlineModel | None = None    # a model preset or an inline shape (method: draft)
     # one draft step costs this fraction of a plain target decode step of the same batch
     # (instead of pricing the draft model / MTP head on the device)
@@ -824,7 +832,7 @@ def _vocabulary() -> set[str]:
 
 
 _TAGS = {"colocated", "disaggregated", "str", "InlineModel", "function-after[_need(), LengthSpec]",
-         "constrained-float", "AcceptanceDistSpec"}
+         "constrained-float", "AcceptanceDistSpec", "acceptance-rate", "acceptance-dist"}
 
 
 def _is_tag(p) -> bool:

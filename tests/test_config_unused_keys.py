@@ -107,3 +107,30 @@ def test_every_shipped_scenario_and_plan_validates(path):
         plan.parse_plan(raw, str(path), base_dir=path.parent)
     else:
         config.load(path)
+
+
+# --- speculative decoding ---------------------------------------------------------------------
+def _spec_raw(model, spec, where="colocated") -> dict:
+    pool = {"device": "h100-sxm", "speculative": spec}
+    topo = {"kind": "colocated", **pool} if where == "colocated" else \
+        {"kind": "disaggregated", "prefill": {"device": "h100-sxm"}, "decode": pool}
+    return {"model": model, "workload": POISSON_W, "topologies": {"t": topo}}
+
+
+@pytest.mark.parametrize("acc,words", [
+    ({"dist": "beta", "mean": 0.99, "std": 0.5}, "std"),
+    ({"dist": "beta", "mean": 0.9, "std": 0.35}, "std**2 < mean*(1-mean)"),
+    ({"dist": "uniform", "low": 0.9, "high": 0.1}, "low <= high"),
+    ({"dist": "uniform", "low": 0.2}, "low <= high"),
+    ({"dist": "normal", "mean": 0.5}, "'uniform' or 'beta'"),
+])
+def test_a_bad_acceptance_distribution_says_why(acc, words):
+    msg = _error(_spec_raw("llama-3.1-8b", {"method": "draft", "draft_cost_fraction": 0.1, "acceptance": acc}))
+    assert "topologies.t.speculative.acceptance" in msg and words in msg, msg
+    assert "valid number" not in msg, msg
+
+
+@pytest.mark.parametrize("acc,words", [(1.5, "less than or equal to 1"), ("high", "valid number")])
+def test_a_bad_acceptance_number_still_says_so(acc, words):
+    msg = _error(_spec_raw("llama-3.1-8b", {"method": "draft", "draft_cost_fraction": 0.1, "acceptance": acc}))
+    assert "topologies.t.speculative.acceptance = " in msg and words in msg, msg
