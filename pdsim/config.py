@@ -73,6 +73,8 @@ class InlineModel(_Strict):
     # sliding-window attention: sliding_layers of the layers attend to the last sliding_window tokens only
     sliding_window: Annotated[int, Field(ge=1, le=10**9)] | None = None
     sliding_layers: Annotated[int, Field(ge=0, le=10**9)] = 0
+    # multi-token-prediction modules (Hugging Face num_nextn_predict_layers): needed by speculative method: mtp
+    mtp_layers: Annotated[int, Field(ge=0, le=1024)] = 0
 
 
 # --- cost model and pools ----------------------------------------------------------
@@ -793,6 +795,32 @@ class Scenario(_Strict):
             return [f"replica-{i}" for i in range(t.replicas)]
         return [f"prefill-{i}" for i in range(t.prefill.instances)] + \
             [f"decode-{i}" for i in range(t.decode.instances)]
+
+    @model_validator(mode="after")
+    def _check_mtp(self):
+        """``speculative: {method: mtp}`` drafts with the model's own multi-token-prediction head: a model
+        without one (llama, qwen...) would get MTP's speed-up from nothing."""
+        from .models import PRESETS
+        with_mtp = ", ".join(n for n, m in PRESETS.items() if m.mtp_layers)
+        for name, topo in self.topologies.items():
+            pools = [((), topo)] if isinstance(topo, ColocatedSpec) else \
+                [(("prefill",), topo.prefill), (("decode",), topo.decode)]
+            for sub, pool in pools:
+                if pool.speculative is None or pool.speculative.method != "mtp":
+                    continue
+                if isinstance(self.model, InlineModel):
+                    if not self.model.mtp_layers:
+                        raise KeyProblem(("topologies", name, *sub, "speculative", "method"),
+                                         f"needs a model with a multi-token-prediction head: the inline model "
+                                         f"'{self.model.name}' has none (give it mtp_layers: 1 if it has one, as "
+                                         f"DeepSeek-V3's num_nextn_predict_layers; presets with one: {with_mtp}); "
+                                         f"or use method: draft")
+                elif self.model in PRESETS and not PRESETS[self.model].mtp_layers:   # (an unknown name: later)
+                    raise KeyProblem(("topologies", name, *sub, "speculative", "method"),
+                                     f"needs a model with a multi-token-prediction head: {self.model} has none "
+                                     f"(presets with one: {with_mtp}); use method: draft with a draft_model "
+                                     f"or draft_cost_fraction")
+        return self
 
     @model_validator(mode="after")
     def _check_faults(self):

@@ -134,3 +134,29 @@ def test_a_bad_acceptance_distribution_says_why(acc, words):
 def test_a_bad_acceptance_number_still_says_so(acc, words):
     msg = _error(_spec_raw("llama-3.1-8b", {"method": "draft", "draft_cost_fraction": 0.1, "acceptance": acc}))
     assert "topologies.t.speculative.acceptance = " in msg and words in msg, msg
+
+
+# --- MTP head ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["colocated", "disaggregated"])
+def test_mtp_needs_a_model_with_an_mtp_head(where):
+    msg = _error(_spec_raw("llama-3.1-8b", {"method": "mtp", "k": 2, "acceptance": 0.8}, where))
+    key = "topologies.t.speculative.method" if where == "colocated" else "topologies.t.decode.speculative.method"
+    assert f"{key} = 'mtp'" in msg and "llama-3.1-8b" in msg and "deepseek-v3" in msg, msg
+
+
+def test_mtp_on_a_model_with_an_mtp_head_is_accepted():
+    sc = config.parse(_spec_raw("deepseek-v3", {"method": "mtp", "k": 1}), "s.yaml")
+    assert sc.topologies["t"].speculative.method == "mtp"
+
+
+INLINE = {"name": "tiny", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 8, "mlp_width": 1024, "vocab": 1000}
+
+
+def test_inline_model_declares_its_mtp_head():
+    msg = _error(_spec_raw(dict(INLINE), {"method": "mtp"}))
+    assert "speculative.method = 'mtp'" in msg and "tiny" in msg and "mtp_layers" in msg, msg
+    config.parse(_spec_raw({**INLINE, "mtp_layers": 1}, {"method": "mtp"}), "s.yaml")
+
+
+def test_draft_method_needs_no_mtp_head():
+    config.parse(_spec_raw("llama-3.1-8b", {"method": "draft", "draft_model": "llama-3.2-1b"}), "s.yaml")
