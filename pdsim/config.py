@@ -510,7 +510,13 @@ class ConversationSpec(_Strict):
     @model_validator(mode="after")
     def _need(self):
         if (self.system_prompts > 0) != (self.system_tokens > 0):
-            raise ValueError("give both system_prompts and system_tokens (or neither)")
+            zero, other = ("system_prompts", "system_tokens") if self.system_tokens else \
+                ("system_tokens", "system_prompts")
+            if zero in self.model_fields_set:      # both given, one of them 0
+                what = "distinct shared system prompts" if zero == "system_prompts" else "tokens in each system prompt"
+                raise KeyProblem(zero, f"must be at least 1 ({what}) with {other}: {getattr(self, other)}; "
+                                       f"for no shared system prompt leave both out or set both to 0")
+            raise KeyProblem(other, f"needs {zero} too (give both system_prompts and system_tokens, or neither)")
         return self
 
 

@@ -160,3 +160,22 @@ def test_inline_model_declares_its_mtp_head():
 
 def test_draft_method_needs_no_mtp_head():
     config.parse(_spec_raw("llama-3.1-8b", {"method": "draft", "draft_model": "llama-3.2-1b"}), "s.yaml")
+
+
+# --- conversation -----------------------------------------------------------------------------
+@pytest.mark.parametrize("conv,key,words", [
+    ({"system_prompts": 0, "system_tokens": 200}, "system_prompts = 0", "at least 1"),
+    ({"system_prompts": 4, "system_tokens": 0}, "system_tokens = 0", "at least 1"),
+    ({"system_tokens": 200}, "system_tokens = 200", "system_prompts"),
+    ({"system_prompts": 4}, "system_prompts = 4", "system_tokens"),
+])
+def test_conversation_system_prompt_errors_name_the_key(conv, key, words):
+    msg = _error(_raw(**POISSON_W, conversation=conv))
+    assert f"workload.conversation.{key}" in msg and words in msg, msg
+    if 0 in conv.values():                   # both were given: the problem is the 0
+        assert "give both" not in msg, msg
+
+
+def test_conversation_without_system_prompts_is_fine():
+    config.parse(_raw(**POISSON_W, conversation={"system_prompts": 0, "system_tokens": 0}), "s.yaml")
+    config.parse(_raw(**POISSON_W, conversation={"system_prompts": 2, "system_tokens": 100}), "s.yaml")
