@@ -976,6 +976,7 @@ def parse(raw: Any, file: str | None = None, overrides: list[str] | None = None,
     if not isinstance(raw, dict):
         raise ConfigError("a scenario must be a YAML mapping", file=file)
     raw = apply_overrides(raw, overrides or [], file)
+    _check_file_kind(raw, file)
     if "base_dir" in raw:   # set from the file's location below, never from the file
         raise ConfigError("unknown key", file=file, key="base_dir")
     try:
@@ -984,6 +985,18 @@ def parse(raw: Any, file: str | None = None, overrides: list[str] | None = None,
         raise validation_error(exc, file, raw) from None
     _check_numbers(raw, file)
     return sc
+
+
+def _check_file_kind(raw: dict, file: str | None) -> None:
+    """A device profile or a plan given where a scenario belongs: say what the file is, not that its first
+    key ('kind', 'search') is out of place.  A file with topologies is a scenario, whatever else it holds."""
+    if "topologies" in raw:
+        return
+    if raw.get("kind") in ("gpu", "cpu") or {"peak_tflops", "memory_bandwidth_GBps"} & set(raw):
+        raise ConfigError("this file is a device profile, not a scenario; in a scenario, use its path as a pool's "
+                          "device (topologies.NAME.device: PATH)", file=file)
+    if "search" in raw:
+        raise ConfigError("this file is a plan, not a scenario; run it with pdsim plan", file=file)
 
 
 def _check_numbers(node, file, path=""):

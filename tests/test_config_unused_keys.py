@@ -179,3 +179,30 @@ def test_conversation_system_prompt_errors_name_the_key(conv, key, words):
 def test_conversation_without_system_prompts_is_fine():
     config.parse(_raw(**POISSON_W, conversation={"system_prompts": 0, "system_tokens": 0}), "s.yaml")
     config.parse(_raw(**POISSON_W, conversation={"system_prompts": 2, "system_tokens": 100}), "s.yaml")
+
+
+# --- a file that is not a scenario --------------------------------------------------------------
+def _run_err(path, capsys) -> str:
+    rc = main(["run", str(path), "--quiet", "--out", "/nonexistent-never-written"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_running_a_device_profile_says_what_it_is(capsys):
+    prof = REPO / "calibration/profiles/h100-vidur.yaml"
+    err = _run_err(prof, capsys)
+    assert "is a device profile, not a scenario" in err and ".device: PATH" in err and "h100-vidur.yaml" in err, err
+
+
+def test_running_a_plan_says_what_it_is(capsys):
+    err = _run_err(REPO / "scenarios/plan-chat-llama8b.yaml", capsys)
+    assert "is a plan, not a scenario" in err and "pdsim plan" in err, err
+
+
+def test_a_scenario_with_a_stray_kind_is_still_a_scenario(tmp_path, capsys):
+    p = tmp_path / "s.yaml"
+    p.write_text("kind: colocated\nmodel: llama-3.1-8b\nworkload: {arrival: poisson, rate: 1, num_requests: 3}\n"
+                 "topologies:\n  c: {kind: colocated}\n")
+    err = _run_err(p, capsys)
+    assert "kind: not a key at this level" in err, err
