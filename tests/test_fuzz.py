@@ -40,7 +40,7 @@ FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
 # Errors about a whole file (no key or line to name): the file is still named.
 FILE_LEVEL = re.compile(r"a scenario must be a YAML mapping|not UTF-8 text|YAML nested too deeply|"
                         r"empty file|no rows|scenario file not found|is a directory|no such file|larger than|"
-                        r"not a usable path|cannot read")
+                        r"not a usable path|cannot read|is a device profile, not a scenario|is a plan, not a scenario")
 
 
 def check_error(exc: BaseException, file: str) -> str:
