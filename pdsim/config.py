@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from .errors import ConfigError
 
@@ -32,6 +32,16 @@ Instances = Annotated[int, Field(gt=0, le=MAX_INSTANCES)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class KeyProblem(ValueError):
+    """A check of a whole mapping that blames one key below it: ``validation_error`` names that key
+    (``path``, relative to the mapping) and the value the input gave it, not just the mapping."""
+
+    def __init__(self, path: str | tuple, message: str):
+        self.path = (path,) if isinstance(path, str) else tuple(path)
+        self.message = message
+        super().__init__(message)
 
 
 # --- model -------------------------------------------------------------------
@@ -63,6 +73,8 @@ class InlineModel(_Strict):
     # sliding-window attention: sliding_layers of the layers attend to the last sliding_window tokens only
     sliding_window: Annotated[int, Field(ge=1, le=10**9)] | None = None
     sliding_layers: Annotated[int, Field(ge=0, le=10**9)] = 0
+    # multi-token-prediction modules (Hugging Face num_nextn_predict_layers): needed by speculative method: mtp
+    mtp_layers: Annotated[int, Field(ge=0, le=1024)] = 0
 
 
 # --- cost model and pools ----------------------------------------------------------
@@ -141,13 +153,21 @@ class AcceptanceDistSpec(_Strict):
         return self
 
 
+#: an acceptance rate or a distribution of them: a mapping is a distribution, anything else a number, so each
+#: reports its own error (a plain union answered "Input should be a valid number" to a bad distribution)
+Acceptance = Annotated[
+    Union[Annotated[Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)], Tag("acceptance-rate")],
+          Annotated[AcceptanceDistSpec, Tag("acceptance-dist")]],
+    Discriminator(lambda v: "acceptance-dist" if isinstance(v, (dict, AcceptanceDistSpec)) else "acceptance-rate")]
+
+
 class SpeculativeSpec(_Strict):
     """Speculative decoding of a decode-capable pool (pdsim/speculative.py): each decode step drafts
     ``k`` tokens and verifies them in one (k+1)-token-per-request step of the target model."""
     method: Literal["draft", "mtp"] = "draft"
     k: Annotated[int, Field(ge=1, le=32)] = 3
     # probability that each drafted token is accepted, i.i.d. per position (a constant, or per request)
-    acceptance: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | AcceptanceDistSpec = 0.7
+    acceptance: Acceptance = 0.7
     draft_model: str | InlineModel | None = None    # a model preset or an inline shape (method: draft)
     # one draft step costs this fraction of a plain target decode step of the same batch
     # (instead of pricing the draft model / MTP head on the device)
@@ -490,7 +510,13 @@ class ConversationSpec(_Strict):
     @model_validator(mode="after")
     def _need(self):
         if (self.system_prompts > 0) != (self.system_tokens > 0):
-            raise ValueError("give both system_prompts and system_tokens (or neither)")
+            zero, other = ("system_prompts", "system_tokens") if self.system_tokens else \
+                ("system_tokens", "system_prompts")
+            if zero in self.model_fields_set:      # both given, one of them 0
+                what = "distinct shared system prompts" if zero == "system_prompts" else "tokens in each system prompt"
+                raise KeyProblem(zero, f"must be at least 1 ({what}) with {other}: {getattr(self, other)}; "
+                                       f"for no shared system prompt leave both out or set both to 0")
+            raise KeyProblem(other, f"needs {zero} too (give both system_prompts and system_tokens, or neither)")
         return self
 
 
@@ -580,6 +606,7 @@ class WorkloadSpec(_Strict):
 
     @model_validator(mode="after")
     def _need(self):
+        self._check_unused()
         if self.shared_prefix_tokens and (self.arrival == "trace" or self.conversation is not None):
             raise ValueError("shared_prefix_tokens shares the start of synthetic prompts; not with "
                              + ("arrival: trace (a trace's rows carry their own content)" if self.arrival == "trace"
@@ -611,6 +638,42 @@ class WorkloadSpec(_Strict):
             raise ValueError(f"rate x duration_s = {self.rate * self.duration_s:.3g} requests, more than "
                              f"{MAX_REQUESTS:,}; give num_requests or a shorter duration_s")
         return self
+
+    def _check_unused(self) -> None:
+        """A key the user set that this arrival process never reads is an error: ignored, it would make a
+        sweep over it report the same run under different labels.  Defaults (keys left out) do not count,
+        nor an explicit null."""
+        given = [k for k in self.model_fields_set if getattr(self, k) is not None]
+        unused = _UNUSED_BY_ARRIVAL[self.arrival]
+        for k in sorted(given, key=list(type(self).model_fields).index):
+            if k in unused:
+                raise KeyProblem(k, f"not used with arrival: {self.arrival} ({unused[k]})")
+
+
+_CLOSED_ONLY = "closed-loop clients: use arrival: closed"
+_THINK = ("the closed-loop clients' pause: use arrival: closed, or conversation.think_s between the turns "
+          "of a multi-turn session")
+_GAMMA_ONLY = "the spread of arrival: gamma's gaps: use arrival: gamma"
+_NOT_A_TRACE = ("to replay a trace use arrival: trace; to draw lengths from one, "
+                "prompt_tokens / output_tokens: {dist: trace, path: ...}")
+_TRACE_LENGTHS = ("a trace's rows carry their own lengths; for synthetic arrivals with a trace's lengths use "
+                  "arrival: poisson with prompt_tokens / output_tokens: {dist: trace, path: ...}")
+#: per arrival process, the workload keys it never reads (pdsim/workload.py generate, simulation.py), and
+#: what to use instead.  conversation and rate_curve have their own checks; timeout_s, num_requests and
+#: shared_prefix_tokens are read by every arrival that allows them.
+_UNUSED_BY_ARRIVAL: dict[str, dict[str, str]] = {
+    "trace": {"rate": "scale a trace with workload.trace.rate_scale",
+              "duration_s": "cut a trace with workload.trace.duration_s (trace seconds, before rate_scale) "
+                            "or workload.num_requests",
+              "prompt_tokens": _TRACE_LENGTHS, "output_tokens": _TRACE_LENGTHS,
+              "cv": _GAMMA_ONLY, "clients": _CLOSED_ONLY, "think_s": _THINK},
+    "poisson": {"cv": _GAMMA_ONLY, "clients": _CLOSED_ONLY, "think_s": _THINK, "trace": _NOT_A_TRACE},
+    "gamma": {"clients": _CLOSED_ONLY, "think_s": _THINK, "trace": _NOT_A_TRACE},
+    "constant": {"cv": _GAMMA_ONLY, "clients": _CLOSED_ONLY, "think_s": _THINK, "trace": _NOT_A_TRACE},
+    "closed": {"rate": "a closed loop sends as fast as workload.clients and workload.think_s allow",
+               "duration_s": "a closed loop sends num_requests requests; stop the clock earlier with horizon_s",
+               "cv": _GAMMA_ONLY, "trace": _NOT_A_TRACE},
+}
 
 
 class ClientSpec(_Strict):
@@ -740,6 +803,32 @@ class Scenario(_Strict):
             [f"decode-{i}" for i in range(t.decode.instances)]
 
     @model_validator(mode="after")
+    def _check_mtp(self):
+        """``speculative: {method: mtp}`` drafts with the model's own multi-token-prediction head: a model
+        without one (llama, qwen...) would get MTP's speed-up from nothing."""
+        from .models import PRESETS
+        with_mtp = ", ".join(n for n, m in PRESETS.items() if m.mtp_layers)
+        for name, topo in self.topologies.items():
+            pools = [((), topo)] if isinstance(topo, ColocatedSpec) else \
+                [(("prefill",), topo.prefill), (("decode",), topo.decode)]
+            for sub, pool in pools:
+                if pool.speculative is None or pool.speculative.method != "mtp":
+                    continue
+                if isinstance(self.model, InlineModel):
+                    if not self.model.mtp_layers:
+                        raise KeyProblem(("topologies", name, *sub, "speculative", "method"),
+                                         f"needs a model with a multi-token-prediction head: the inline model "
+                                         f"'{self.model.name}' has none (give it mtp_layers: 1 if it has one, as "
+                                         f"DeepSeek-V3's num_nextn_predict_layers; presets with one: {with_mtp}); "
+                                         f"or use method: draft")
+                elif self.model in PRESETS and not PRESETS[self.model].mtp_layers:   # (an unknown name: later)
+                    raise KeyProblem(("topologies", name, *sub, "speculative", "method"),
+                                     f"needs a model with a multi-token-prediction head: {self.model} has none "
+                                     f"(presets with one: {with_mtp}); use method: draft with a draft_model "
+                                     f"or draft_cost_fraction")
+        return self
+
+    @model_validator(mode="after")
     def _check_faults(self):
         """Every scheduled fault names an instance (and topology) that exists: none is dropped silently."""
         if self.faults is None:
@@ -777,7 +866,7 @@ def _vocabulary() -> set[str]:
 
 
 _TAGS = {"colocated", "disaggregated", "str", "InlineModel", "function-after[_need(), LengthSpec]",
-         "constrained-float", "AcceptanceDistSpec"}
+         "constrained-float", "AcceptanceDistSpec", "acceptance-rate", "acceptance-dist"}
 
 
 def _is_tag(p) -> bool:
@@ -802,6 +891,19 @@ def _key(loc, raw=None) -> str:
     return ".".join(parts)
 
 
+def _raw_at(raw, loc) -> tuple[bool, Any]:
+    """(found, value): the input's value at an error location, pydantic's own parts (tags) skipped."""
+    node = raw
+    for p in loc:
+        if isinstance(node, dict) and p in node:
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            node = node[p]
+        elif not _is_tag(p):
+            return False, None
+    return True, node
+
+
 def validation_error(exc: ValidationError, file: str | None, raw=None, vocabulary=None) -> ConfigError:
     """The first pydantic error as one line: file, dotted key, value, and a did-you-mean for typos
     (among ``vocabulary``, default the scenario's keys; never the unknown key itself)."""
@@ -815,6 +917,12 @@ def validation_error(exc: ValidationError, file: str | None, raw=None, vocabular
                 or (e["type"] == "string_type" and e["loc"][-1:] == ("[key]",))), errs[0])
     key = _key(err["loc"], raw) or (repr(str(err["loc"][-1])) if err["loc"] else "")   # '' is a key too
     msg = err["msg"].removeprefix("Value error, ")
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, KeyProblem):        # a mapping's check that blames one key below it
+        key = ".".join([key, *map(str, cause.path)] if key else map(str, cause.path))
+        found, value = _raw_at(raw, [*err["loc"], *cause.path])
+        scalar = found and not isinstance(value, (dict, list)) and value is not None
+        return ConfigError(cause.message, file=file, key=key, value=value if scalar else None, has_value=scalar)
     if not err["loc"]:      # a whole-scenario check ("faults.instances[0].topology: no topology ..."): its key leads
         m = re.match(r"([A-Za-z_][\w.\[\]-]*): (.+)", msg, re.S)
         if m:
@@ -868,6 +976,7 @@ def parse(raw: Any, file: str | None = None, overrides: list[str] | None = None,
     if not isinstance(raw, dict):
         raise ConfigError("a scenario must be a YAML mapping", file=file)
     raw = apply_overrides(raw, overrides or [], file)
+    _check_file_kind(raw, file)
     if "base_dir" in raw:   # set from the file's location below, never from the file
         raise ConfigError("unknown key", file=file, key="base_dir")
     try:
@@ -876,6 +985,18 @@ def parse(raw: Any, file: str | None = None, overrides: list[str] | None = None,
         raise validation_error(exc, file, raw) from None
     _check_numbers(raw, file)
     return sc
+
+
+def _check_file_kind(raw: dict, file: str | None) -> None:
+    """A device profile or a plan given where a scenario belongs: say what the file is, not that its first
+    key ('kind', 'search') is out of place.  A file with topologies is a scenario, whatever else it holds."""
+    if "topologies" in raw:
+        return
+    if raw.get("kind") in ("gpu", "cpu") or {"peak_tflops", "memory_bandwidth_GBps"} & set(raw):
+        raise ConfigError("this file is a device profile, not a scenario; in a scenario, use its path as a pool's "
+                          "device (topologies.NAME.device: PATH)", file=file)
+    if "search" in raw:
+        raise ConfigError("this file is a plan, not a scenario; run it with pdsim plan", file=file)
 
 
 def _check_numbers(node, file, path=""):

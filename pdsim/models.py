@@ -73,6 +73,9 @@ class ModelShape:
     # sliding-window attention: ``sliding_layers`` of the layers see only the last ``sliding_window`` tokens
     sliding_window: int | None = None
     sliding_layers: int = 0
+    # multi-token-prediction modules shipped with the model (Hugging Face num_nextn_predict_layers; DeepSeek-V3: 1):
+    # not among ``layers``, and what ``speculative: {method: mtp}`` drafts with (0: the model has no MTP head)
+    mtp_layers: int = 0
 
     def __post_init__(self):
         if not 0 <= self.sliding_layers <= self.layers:
@@ -420,11 +423,14 @@ def _hf(repo: str, note: str = "") -> str:
 
 
 def _deepseek_v3(name: str, repo: str) -> ModelShape:
-    # MTP module (num_nextn_predict_layers: 1) left out: 671B is the main model without it
+    # MTP module (num_nextn_predict_layers: 1) left out of the 61 layers: 671B is the main model without it;
+    # mtp_layers records it for speculative decoding with method: mtp (pdsim/speculative.py prices it)
     return ModelShape(name, 61, 7168, 128, 128, 128 + 64, 18432, 129280, max_context=163840,
                       experts=256, experts_per_token=8, shared_experts=1, expert_width=2048, dense_layers=3,
                       q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
-                      v_head_dim=128, source=_hf(repo, "multi-token-prediction layer not modelled"))
+                      v_head_dim=128, mtp_layers=1,
+                      source=_hf(repo, "the multi-token-prediction layer is not among the 61 layers: it serves "
+                                       "only as the draft of speculative: {method: mtp}"))
 
 
 #: mixture-of-experts and MLA presets (head_dim of an MLA model: the q/k head dim, nope + rope)

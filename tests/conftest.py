@@ -24,13 +24,20 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 
-def scenario(topologies: dict | None = None, **workload) -> config.Scenario:
+def scenario(topologies: dict | None = None, model: str | dict = "llama-3.1-8b", **workload) -> config.Scenario:
     """A validated scenario: constant-cost colocated replica by default, tiny workload."""
     w = {"arrival": "poisson", "rate": 1.0, "num_requests": 20, "prompt_tokens": 100, "output_tokens": 10}
+    # a default the chosen arrival does not read would be refused (a closed loop has no rate; a trace's rows
+    # carry their own lengths): left out unless the test gives it
+    arrival = workload.get("arrival", "poisson")
+    if arrival in ("closed", "trace"):
+        del w["rate"]
+    if arrival == "trace":
+        del w["prompt_tokens"], w["output_tokens"]
     w.update(workload)
     topologies = topologies or {"c": {"kind": "colocated", "replicas": 1,
                                       "cost_model": {"kind": "constant", "step_s": 0.01}, "kv_blocks": 10000}}
-    return config.parse({"seed": 0, "model": "llama-3.1-8b", "workload": w, "topologies": topologies},
+    return config.parse({"seed": 0, "model": model, "workload": w, "topologies": topologies},
                         "test.yaml")
 
 

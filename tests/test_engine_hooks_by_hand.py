@@ -59,9 +59,12 @@ def test_prefill_dispatch_of_moe_layers_by_hand():
 
 def test_verify_steps_of_speculative_decoding_pay_no_prefill_dispatch():
     # a verify step computes k + 1 tokens per request but holds no prompt: only the prefill step pays 32 ms
+    # (Llama-3.1-8B's 32 layers, given an MTP head: method mtp needs one)
     spec = {"speculative": {"method": "mtp", "k": 2, "acceptance": 1.0}}
-    a = _lone("llama-3.1-8b", {"prefill_per_layer_us": 0.0}, out=7, pool=spec)
-    b = _lone("llama-3.1-8b", {"prefill_per_layer_us": 1000.0}, out=7, pool=spec)
+    llama_mtp = {"name": "llama-3.1-8b-mtp", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
+                 "mlp_width": 14336, "vocab": 128256, "max_context": 131072, "mtp_layers": 1}
+    a = _lone(llama_mtp, {"prefill_per_layer_us": 0.0}, out=7, pool=spec)
+    b = _lone(llama_mtp, {"prefill_per_layer_us": 1000.0}, out=7, pool=spec)
     assert (b.token_s[0] - b.arrival_s) - (a.token_s[0] - a.arrival_s) == pytest.approx(0.032, rel=1e-9)
     assert b.finish_s - b.token_s[0] == pytest.approx(a.finish_s - a.token_s[0], rel=1e-12)
 

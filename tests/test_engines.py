@@ -131,7 +131,7 @@ def _disagg(client=None, rtt=0.0):
             "decode": {"cost_model": {"kind": "constant", "step_s": 0.01}, "kv_blocks": 1000}}
     sc = scenario({"d": topo}, num_requests=1, prompt_tokens=1000, output_tokens=4)
     if client:
-        sc = config.parse({**sc.model_dump(mode="json"), "client": client}, "t.yaml")
+        sc = config.parse({**sc.model_dump(mode="json", exclude_unset=True), "client": client}, "t.yaml")
     res = simulate(sc)
     return metrics.requests_frame(res, sc.client).iloc[0]
 
@@ -153,7 +153,7 @@ def test_ttft_at_first_decode_token_behind_pd_proxy():
 def test_closed_loop_ramp_up_jitter_and_warmup():
     base = scenario(None, arrival="closed", clients=4, num_requests=8, prompt_tokens=10,
                     output_tokens={"dist": "uniform", "low": 20, "high": 60})
-    raw = base.model_dump(mode="json")
+    raw = base.model_dump(mode="json", exclude_unset=True)
     sc = config.parse({**raw, "client": {"ramp_up_s": 1.0, "warmup_requests": 4}}, "t.yaml")
     res = simulate(sc)
     arrivals = [r.arrival_s for r in res[0].requests]

@@ -40,7 +40,7 @@ FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
 # Errors about a whole file (no key or line to name): the file is still named.
 FILE_LEVEL = re.compile(r"a scenario must be a YAML mapping|not UTF-8 text|YAML nested too deeply|"
                         r"empty file|no rows|scenario file not found|is a directory|no such file|larger than|"
-                        r"not a usable path|cannot read")
+                        r"not a usable path|cannot read|is a device profile, not a scenario|is a plan, not a scenario")
 
 
 def check_error(exc: BaseException, file: str) -> str:
@@ -489,8 +489,7 @@ def test_relative_paths_resolve_against_scenario_file(tmp_path: Path, monkeypatc
     write(cwd / "profiles" / "mine.yaml", "not: [a, device, profile]\n")
     monkeypatch.chdir(cwd)
     p = write(scen / "s.yaml", "model: llama-3.1-8b\n"
-              "workload: {arrival: trace, trace: {path: data/t.csv},\n"
-              "           prompt_tokens: {dist: trace, path: data/t.csv}}\n"
+              "workload: {arrival: trace, trace: {path: data/t.csv}}\n"
               "topologies:\n"
               "  c: {kind: colocated, device: profiles/mine.yaml}\n"
               "  d: {kind: disaggregated, prefill: {device: profiles/mine.yaml}, decode: {device: ./profiles/mine.yaml}}\n")
@@ -503,6 +502,12 @@ def test_relative_paths_resolve_against_scenario_file(tmp_path: Path, monkeypatc
     assert rc == 0, capsys.readouterr().err
     s = json.loads((out / "summary.json").read_text())
     assert {t["requests"]["total"] for t in s["topologies"].values()} == {3}
+    # a length distribution's trace path too (arrival: trace reads lengths from its own rows, not prompt_tokens)
+    q = write(scen / "s2.yaml", p.read_text().replace(
+        "{arrival: trace, trace: {path: data/t.csv}}",
+        "{arrival: poisson, rate: 10, num_requests: 3, prompt_tokens: {dist: trace, path: data/t.csv}}"))
+    assert main(["run", os.path.relpath(q, cwd), "--out", str(tmp_path / "out3"), "--quiet"]) == 0, \
+        capsys.readouterr().err
     # a missing relative profile is reported with the path that was tried
     write(p, p.read_text().replace("profiles/mine.yaml", "profiles/gone.yaml"))
     assert main(["run", str(p), "--out", str(tmp_path / "out2"), "--quiet"]) == 2

@@ -230,7 +230,7 @@ def test_build_report_rebuilds_from_files(quick):
 @pytest.mark.parametrize("n", [1, 5])
 def test_one_and_five_topologies_render(tmp_path, n):
     sc = config.load(str(REPO / "scenarios/quickstart.yaml"), ["workload.num_requests=40"])
-    raw = sc.model_dump(mode="json")
+    raw = sc.model_dump(mode="json", exclude_unset=True)
     kinds = [{"kind": "colocated", "replicas": 1, "device": "h100-sxm"},
              {"kind": "colocated", "replicas": 2, "device": "h100-sxm", "chunked_prefill": {"token_budget": 512}},
              {"kind": "disaggregated", "prefill": {"instances": 1, "device": "h100-sxm"},

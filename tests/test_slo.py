@@ -112,7 +112,7 @@ def test_md1_run_with_ttft_p99_near_150ms_fails_p999_in_percentile_mode(tmp_path
     topo = {"kind": "colocated", "max_running": 1, "kv_blocks": 10000,
             "cost_model": {"kind": "constant", "step_s": 0.03}}
     base = scenario({"c": topo}, rate=20.0, num_requests=2000, prompt_tokens=10, output_tokens=1)
-    raw = base.model_dump(exclude={"base_dir"})
+    raw = base.model_dump(exclude={"base_dir"}, exclude_unset=True)
     runs = {}
     for mode in ("attainment", "percentile"):
         raw["slo"] = {"mode": mode, "ttft_s": 0.1, "tpot_s": 0.05, "ttft_percentile": 99.9,

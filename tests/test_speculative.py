@@ -196,6 +196,13 @@ def test_per_request_acceptance_distribution():
     assert r.min() >= 0.2 and r.max() <= 0.4 and abs(r.mean() - 0.3) < 0.01
 
 
+#: Llama-3.1-8B's shape with a multi-token-prediction head it does not have: speculative method mtp needs one
+LLAMA_8B_MTP = {"name": "llama-3.1-8b-mtp", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
+                "mlp_width": 14336, "vocab": 128256, "max_context": 131072, "mtp_layers": 1}
+LLAMA_70B_MTP = {**LLAMA_8B_MTP, "name": "llama-3.1-70b-mtp", "layers": 80, "hidden": 8192, "heads": 64,
+                 "mlp_width": 28672}
+
+
 SPEC_TOPOS = {
     "colo": {"kind": "colocated", "replicas": 2, "device": "h100-sxm", "kv_blocks": 120, "max_running": 8,
              "chunked_prefill": {"token_budget": 64},
@@ -211,7 +218,8 @@ SPEC_TOPOS = {
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_output_tokens_conserved_and_fast_equals_step_by_step(seed):
-    sc = scenario(SPEC_TOPOS, num_requests=40, rate=30, prompt_tokens={"dist": "uniform", "low": 10, "high": 300},
+    sc = scenario(SPEC_TOPOS, model=LLAMA_8B_MTP, num_requests=40, rate=30,
+                  prompt_tokens={"dist": "uniform", "low": 10, "high": 300},
                   output_tokens={"dist": "uniform", "low": 1, "high": 60})
     sc.seed = seed
     sc.client.itl = "on"
@@ -263,7 +271,7 @@ def test_speculation_lowers_tpot_and_draft_takes_kv_memory():
 ])
 def test_bad_speculative_config_is_one_line(topos, key):
     with pytest.raises(ConfigError) as e:
-        simulate(scenario(topos, num_requests=2))
+        simulate(scenario(topos, model=LLAMA_8B_MTP, num_requests=2))
     msg = str(e.value)
     assert "\n" not in msg and key in msg
 
@@ -365,8 +373,8 @@ def test_mtp_under_dp_attention_end_to_end_accepts_k_plus_one_and_conserves_toke
                        "speculative": {"method": "mtp", "k": 3, "acceptance": 1.0}},
             "kv_link": {"bandwidth_GBps": 50}}
     plain = {**topo, "decode": {k: v for k, v in topo["decode"].items() if k != "speculative"}}
-    sc = scenario({"spec": topo, "plain": plain}, num_requests=24, rate=20, prompt_tokens=500, output_tokens=41)
-    sc.model = "deepseek-v3"
+    sc = scenario({"spec": topo, "plain": plain}, model="deepseek-v3", num_requests=24, rate=20, prompt_tokens=500,
+                  output_tokens=41)
     sc.client.itl = "on"
     res = {r.name: r for r in simulate(sc)}
     for r in res["spec"].requests:
@@ -421,8 +429,7 @@ def test_a_draft_under_pipeline_parallelism_sits_on_the_last_stage():
 def test_mtp_under_pipeline_parallelism_is_one_layer_on_one_stage():
     topo = {"c": {"kind": "colocated", "device": "h100-sxm", "tp": 4, "pp": 2, "kv_blocks": 3000,
                   "speculative": {"method": "mtp", "k": 2, "acceptance": 1.0}}}
-    sc = scenario(topo, num_requests=8, rate=4, prompt_tokens=300, output_tokens=31)
-    sc.model = "llama-3.1-70b"
+    sc = scenario(topo, model=LLAMA_70B_MTP, num_requests=8, rate=4, prompt_tokens=300, output_tokens=31)
     (res,) = simulate(sc)
     pool = res.topology.pools[0]
     d = pool.spec_dec.draft

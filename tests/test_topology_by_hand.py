@@ -532,7 +532,8 @@ SLIDING_REFUSALS = [
     ({}, {"prefix_cache": {"enabled": True}}, "topologies.t.prefix_cache.enabled", True,
      "prefix caching with sliding-window layers is not modelled (a cached prefix would need the sliding "
      "layers' window blocks at its end)"),
-    ({}, {"speculative": {"method": "mtp", "k": 2, "acceptance": 0.5}}, "topologies.t.speculative", "mtp",
+    ({"mtp_layers": 1}, {"speculative": {"method": "mtp", "k": 2, "acceptance": 0.5}},
+     "topologies.t.speculative", "mtp",
      "speculative decoding with sliding-window layers is not modelled"),
     ({}, {"dp_attention": True, "tp": 2}, "topologies.t.dp_attention", True,
      "DP attention with sliding-window layers is not modelled"),
@@ -1025,7 +1026,7 @@ def test_an_mtp_head_under_dp_attention_comes_off_the_kv_blocks_by_hand(tmp_path
     topo = {"kind": "colocated", "device": dev, "tp": 2, "ep": 2, "dp_attention": True,
             "gpu_memory_utilization": 1.0, "activation_reserve_GiB": 0,
             "speculative": {"method": "mtp", "k": 1}}
-    t, _, _, _ = _built(topo, model=TINY_MOE, tmp_path=tmp_path)
+    t, _, _, _ = _built(topo, model={**TINY_MOE, "mtp_layers": 1}, tmp_path=tmp_path)
     (inst,) = t.instances
     assert inst.kv.total_blocks == 420 and inst.block_bytes == 131_072
 
