@@ -688,6 +688,9 @@ def main(argv=None) -> int:
         args = build_parser(sys.argv[1:] if argv is None else list(argv)).parse_args(argv)
     except SystemExit as exc:       # --help (0) or a bad flag (2, one line already printed)
         return exc.code if isinstance(exc.code, int) else 2
+    import warnings
+    # pdsim's own warnings are for the user: one line each, not a source location and a code excerpt
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"pdsim: warning: {msg}\n"
     try:
         return args.fn(args) or 0
     except PdsimError as exc:

@@ -356,7 +356,10 @@ def generate(sc, model) -> list[Request]:
         entry = [t.prefill if t.kind == "disaggregated" else t for t in sc.topologies.values()]
         if not any(p.prefix_on for p in pools) and not any(engine_prefix_cache(p, model) for p in entry):
             import warnings
-            why = ("pdsim does not model prefix caching with sliding-window layers" if model.has_sliding else
+            off = [p for p in entry if p.prefix_cache is not None and not p.prefix_cache.enabled]
+            why = ("prefix_cache: {enabled: false} on " + ", ".join(sorted({str(p.engine or 'the pool') for p in off}))
+                   if off else
+                   "pdsim does not model prefix caching with sliding-window layers" if model.has_sliding else
                    "no prefix_cache key, no engine that caches by default")
             warnings.warn(f"workload.shared_prefix_tokens = {w.shared_prefix_tokens}: no pool caches prefixes "
                           f"({why}), so the shared prefix is computed again for every request", UserWarning,

@@ -451,3 +451,20 @@ def test_a_run_that_rejects_every_request_says_so_on_stderr(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "pdsim: c: 5 of 5 requests rejected (kv_capacity 5); each one's reason is in the reject_reason column " \
            "(none was served)" in err
+
+
+def test_a_warning_is_one_pdsim_line_not_a_source_excerpt(tmp_path):
+    """A shared prefix that no pool caches warns once: 'pdsim: warning: ...' on one line, no file:line and no
+    code excerpt from inside pdsim (a real process: pytest records warnings itself)."""
+    import subprocess
+    import sys
+    sc = tmp_path / "s.yaml"
+    sc.write_text("model: llama-3.1-8b\nworkload: {rate: 1, num_requests: 2, prompt_tokens: 40, output_tokens: 2, "
+                  "shared_prefix_tokens: 24}\n"
+                  "topologies: {c: {kind: colocated, kv_blocks: 100, cost_model: {kind: constant, step_s: 0.01}}}\n")
+    p = subprocess.run([sys.executable, "-m", "pdsim", "run", str(sc), "--out", str(tmp_path / "o"), "--quiet",
+                        "--no-report"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = [x for x in p.stderr.splitlines() if not x.startswith("wrote ") and x.strip()]
+    assert lines == ["pdsim: warning: workload.shared_prefix_tokens = 24: no pool caches prefixes (no prefix_cache "
+                     "key, no engine that caches by default), so the shared prefix is computed again for every request"]

@@ -618,6 +618,13 @@ def test_generate_counts_an_engine_that_caches_by_default_on_the_entry_pool_only
                                   "prefix caching with sliding-window layers), so the shared prefix is computed "
                                   "again for every request")]
     assert [r.hash_ids for r in rs] == [[0, 1, 2], [0, 3, 4], [0, 5, 6]]
+    # caching turned off by the scenario: the warning blames that, not the model (gpt-oss too)
+    off = {**eng, "prefix_cache": {"enabled": False}}
+    for model, extra in (("llama-3.1-8b", {}), ("gpt-oss-120b", {"tp": 4})):
+        said = _gen_warnings(_shared_sc({"c": {**off, **extra}}, model=model))[1]
+        assert said == [(UserWarning, "workload.shared_prefix_tokens = 24: no pool caches prefixes (prefix_cache: "
+                                      "{enabled: false} on vllm-v1), so the shared prefix is computed again for "
+                                      "every request")], model
 
 
 def test_generate_errors_say_what_is_wrong_by_hand():
