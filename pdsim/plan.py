@@ -994,10 +994,12 @@ class DaskExecutor:
             elif alone_since is None:
                 alone_since = now
             elif now - alone_since >= self.lost_workers_s:
-                left = sum(1 for f in futures if not f.done())
+                # results not yet received (a task done on a worker that left is lost with it); the runner
+                # caches a round's results only once the whole round is back, so this round runs again
                 raise PdsimError(f"the Dask scheduler {self.address} has had no workers for "
-                                 f"{self.lost_workers_s:g} s ({left} of {len(futures)} simulations unfinished); "
-                                 "the plan stopped: start workers and run it again (finished results are cached)")
+                                 f"{self.lost_workers_s:g} s ({len(todo)} of {len(futures)} results not received); "
+                                 "the plan stopped: start workers and run it again (earlier rounds' results are "
+                                 "cached; this round's simulations run again)")
         results, todo = {}, list(range(len(futures)))
         try:
             # Fetch results one by one with a timeout, never with one blocking gather: a result held only by

@@ -195,15 +195,17 @@ def test_results_lost_with_the_last_worker_end_at_the_limit_exactly(world):
     poll 1 s, no workers for 3 s ends it. At 100: wait returns (3 ticks), task 0's result is read, task 1's
     times out (101): no workers, alone since 101. Each later pass: the wait returns at once, task 1's result
     times out again (102, 103, 104), the check after it: 1 s, 2 s, then 104 - 101 = 3 s >= 3 s: the error, at
-    104 exactly (not one poll later). Nothing unfinished (all done), nothing to cancel."""
+    104 exactly (not one poll later). Tasks 1 and 2 are done but their results never came: 2 of 3 not
+    received; nothing to cancel."""
     world.workers = lambda t: 0
     ex, client = executor(world, [ok(100.0), (100.0, None, LOST), (100.0, None, LOST)], address="tcp://s:1",
                           poll_s=1.0, lost_workers_s=3.0)
     with pytest.raises(PdsimError) as err:
         ex.map(tenfold, [1, 2, 3], on_done=world.tick)
-    assert str(err.value) == ("the Dask scheduler tcp://s:1 has had no workers for 3 s (0 of 3 simulations "
-                              "unfinished); the plan stopped: start workers and run it again (finished results "
-                              "are cached)")
+    # tasks 1 and 2 finished on workers that left: their results never arrived (2 of 3), not "0 unfinished"
+    assert str(err.value) == ("the Dask scheduler tcp://s:1 has had no workers for 3 s (2 of 3 results not "
+                              "received); the plan stopped: start workers and run it again (earlier rounds' "
+                              "results are cached; this round's simulations run again)")
     assert world.t == 104.0 and world.ticks == [100.0, 100.0, 100.0]
     assert [t for what, t in world.log if what == "nthreads"] == [101.0, 102.0, 103.0, 104.0]
     assert world.cancelled == []
@@ -213,15 +215,16 @@ def test_workers_that_come_back_reset_the_count(world):
     """poll 1 s, limit 2.5 s; task 0 finishes at 100.5, tasks 1-3 never. Workers: 2 until 102, none at 102, one
     at 103, none from 104. Waits time out at 101 (1 tick), 102, ...; the checks: 101 two workers; 102 none (alone
     since 102); 103 one (reset); 104 none (alone since 104); 105 1 s, 106 2 s, 107 3 s >= 2.5 s: the error at
-    107, with 3 of 4 unfinished, and those 3 cancelled. (Without the reset it would end at 105: 105 - 102 >= 2.5.)"""
+    107, with 4 of 4 results not received (task 0's was never read) and the 3 unfinished cancelled. (Without the reset it would end at 105: 105 - 102 >= 2.5.)"""
     world.workers = lambda t: 2 if t < 102 else (0 if t < 103 else (1 if t < 104 else 0))
     ex, client = executor(world, [ok(100.5), ok(NEVER), ok(NEVER), ok(NEVER)], address="tcp://sched:8786",
                           poll_s=1.0, lost_workers_s=2.5)
     with pytest.raises(PdsimError) as err:
         ex.map(tenfold, [1, 2, 3, 4], on_done=world.tick)
-    assert str(err.value) == ("the Dask scheduler tcp://sched:8786 has had no workers for 2.5 s (3 of 4 "
-                              "simulations unfinished); the plan stopped: start workers and run it again "
-                              "(finished results are cached)")
+    # no wait ever returned, so not even task 0's result was read: 4 of 4 not received
+    assert str(err.value) == ("the Dask scheduler tcp://sched:8786 has had no workers for 2.5 s (4 of 4 "
+                              "results not received); the plan stopped: start workers and run it again "
+                              "(earlier rounds' results are cached; this round's simulations run again)")
     assert world.t == 107.0 and world.ticks == [101.0]
     assert [t for what, t in world.log if what == "nthreads"] == [101.0, 102.0, 103.0, 104.0, 105.0, 106.0, 107.0]
     assert world.cancelled == [[20, 30, 40]]
