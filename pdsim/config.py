@@ -960,14 +960,20 @@ def apply_overrides(raw: dict, overrides: list[str], file: str | None = None) ->
             value = text
         node = raw
         parts = key.strip().split(".")
-        for p in parts[:-1]:
+        i = 0
+        while i < len(parts) - 1 and ".".join(parts[i:]) not in node:
+            # a name with dots in it (a topology 'draft-a0.7'): the longest run of parts that is an existing key
+            j = next((j for j in range(len(parts) - 1, i + 1, -1) if ".".join(parts[i:j]) in node), i + 1)
+            p = ".".join(parts[i:j])
+            i = j
             nxt = node.get(p) if isinstance(node, dict) else None
             if nxt is None:
                 nxt = node[p] = {}
             if not isinstance(nxt, dict):
                 raise ConfigError("cannot set a key below a non-mapping", file=file, key=key)
             node = nxt
-        node[parts[-1]] = value
+        last = ".".join(parts[i:])
+        node[last] = value
     return raw
 
 

@@ -562,3 +562,19 @@ def test_report_reads_only_the_requests_table_summary_json_names(tmp_path: Path,
     assert main(["report", str(out)]) == 2
     _one_line(capsys.readouterr().err, str(out / "requests.parquet"))
     assert not (out / "report.html").exists()
+
+
+def test_set_reaches_a_topology_whose_name_has_dots():
+    """scenarios/spec-decode.yaml names topologies 'draft-a0.7': --set must reach them (the longest run of dotted
+    parts that is an existing key), set keys that do not exist yet, and replace a dotted key whole."""
+    from pdsim.config import apply_overrides, load
+    raw = {"topologies": {"draft-a0.7": {"decode": {"x": 1}}, "a": {"b": 1}}}
+    got = apply_overrides(raw, ["topologies.draft-a0.7.decode.power_cap_W=300", "topologies.a.c=2", "new.k=3"])
+    assert got == {"topologies": {"draft-a0.7": {"decode": {"x": 1, "power_cap_W": 300}}, "a": {"b": 1, "c": 2}},
+                   "new": {"k": 3}}
+    assert apply_overrides(got, ["topologies.draft-a0.7={kind: colocated}"])["topologies"]["draft-a0.7"] == \
+        {"kind": "colocated"}
+    from pathlib import Path
+    sc = load(str(Path(__file__).resolve().parents[1] / "scenarios" / "spec-decode.yaml"),
+              ["topologies.draft-a0.7.decode.power_cap_W=300"])
+    assert sc.topologies["draft-a0.7"].decode.power_cap_W == 300
