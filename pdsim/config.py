@@ -619,6 +619,10 @@ class WorkloadSpec(_Strict):
                 raise ValueError(f"give rate (={self.rate}) or rate_curve, not both")
             if self.duration_s is None:
                 raise ValueError("rate_curve needs duration_s (the simulated span the curve covers)")
+            for i, b in enumerate(self.rate_curve.bursts):
+                if b.at_s >= self.duration_s:      # it would never fire: say so rather than run without it
+                    raise KeyProblem(("rate_curve", "bursts", i, "at_s"),
+                                     f"starts at or after the end of the run (duration_s {self.duration_s:g} s)")
             return self
         if self.conversation is not None and self.arrival in ("trace", "closed"):
             raise ValueError(f"conversation needs an open-loop arrival process (it starts sessions), "

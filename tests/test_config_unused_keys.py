@@ -206,3 +206,20 @@ def test_a_scenario_with_a_stray_kind_is_still_a_scenario(tmp_path, capsys):
                  "topologies:\n  c: {kind: colocated}\n")
     err = _run_err(p, capsys)
     assert "kind: not a key at this level" in err, err
+
+
+def test_a_burst_after_the_run_is_refused():
+    """A burst at 500 s of a 30 s run never fires: one line naming the burst's at_s, not a run without it."""
+    from pdsim import config
+    from pdsim.errors import ConfigError
+    raw = {"model": "llama-3.1-8b",
+           "workload": {"arrival": "poisson", "duration_s": 30,
+                        "rate_curve": {"points": [[0, 1], [30, 2]],
+                                       "bursts": [{"at_s": 10, "duration_s": 5, "multiplier": 2},
+                                                  {"at_s": 500, "duration_s": 5, "multiplier": 2}]}},
+           "topologies": {"c": {"kind": "colocated"}}}
+    with pytest.raises(ConfigError) as e:
+        config.parse(raw, "s.yaml")
+    assert "workload.rate_curve.bursts.1.at_s = 500" in str(e.value) and "duration_s 30 s" in str(e.value)
+    raw["workload"]["rate_curve"]["bursts"].pop()
+    config.parse(raw, "s.yaml")          # the one inside the run is fine
