@@ -110,18 +110,23 @@ class BadValue(Exception):
         super().__init__(self.reason)
 
 
+def _as_float(key: str, x, why: str) -> float:
+    """``x`` (a number, or a string of one) as a float, else BadValue(key, x, why)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float, str)):
+        raise BadValue(key, x, why)
+    try:
+        return float(x)
+    except ValueError:
+        raise BadValue(key, x, why) from None
+
+
 def _number(key: str, x, whole: bool = False) -> float | int | None:
     """A number of a measured file: None when absent (None, an empty cell, or NaN / inf for a measurement), an
     int or float (a numeric string reads as its number, as every field always did), else BadValue; ``whole``:
     a count (ISL, TP, concurrency), which a fraction is not (512.7 is not silently cut to 512)."""
     if x is None or (isinstance(x, str) and not x.strip()):
         return None
-    if isinstance(x, bool) or not isinstance(x, (int, float, str)):
-        raise BadValue(key, x, "not a number")
-    try:
-        v = float(x)
-    except ValueError:
-        raise BadValue(key, x, "not a number") from None
+    v = _as_float(key, x, "not a number")
     if not math.isfinite(v):        # a NaN latency or throughput reads as absent, as it always did (a count: bad)
         if whole:
             raise BadValue(key, x, "not a finite number")
@@ -158,12 +163,7 @@ def _open_loop(key: str, rate) -> str | None:
     one (vllm writes ``"inf"``): the closed loop at max_concurrency."""
     if rate is None or (isinstance(rate, str) and rate.strip().lower() in ("inf", "infinity")):
         return None
-    if isinstance(rate, bool) or not isinstance(rate, (int, float, str)):
-        raise BadValue(key, rate, "not a request rate (a number or \"inf\")")
-    try:
-        v = float(rate)
-    except ValueError:
-        raise BadValue(key, rate, "not a request rate (a number or \"inf\")") from None
+    v = _as_float(key, rate, "not a request rate (a number or \"inf\")")
     if v == math.inf:
         return None
     if not v > 0:
@@ -312,19 +312,13 @@ def read_vllm(path: Path, data: dict, defaults: dict) -> list[tuple[dict, str | 
 def _vllm_row(path: Path, data: dict, defaults: dict) -> tuple[dict, str | None]:
     open_loop = _open_loop("request_rate", data.get("request_rate"))
     done = _number("completed", data.get("completed"), whole=True) or 0
-    isl = osl = None
-    lens = _lengths("input_lens", data.get("input_lens"))
-    total = _number("total_input_tokens", data.get("total_input_tokens"))
-    if lens:
-        isl = int(round(float(np.mean(lens))))
-    elif done and total is not None:
-        isl = int(round(total / done))
-    lens = _lengths("output_lens", data.get("output_lens"))
-    total = _number("total_output_tokens", data.get("total_output_tokens"))
-    if lens:
-        osl = int(round(float(np.mean(lens))))
-    elif done and total is not None:
-        osl = int(round(total / done))
+    def mean_len(side: str) -> int | None:     # per-request lengths, else the total over the completed
+        lens = _lengths(f"{side}_lens", data.get(f"{side}_lens"))
+        total = _number(f"total_{side}_tokens", data.get(f"total_{side}_tokens"))
+        if lens:
+            return int(round(float(np.mean(lens))))
+        return int(round(total / done)) if done and total is not None else None
+    isl, osl = mean_len("input"), mean_len("output")
     gpu_key = "gpu" if data.get("gpu") else "device"
     gpu = _text(gpu_key, data.get(gpu_key)) or defaults.get("device") or ""
     tp_key = "tp" if data.get("tp") is not None else "tensor_parallel_size"
