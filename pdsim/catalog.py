@@ -89,8 +89,8 @@ def scenarios(folder: Path) -> list[dict]:
         except ConfigError as exc:
             rows.append({"file": str(p), "name": "", "error": str(exc)})
             continue
-        if not isinstance(raw, dict):
-            continue
+        if not isinstance(raw, dict) or not ("search" in raw or "topologies" in raw):
+            continue                    # a device profile, a calibration or step-overhead file: not runnable
         kind = "plan" if "search" in raw else "scenario"
         w = raw.get("workload") or {}
         rows.append({"file": str(p), "kind": kind, "name": raw.get("name", p.stem),

@@ -94,3 +94,14 @@ def test_estimate_format_json(capsys):
     res = _json(capsys, ["estimate", "--model", "llama-3.1-8b", "--device", "h100-sxm", "--prefill", "1024",
                          "--format", "json"])
     assert res["phase"] == "prefill" and res["time_s"] > 0
+
+
+def test_list_scenarios_skips_files_that_are_not_runnable(tmp_path, capsys):
+    """A folder with a scenario, a plan, a device profile and a step-overhead file: only the first two are listed."""
+    (tmp_path / "a.yaml").write_text("name: a\nmodel: llama-3.1-8b\nworkload: {rate: 2}\n"
+                                     "topologies: {c: {kind: colocated}}\n")
+    (tmp_path / "b.yaml").write_text("name: b\nmodel: llama-3.1-8b\nworkload: {rate: 2}\nsearch: {}\n")
+    (tmp_path / "dev.yaml").write_text("name: mygpu\nkind: gpu\npeak_tflops: {bf16: 100}\n")
+    (tmp_path / "cal.yaml").write_text("engines: {vllm-v1: {base_us: 100}}\n")
+    rows = _json(capsys, ["list", "scenarios", str(tmp_path), "--format", "json"])
+    assert [(r["name"], r["kind"]) for r in rows] == [("a", "scenario"), ("b", "plan")]
