@@ -89,8 +89,15 @@ ROUTERS = {"round_robin": round_robin, "least_outstanding": least_outstanding, "
            "kv_aware": kv_aware}
 
 
-def make_router(spec):
+def make_router(spec, entry=None, key: str = ""):
+    """The router of a topology; ``entry``: the pool it routes into (a cache-aware router over a pool that
+    caches nothing degrades to least-outstanding, which is said once as a warning)."""
     if spec.router in ("prefix_aware", "kv_aware"):
+        from .engines import engine_prefix_cache
+        if entry is not None and not entry.spec.prefix_on and not engine_prefix_cache(entry.spec, entry.model):
+            import warnings
+            warnings.warn(f"{key}.router = {spec.router}: the pool it routes into caches no prefixes (no prefix_cache "
+                          "and no engine default), so it routes as least_outstanding would", UserWarning, stacklevel=2)
         return ROUTERS[spec.router](spec.prefix_routing)
     return ROUTERS[spec.router]()
 ASSIGNERS = {"round_robin": round_robin, "least_loaded": least_loaded, "least_decode_work": least_decode_work}
@@ -406,7 +413,7 @@ class Colocated(_Serving):
         self.instances = self.pools[0].instances
         self.entry = self.instances
         self.frontend_s = self.pools[0].frontend_s
-        self.router = make_router(spec)
+        self.router = make_router(spec, self.pools[0], f"topologies.{name}")
         self.links = []
         self._setup_common()
 
@@ -468,7 +475,7 @@ class Disaggregated(_Serving):
             raise ConfigError("a decode pool never receives a request from a client: set frontend_latency_ms "
                               "on the prefill pool", key=f"{key}.decode.frontend_latency_ms",
                               value=spec.decode.frontend_latency_ms)
-        self.router = make_router(spec)
+        self.router = make_router(spec, self.prefill, key)
         self.assign = ASSIGNERS[spec.assignment]()
         link = spec.kv_link
         # every GPU of a prefill instance sends its own KV shard in parallel: under pipeline parallelism

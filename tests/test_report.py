@@ -468,3 +468,27 @@ def test_a_warning_is_one_pdsim_line_not_a_source_excerpt(tmp_path):
     lines = [x for x in p.stderr.splitlines() if not x.startswith("wrote ") and x.strip()]
     assert lines == ["pdsim: warning: workload.shared_prefix_tokens = 24: no pool caches prefixes (no prefix_cache "
                      "key, no engine that caches by default), so the shared prefix is computed again for every request"]
+
+
+@pytest.mark.parametrize("pool, warns", [
+    ({"router": "kv_aware"}, True),                                          # nothing caches: it warns
+    ({"router": "prefix_aware", "prefix_cache": {"enabled": True}}, False),  # a cache: fine
+    ({"router": "kv_aware", "device": "h100-sxm", "engine": "vllm-v1"}, False),  # the engine caches by default
+])
+def test_a_cache_aware_router_over_a_pool_without_a_cache_warns(pool, warns):
+    import warnings
+    from pdsim import config
+    from pdsim.simulation import simulate
+    base = {"kind": "colocated", "replicas": 2, "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.01}}
+    if "device" in pool:
+        base.pop("cost_model")
+        base.pop("kv_blocks")
+    sc = config.parse({"model": "llama-3.1-8b", "workload": {"rate": 5, "num_requests": 3},
+                       "topologies": {"t": {**base, **pool}}}, "s.yaml")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        simulate(sc)
+    said = [str(w.message) for w in seen if "caches no prefixes" in str(w.message)]
+    assert bool(said) == warns
+    if warns:
+        assert said[0].startswith("topologies.t.router = kv_aware: the pool it routes into caches no prefixes")
