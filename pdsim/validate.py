@@ -80,8 +80,14 @@ def _model(name: str) -> tuple[str | None, str | None]:
     return (m, None) if m else (None, f"unknown_model: {name}")
 
 
+# how benchmark files and tools spell the engines pdsim has presets for
+ENGINE_ALIASES = {"tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm", "tensorrtllm": "trtllm", "trt-llm": "trtllm",
+                  "trt_llm": "trtllm"}
+
+
 def _engine(backend: str, version: str) -> str | None:
-    b = backend.lower()
+    b = backend.strip().lower()
+    b = ENGINE_ALIASES.get(b, b)
     if b in ENGINES:
         return b
     if b == "vllm":

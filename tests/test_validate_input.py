@@ -174,3 +174,13 @@ def test_calibrate_with_nothing_usable_writes_nothing_and_says_why_even_quiet(tm
     assert "wrote" not in err
     line, = [x for x in err.splitlines() if x.strip()]
     assert "missing_tp: 3" in line and str(out) in line
+
+
+def test_engine_names_as_tools_spell_them():
+    """'TensorRT-LLM' (as benchmark JSONs and GenAI-Perf spell it) and its other spellings are TensorRT-LLM;
+    vllm takes v0 or v1 by version; an engine pdsim has no preset for stays unknown."""
+    from pdsim.validate import _engine
+    for name in ("TensorRT-LLM", "tensorrt_llm", "TRT-LLM", " trtllm "):
+        assert _engine(name, "") == "trtllm", name
+    assert (_engine("vllm", "0.7.3"), _engine("vllm", "0.10.1"), _engine("SGLang", "")) == ("vllm-v0", "vllm-v1", "sglang")
+    assert _engine("lmdeploy", "") is None
