@@ -479,7 +479,11 @@ class RooflineCost(CostModel):
                 self.table_notes.append(f"alltoall: roofline (no measured DeepEP table for ep {self.ep}, hidden "
                                         f"{m.hidden}, top-{m.experts_per_token} of {m.experts}, {wd} weights)")
         if tabs is None:
-            self.table_notes = []
+            # (MLA tables are on by default: only the opt-in ones are worth a note)
+            asked = [n for n, on in (("moe", self.moe_tables), ("a2a", self.a2a_tables)) if on]
+            self.table_notes = [f"{'/'.join(asked)} tables asked for, but {getattr(self.device, 'name', 'this device')} "
+                                "is a profile without measured tables (a datasheet preset): every op is the roofline"
+                                ] if asked else []
 
     # --- the one description of a step -------------------------------------
     def _layer_counts(self, stage: int | None):

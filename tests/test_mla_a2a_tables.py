@@ -260,9 +260,16 @@ def test_estimate_names_the_tables_source_and_says_when_they_do_not_serve(prof):
     with redirect_stdout(buf):
         main(["estimate", "--model", "deepseek-v3", "--tp", "4", "--device", str(path), "--decode-batch", "2"])
     assert "note: MLA prefill and decode attention: roofline (no measured table for 32 heads per GPU" in buf.getvalue()
-    # a datasheet preset: every op is the roofline and says so in its source; no notes
+    # a datasheet preset has no tables at all: asking for them says so, once; not asking says nothing
+    res = _estimate("--device", "h200", "--ep", "8", "--decode-batch", "2", "--moe-tables", "--a2a-tables")
+    assert res["table_notes"] == ["moe/a2a tables asked for, but h200 is a profile without measured tables (a "
+                                  "datasheet preset): every op is the roofline"]
+    assert _estimate("--device", "h200", "--ep", "8", "--decode-batch", "2")["table_notes"] == []
+    # a datasheet preset: every op is the roofline and says so in its source; an opt-in flag gets the one note
     res = _estimate("--device", "h200", "--ep", "8", "--decode-batch", "2", "--a2a-tables")
-    assert res["ops"]["attention"]["source"] == "roofline" and res["table_notes"] == []
+    assert res["ops"]["attention"]["source"] == "roofline" and res["table_notes"] == [
+        "a2a tables asked for, but h200 is a profile without measured tables (a datasheet preset): every op is the "
+        "roofline"]
 
 
 def test_a_scenarios_pool_gets_the_tables_defaults_and_its_own_choice(prof):
