@@ -250,3 +250,24 @@ def test_engine_budgets_under_dp_attention_follow_each_engine():
     m = DS
     per_token = 2 * m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim + (3 if m.gated_mlp else 2) * m.mlp_width
     assert got == activation_peak_bytes(DS, 8192, 256, 1) == 8192 * per_token * 2.0 + 256 * m.vocab * 4.0
+
+
+def test_level_fill_by_hand_and_against_one_at_a_time():
+    """Decodes go one at a time to the least-loaded rank (ties: the lowest): loads [3000, 1000, 0 x 6] and 20
+    decodes raise ranks 2-7 to 3 each (18) and give ranks 2 and 3 one more; [10, 0, 0] and 25: ranks 1, 2 up
+    to 10 (20), then 5 more over the three at 10, lowest first: 2, 2, 1 -> [2, 12, 11]."""
+    from pdsim.costmodel import level_fill
+    assert level_fill([3000, 1000, 0, 0, 0, 0, 0, 0], 20) == [0, 0, 4, 4, 3, 3, 3, 3]
+    assert level_fill([10, 0, 0], 25) == [2, 12, 11]
+    assert level_fill([5, 5], 0) == [0, 0] and level_fill([], 3) == []
+
+
+@settings(deadline=None, max_examples=300)
+@given(loads=st.lists(st.integers(0, 3000), min_size=1, max_size=9), d=st.integers(0, 400))
+def test_level_fill_equals_the_greedy_loop(loads, d):
+    from pdsim.costmodel import level_fill
+    dec = [0] * len(loads)
+    for _ in range(d):
+        r = min(range(len(loads)), key=lambda j: loads[j] + dec[j])
+        dec[r] += 1
+    assert level_fill(loads, d) == dec
