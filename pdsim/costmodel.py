@@ -49,10 +49,11 @@ micro-batched pipeline.  ``step`` itself never depends on ``pp``.
 DP attention (``dp_attention``, ep = tp): every op but the routed experts runs on the busiest attention
 rank's share of the batch with whole (unsharded) weights; the routed experts on all the step's tokens / ep;
 no all-reduce; the all-to-all moves a rank's own tokens.  A request's tokens are never split over ranks:
-a step's prompt chunks go whole, largest first, each onto the least-loaded rank, and its one-token items
-(decodes) fill the ranks up evenly (:func:`busiest_rank`, which the simulator's steps use); a step of
-one-token items only (every decode step, the fast path's windows) gives the busiest rank ceil(batch / tp)
-of them, each carrying the batch's mean context (ASSUMPTION: an ideal balancer).
+a step's decodes stay spread evenly over the ranks (their KV lives there), its prompt chunks go whole,
+largest first, each onto the rank with the fewest tokens, and the step takes as long as its slowest rank,
+each rank's attention on its own kernel (:func:`busiest_rank`, which the simulator's steps use); a step of
+decodes only (every decode step, the fast path's windows) gives the busiest rank ceil(batch / tp) of them,
+each carrying the batch's mean context (ASSUMPTION: requests placed evenly at admission).
 
 Sliding-window attention (a model with ``sliding_layers`` > 0 and window W): a sliding layer's
 new token at position p (it attends to p tokens, itself included, on a full layer) attends to
@@ -198,80 +199,51 @@ class CostModel:
 
 
 def busiest_rank(items, ranks: int):
-    """The busiest attention rank of a DP-attention step whose requests are ``items`` = [(request, new
-    tokens)] (before the step: ``computed`` tokens in cache), dealt over ``ranks`` ranks as an ideal balancer
-    would with whole requests: the multi-token items (prompt chunks) largest first, each onto the rank
-    with the fewest tokens so far (ties: the lowest rank), then the one-token items one at a time onto the
-    least-loaded rank, each carrying the mean attention work, KV read and sampling of the one-token items.
-    Returns (tokens, attn_work, kv_read_tokens, sampled, requests) of the rank with the most tokens (ties:
-    the most attention work, then the lowest rank), or None when every item is one token (then the
-    proportional share of :meth:`RooflineCost._rank` is exact under the same assumption)."""
+    """The attention ranks of a DP-attention step whose requests are ``items`` = [(request, new tokens)]
+    (before the step: ``computed`` tokens in cache), as :func:`deal_ranks` places them; a one-token item is a
+    decode (its KV stays on its rank), a longer one a prompt chunk.  None when every item is one token."""
     parts = []
     for req, n in items:
         c = req.computed
-        parts.append((n, n * (c + 0.5 * n), c + n, 1 if c + n == req.prompt_tokens + req.generated else 0))
+        parts.append((n, n * (c + 0.5 * n), c + n, 1 if c + n == req.prompt_tokens + req.generated else 0, n == 1))
     return deal_ranks(parts, ranks)
 
 
 def deal_ranks(parts, ranks: int):
-    """:func:`busiest_rank` on per-request parts (new tokens, attention work, KV read, sampled tokens)."""
-    chunks = []
-    d = d_attn = d_kv = d_s = 0
-    for p in parts:
-        if p[0] > 1:
-            chunks.append(p)
-        else:
-            d += 1
-            d_attn += p[1]
-            d_kv += p[2]
-            d_s += p[3]
+    """Each attention rank's share of a DP-attention step, from per-request parts (new tokens, attention work,
+    KV read, sampled tokens, is a decode).  A decode's KV lives on one rank, where it stays: the decodes are
+    spread evenly (floor(d / ranks) each, one more on the lowest ranks, each carrying the decodes' mean work),
+    as an even placement at admission keeps them; the prompt chunks, whole, largest first, each onto the rank
+    with the fewest tokens so far (ties: the lowest rank).  Returns [(tokens, attn_work, kv_read_tokens,
+    sampled, requests)] of the ranks that hold work (the step takes as long as the slowest:
+    :meth:`RooflineCost.step` prices each), or None when there is no chunk (a decode-only step: the
+    proportional share of :meth:`RooflineCost._rank` is the same placement)."""
+    chunks = [p for p in parts if not p[4]]
     if not chunks:
         return None
-    chunks.sort(key=lambda x: -x[0])          # stable: equal chunks keep the step's order
-    load = [[0, 0.0, 0, 0, 0] for _ in range(ranks)]      # tokens, attention work, KV read, sampled, requests
-    for n, a, kv, s in chunks:
-        r = min(range(ranks), key=lambda j: load[j][0])
-        x = load[r]
+    d = len(parts) - len(chunks)
+    dt = da = dk = ds = 0
+    for p in parts:
+        if p[4]:
+            dt += p[0]
+            da += p[1]
+            dk += p[2]
+            ds += p[3]
+    base, extra = divmod(d, ranks)
+    load = []
+    for j in range(ranks):              # tokens, attention work, KV read, sampled, requests
+        k = base + (1 if j < extra else 0)
+        f = k / d if d else 0.0
+        load.append([f * dt, f * da, f * dk, f * ds, k])
+    chunks.sort(key=lambda x: -x[0])    # stable: equal chunks keep the step's order
+    for n, a, kv, s, _ in chunks:
+        x = min(load, key=lambda y: y[0])
         x[0] += n
         x[1] += a
         x[2] += kv
         x[3] += s
         x[4] += 1
-    dec = level_fill([x[0] for x in load], d)
-    best = max(range(ranks), key=lambda j: (load[j][0] + dec[j], load[j][1] + dec[j] * (d_attn / d if d else 0.0),
-                                            -j))
-    x, k = load[best], dec[best]
-    f = k / d if d else 0.0
-    return (x[0] + k, x[1] + f * d_attn, x[2] + f * d_kv, x[3] + f * d_s, x[4] + k)
-
-
-def level_fill(loads: list, d: int) -> list:
-    """``d`` unit items given one at a time to the rank with the least load so far (ties: the lowest rank),
-    in closed form (a batch of hundreds of decodes per step): every rank below the final level t is raised to
-    it, then the first ``d - used`` of the ranks at t (by rank) get one more.  Returns the items per rank."""
-    n = len(loads)
-    if d <= 0 or n == 0:
-        return [0] * n
-    srt = sorted(loads)
-    t, used, i = srt[0], 0, 1          # the level reached and the items it took; ranks [0, i) sit at t
-    while True:
-        nxt = srt[i] if i < n else None
-        room = d - used
-        if nxt is None or (nxt - t) * i > room:
-            t += room // i             # as high as the ranks at the bottom can all go
-            break
-        used += (nxt - t) * i
-        t = nxt
-        i += 1
-    fill = [t - x if x < t else 0 for x in loads]
-    extra = d - sum(fill)
-    for j in range(n):                 # ranks at the level, lowest first, one more each
-        if extra == 0:
-            break
-        if loads[j] <= t:
-            fill[j] += 1
-            extra -= 1
-    return fill
+    return [tuple(x) for x in load if x[4]]
 
 
 @dataclass
@@ -729,24 +701,33 @@ class RooflineCost(CostModel):
             # attention summed first: with equal full and sliding ops this is the full-attention sum, bit for bit
             return (t_s + (t_f * full.count + t_w * sl.count), f_s + (full.flops * full.count + sl.flops * sl.count),
                     b_s + (full.bytes * full.count + sl.bytes * sl.count))
-        t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill, rank)
+        if rank is not None:     # DP attention, whole requests per rank: the slowest rank, each with its own kernel
+            best = None
+            for Ta, aw, kv, Sa, rb in rank:
+                t_s, f_s, b_s = self._static(tokens, sampled, (Ta, Sa))
+                att = self._attention_op(Ta, aw, kv, rb, _is_prefill(aw, kv))
+                L = att.count
+                t = t_s + self.op_time(att)[0] * L
+                if best is None or t > best[0]:
+                    best = (t, f_s + att.flops * L, b_s + att.bytes * L)
+            return best
+        t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill)
         t_a = self.op_time(att)[0]
         L = att.count
         return t_s + t_a * L, f_s + att.flops * L, b_s + att.bytes * L
 
-    def _parts(self, tokens, attn_work, kv_read_tokens, sampled, batch, prefill: bool, rank=None):
+    def _parts(self, tokens, attn_work, kv_read_tokens, sampled, batch, prefill: bool):
         """A step without sliding layers in two parts: the cached static sum (time_s, flops, bytes) and the
-        attention op, under DP attention the busiest rank's (``rank``, from :func:`busiest_rank`, or else
-        :meth:`_rank`)."""
+        attention op, under DP attention the busiest rank's (:meth:`_rank`)."""
         if self.attn_dp > 1:
-            Ta, aw, kv, Sa, rb = rank if rank is not None else self._rank(tokens, attn_work, kv_read_tokens,
-                                                                           sampled, batch)
+            Ta, aw, kv, Sa, rb = self._rank(tokens, attn_work, kv_read_tokens, sampled, batch)
             return (*self._static(tokens, sampled, (Ta, Sa)), self._attention_op(Ta, aw, kv, rb, prefill))
         return (*self._static(tokens, sampled), self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill))
 
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
         """One step from its aggregates; under DP attention ``rank`` (:func:`busiest_rank` of the step's
-        requests) replaces the proportional share of the busiest attention rank."""
+        requests: each rank's share) replaces the proportional share: the step takes the slowest rank's time
+        (and reports that rank's FLOPs and bytes)."""
         if swa is not None:
             swa = (float(swa[0]), float(swa[1]))
         t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch, swa, rank)

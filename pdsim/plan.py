@@ -461,6 +461,20 @@ def plan_base_rate(plan: Plan, with_span: bool = False):
 
 
 # --- analytic bounds ---------------------------------------------------------------------
+def prefill_bound_s_per_token(cm, spec, p_max: int) -> float:
+    """Least linear-layer time per prompt token over the step sizes the scheduler can form: up to the token
+    budget and max_running prompts, or one whole prompt above the budget.  A pipelined pool overlaps its
+    micro-batches, so T tokens are priced spread over them; a DP-attention pool's ranks each take T / ranks
+    (its best case: as many prompts as ranks), never T on one rank, which would not bound the rate."""
+    t_max = max(min(spec.token_budget, spec.max_running * p_max), min(p_max, spec.max_running * p_max))
+    best = math.inf
+    ranks = getattr(cm, "attn_dp", 1)
+    spread = max(getattr(cm, "micro_batches", 1), ranks if isinstance(ranks, int) else 1)
+    for T in {t_max, min(spec.token_budget, t_max), min(p_max, t_max)}:
+        best = min(best, cm.step(T, 0.0, 0, 0, spread).time_s / T)
+    return best
+
+
 def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     import simpy
 
@@ -496,17 +510,7 @@ def _price_and_bound(plan: Plan, sc, name: str, t: dict, model) -> Config:
     p_mean, d_mean = float((prompt - cached).mean()), float(np.maximum(out - 1, 0).mean())
 
     def prefill_s_per_token(pool) -> float:
-        """Least linear-layer time per prompt token over the step sizes the scheduler can form:
-        up to the token budget and max_running prompts, or one whole prompt above the budget."""
-        cm, spec = pool.cost, pool.spec
-        p_max = int(prompt.max())
-        t_max = max(min(spec.token_budget, spec.max_running * p_max), min(p_max, spec.max_running * p_max))
-        best = math.inf
-        # a pipelined pool overlaps its micro-batches: price T tokens spread over them (steady state)
-        mb = getattr(cm, "micro_batches", 1)
-        for T in {t_max, min(spec.token_budget, t_max), min(p_max, t_max)}:
-            best = min(best, cm.step(T, 0.0, 0, 0, mb).time_s / T)
-        return best
+        return prefill_bound_s_per_token(pool.cost, pool.spec, int(prompt.max()))
 
     def tokens_per_step(pool) -> int:
         """Most tokens a decode step emits per request: k + 1 with speculative decoding (a verify step

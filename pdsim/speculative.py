@@ -213,10 +213,10 @@ class Speculator:
             parts = []
             for (req, n), d in zip(plan.items, drafts):
                 c = req.computed
-                if d > 0:          # a verify item: 1 + d query tokens, each sampled
-                    parts.append((1 + d, (1 + d) * (c + 0.5 * (1 + d)), c + 1 + d, 1 + d))
+                if d > 0:          # a verify item: 1 + d query tokens, each sampled; a decode, it stays put
+                    parts.append((1 + d, (1 + d) * (c + 0.5 * (1 + d)), c + 1 + d, 1 + d, True))
                 else:
-                    parts.append((n, n * (c + 0.5 * n), c + n, 1 if c + n == req.known else 0))
+                    parts.append((n, n * (c + 0.5 * n), c + n, 1 if c + n == req.known else 0, n == 1))
             rank = deal_ranks(parts, self.target.attn_dp)
         tgt = self._verify_cost(T, attn, kvr, S, len(plan.items), pure and bool(ds), rank)
         if not ds:
