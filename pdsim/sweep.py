@@ -185,9 +185,11 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
                 results = [f.result() for f in futures]
     rows = [row for r in results for row in r["rows"]]
     target = sc.slo.attainment_target
-    # x axis: the first numeric axis; the other axes make separate series
+    # x axis: the first load axis, else the first numeric one; the other axes make separate series
     keys = [k for k, _ in axes]
-    xkey = next((k for k, v in axes if all(_is_num(x) for x in v)), keys[0])
+    # (a load axis first: over it each series gets its goodput; the other axes make the series)
+    xkey = next((k for k, v in axes if k in LOAD_KEYS and all(_is_num(x) for x in v)),
+                next((k for k, v in axes if all(_is_num(x) for x in v)), keys[0]))
     others = [k for k in keys if k != xkey]
     series = {}
     for row in rows:
@@ -318,7 +320,8 @@ def build_sweep_report(result: dict, out: Path) -> Path:
                 f"{seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])}, interpolated between grid points): "
                 + "; ".join(verdict) + ".")
     elif result.get("verdicts"):
-        text = (f"{x} is not a load (rate, rate_scale or clients), so a larger value need not be harder and no "
+        text = (f"{x} is not a load (rate, rate_scale, rate_curve.scale or clients), so a larger value need not be "
+                f"harder and no "
                 f"goodput is computed. At least {pct(tgt)} of requests meet TTFT ≤ {seconds(slo['ttft_s'])} and "
                 f"TPOT ≤ {seconds(slo['tpot_s'])}: "
                 + "; ".join(f"{label} {_passes_text(v)}" for label, v in result["verdicts"].items()) + ".")

@@ -174,3 +174,7 @@ def test_goodput_only_over_a_load_and_only_for_the_topology_an_axis_sets(tmp_pat
     res = run_sweep(str(sc), ["workload.rate=1,2"], jobs=1, progress=False)
     assert set(res["goodput"]) == {"a", "b"} and res["verdicts"] == {} and res["load_x"] is True
     assert res["goodput"]["a"]["status"] == "above the swept range"
+    # a load axis given after another one is still the x axis: each replicas series gets its goodput over rate
+    res = run_sweep(str(sc), ["topologies.a.replicas=1,2", "workload.rate=1,2"], jobs=1, progress=False)
+    assert res["x"] == "workload.rate" and res["load_x"] is True
+    assert set(res["goodput"]) == {"a · replicas=1", "a · replicas=2", "b · replicas=1", "b · replicas=2"}
