@@ -201,8 +201,8 @@ def kv_cache_bytes(pool, model, weight_dtype: str, device_memory_bytes: float, w
     if weights is None:
         weights = model.weight_bytes_per_gpu(weight_dtype, pool.tp, pool.ep, pool.pp, pool.dp_attention,
                                              pool.pp_layers)
-    if pool.dp_attention:       # a GPU is one attention rank: its share of the tokens, unsharded layers
-        act = activation_peak_bytes(model, -(-pool.max_batched_tokens // pool.tp), -(-pool.max_running // pool.tp), 1)
+    if pool.dp_attention:       # a GPU is one attention rank: its share of the step's tokens, unsharded layers
+        act = activation_peak_bytes(model, -(-pool.token_budget // pool.tp), -(-pool.max_running // pool.tp), 1)
     else:
         act = activation_peak_bytes(model, pool.max_batched_tokens, pool.max_running, pool.tp)
     graph = (pool.cuda_graph_GiB if pool.cuda_graph_GiB is not None else p.cuda_graph_GiB) * GiB
