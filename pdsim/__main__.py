@@ -690,7 +690,15 @@ def main(argv=None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     import warnings
     # pdsim's own warnings are for the user: one line each, not a source location and a code excerpt
-    warnings.formatwarning = lambda msg, cat, *a, **k: f"pdsim: warning: {msg}\n"
+    # (another library's keep their usual form)
+    plain = warnings.formatwarning
+    here = str(Path(__file__).resolve().parent)
+
+    def one_line(msg, cat, filename, lineno, line=None):
+        if str(Path(filename).resolve()).startswith(here):
+            return f"pdsim: warning: {msg}\n"
+        return plain(msg, cat, filename, lineno, line)
+    warnings.formatwarning = one_line
     try:
         return args.fn(args) or 0
     except PdsimError as exc:

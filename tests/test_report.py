@@ -468,6 +468,11 @@ def test_a_warning_is_one_pdsim_line_not_a_source_excerpt(tmp_path):
     lines = [x for x in p.stderr.splitlines() if not x.startswith("wrote ") and x.strip()]
     assert lines == ["pdsim: warning: workload.shared_prefix_tokens = 24: no pool caches prefixes (no prefix_cache "
                      "key, no engine that caches by default), so the shared prefix is computed again for every request"]
+    # another library's warning keeps its own form (file:line: Category: message), not a pdsim label
+    code = ("import sys, warnings; from pdsim.__main__ import main; main(['list', 'links']); "
+            "warnings.warn_explicit('elsewhere', UserWarning, '/usr/lib/other/mod.py', 7)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "/usr/lib/other/mod.py:7: UserWarning: elsewhere" in p.stderr and "pdsim: warning" not in p.stderr
 
 
 @pytest.mark.parametrize("pool, warns", [
