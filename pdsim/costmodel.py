@@ -702,15 +702,22 @@ class RooflineCost(CostModel):
             return (t_s + (t_f * full.count + t_w * sl.count), f_s + (full.flops * full.count + sl.flops * sl.count),
                     b_s + (full.bytes * full.count + sl.bytes * sl.count))
         if rank is not None:     # DP attention, whole requests per rank: the slowest rank, each with its own kernel
-            best = None
+            # time: the slowest rank's; FLOPs and bytes: the mean over the ranks (per GPU, as for TP), a rank with
+            # no request of its own still running the experts (static part at zero tokens)
+            t_max = f_sum = b_sum = 0.0
             for Ta, aw, kv, Sa, rb in rank:
                 t_s, f_s, b_s = self._static(tokens, sampled, (Ta, Sa))
                 att = self._attention_op(Ta, aw, kv, rb, _is_prefill(aw, kv))
                 L = att.count
-                t = t_s + self.op_time(att)[0] * L
-                if best is None or t > best[0]:
-                    best = (t, f_s + att.flops * L, b_s + att.bytes * L)
-            return best
+                t_max = max(t_max, t_s + self.op_time(att)[0] * L)
+                f_sum += f_s + att.flops * L
+                b_sum += b_s + att.bytes * L
+            idle = self.attn_dp - len(rank)
+            if idle > 0:
+                _, f0, b0 = self._static(tokens, sampled, (0, 0))
+                f_sum += idle * f0
+                b_sum += idle * b0
+            return t_max, f_sum / self.attn_dp, b_sum / self.attn_dp
         t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill)
         t_a = self.op_time(att)[0]
         L = att.count
@@ -727,7 +734,7 @@ class RooflineCost(CostModel):
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
         """One step from its aggregates; under DP attention ``rank`` (:func:`busiest_rank` of the step's
         requests: each rank's share) replaces the proportional share: the step takes the slowest rank's time
-        (and reports that rank's FLOPs and bytes)."""
+        and reports the ranks' mean FLOPs and bytes (per GPU)."""
         if swa is not None:
             swa = (float(swa[0]), float(swa[1]))
         t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch, swa, rank)

@@ -289,3 +289,21 @@ def test_the_plans_prefill_bound_is_a_bound_under_dp_attention():
     one_rank = dp.step(16000, 0.0, 0, 0, 1).time_s / 16000        # the old bound's price: all on one rank
     assert one_rank > 2 * (dp.step(16000, 8 * 2000 * 1000.0, 16000, 8, 8,
                                    rank=busiest_rank([_item(0, 2000, 0, 2000)] * 8, 8)).time_s / 16000)
+
+
+def test_a_dp_steps_flops_are_the_mean_over_its_ranks_by_parts():
+    """FLOPs and bytes per GPU (what MFU, MBU and energy read) of a DP step with whole requests per rank: the
+    mean over the 8 ranks, each rank's static part (experts on all tokens, the rest on its own) plus its
+    attention; the ranks with no request run the experts alone.  A lone 512-token chunk is on one rank: its
+    FLOPs are (that rank's + 7 idle ranks') / 8, not the busy rank's (3.4x more)."""
+    dp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8, 0.0, 1, True)
+    rank = busiest_rank([_item(0, 512, 0, 512)], 8)
+    assert rank == [(512, 512 * 256.0, 512, 1, 1)]
+    c = dp.step(512, 512 * 256.0, 512, 1, 1, rank=rank)
+    _, f_busy, b_busy = dp._static(512, 1, (512, 1))
+    _, f_idle, b_idle = dp._static(512, 1, (0, 0))
+    att = dp._attention_op(512, 512 * 256.0, 512, 1, True)
+    assert c.flops == pytest.approx((f_busy + att.flops * att.count + 7 * f_idle) / 8, rel=1e-12)
+    assert c.bytes == pytest.approx((b_busy + att.bytes * att.count + 7 * b_idle) / 8, rel=1e-12)
+    assert c.time_s == pytest.approx(dp.step(512, 512 * 256.0, 512, 1, 1).time_s, rel=1e-12)   # time: the busy rank
+    assert f_busy + att.flops * att.count > 3 * c.flops
