@@ -580,8 +580,8 @@ def prefix_summary(res) -> dict:
     tokens of the admissions looked up there), prompt tokens not computed, the prefill FLOPs they
     would have cost (every admission that found a prefix, as the hit-token counts have it, a
     re-admission after a preemption included: its tokens alone vs its uncached suffix over the cached
-    context, under the cost model of the instance that looked it up; None for cost models without
-    FLOPs), and KV-transfer bytes not sent because the decode instance held the prefix already."""
+    context, under the cost model of the instance that looked it up, per GPU as every step's FLOPs are; None
+    for cost models without FLOPs), and KV-transfer bytes not sent because the decode instance held the prefix already."""
     topo = res.topology
     per_instance = {}
     tot = {"lookup_tokens": 0, "gpu_hit_tokens": 0, "host_hit_tokens": 0}
