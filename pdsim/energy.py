@@ -106,7 +106,7 @@ class CappedCost:
         return np.where(full > 0, np.maximum(c / self.f, m) / np.where(full > 0, full, 1.0), 1.0)
 
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
-        if rank is not None:            # DP attention's busiest rank (costmodel.busiest_rank)
+        if rank is not None:            # DP attention's ranks, whole requests each (costmodel.busiest_rank)
             s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, rank=rank)
         else:
             s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch) if swa is None else \

@@ -290,7 +290,7 @@ class EngineCost:
         return getattr(self.inner, name)
 
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
-        if rank is not None:            # DP attention's busiest rank (costmodel.busiest_rank)
+        if rank is not None:            # DP attention's ranks, whole requests each (costmodel.busiest_rank)
             c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, rank=rank)
         elif swa is None:
             c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch)

@@ -186,7 +186,7 @@ class Instance:
         self.env, self.name, self.pool, self.role = env, name, pool, role
         self.cost, self.kv, self.policy, self.limits = cost, kv, policy, limits
         self.window = limits.window        # sliding window of the model's sliding layers (None: none)
-        # DP attention's ranks (1: none): a step with a prompt chunk is priced on its busiest rank's whole requests
+        # DP attention's ranks (1: none): a step with a prompt chunk is priced rank by rank, whole requests each
         ranks = getattr(cost, "attn_dp", 1)
         self.attn_ranks = ranks if isinstance(ranks, int) and ranks > 1 else 1
         self.gpus = gpus
