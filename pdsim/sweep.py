@@ -138,6 +138,12 @@ def axis_topology(key: str, names) -> str | None:
     return rest.split(".", 1)[0]
 
 
+def _margins(rs: list, key: str) -> list:
+    """Each row's attainment less its own point's target (an axis may set the target): >= 0 meets it; with one
+    target for the whole series the goodput's interpolation is the same as on the attainments."""
+    return [None if r.get(key) is None else r[key] - r["attainment_target"] for r in rs]
+
+
 def passes_and_fails(xs: list, att: list, target: float) -> dict:
     """On an axis that is not a load: the swept values where the SLO was met and where it was not, in order."""
     pts = sorted((x, a) for x, a in zip(xs, att) if a is not None and not math.isnan(a))
@@ -156,9 +162,11 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
     tasks = []
     raw = config.read_yaml(scenario)
     base_dir = str(Path(scenario).resolve().parent)
+    targets = {}          # each point's attainment target: an axis may set it (slo.attainment_target=0.5,0.9)
     for pt in points:     # validate every point before simulating any: a bad value fails in a second
         ov = fixed + [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in pt.items()]
         sc = config.load(scenario, ov)
+        targets[json.dumps(pt, sort_keys=True, default=str)] = sc.slo.attainment_target
         tasks.append({"raw": raw, "file": str(scenario), "base_dir": base_dir, "overrides": ov, "point": pt})
     jobs = max(1, min(jobs or (os.cpu_count() or 1), len(tasks)))
     if progress:
@@ -184,17 +192,24 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
                     bar.update(1)
                 results = [f.result() for f in futures]
     rows = [row for r in results for row in r["rows"]]
-    target = sc.slo.attainment_target
+    for r in results:
+        for row in r["rows"]:
+            row["attainment_target"] = targets[json.dumps(r["point"], sort_keys=True, default=str)]
     # x axis: the first load axis, else the first numeric one; the other axes make separate series
     keys = [k for k, _ in axes]
     # (a load axis first: over it each series gets its goodput; the other axes make the series)
     xkey = next((k for k, v in axes if k in LOAD_KEYS and all(_is_num(x) for x in v)),
                 next((k for k, v in axes if all(_is_num(x) for x in v)), keys[0]))
     others = [k for k in keys if k != xkey]
+    names = list(sc.topologies)
     series = {}
     for row in rows:
-        label = row["topology"] + "".join(f" · {k.split('.')[-1]}={row[k]}" for k in others)
-        series.setdefault(label, []).append(row)
+        # a key that sets another topology is no part of this one's series (its runs there are the same config)
+        label = row["topology"] + "".join(f" · {k.split('.')[-1]}={row[k]}" for k in others
+                                          if axis_topology(k, names) in (None, row["topology"]))
+        rs = series.setdefault(label, [])
+        if all(r[xkey] != row[xkey] for r in rs):
+            rs.append(row)
     gp, gp_err, verdicts, untouched = {}, {}, {}, []
     numeric = all(_is_num(v) for v in dict(axes)[xkey])
     load = xkey in LOAD_KEYS
@@ -203,12 +218,12 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
         if only is not None and rs[0]["topology"] != only:
             untouched.append(label)         # the x axis sets another topology: nothing to judge over it here
         elif numeric and load:
-            gp[label] = goodput([r[xkey] for r in rs], [r["slo_attainment"] for r in rs], target)
+            gp[label] = goodput([r[xkey] for r in rs], _margins(rs, "slo_attainment"), 0.0)
             # the same at pdsim's p90 error (metrics.slo_at_error): the low end of the goodput's band
             if all(r.get("slo_attainment_at_p90_error") is not None for r in rs):
-                gp_err[label] = goodput([r[xkey] for r in rs], [r["slo_attainment_at_p90_error"] for r in rs], target)
+                gp_err[label] = goodput([r[xkey] for r in rs], _margins(rs, "slo_attainment_at_p90_error"), 0.0)
         elif numeric:                       # not a load: a bigger value need not be harder, so no goodput
-            verdicts[label] = passes_and_fails([r[xkey] for r in rs], [r["slo_attainment"] for r in rs], target)
+            verdicts[label] = passes_and_fails([r[xkey] for r in rs], _margins(rs, "slo_attainment"), 0.0)
     return {"scenario": str(scenario), "name": sc.name, "axes": [{"key": k, "values": v} for k, v in axes],
             "fixed": fixed, "x": xkey, "numeric_x": numeric, "load_x": load, "slo": sc.slo.model_dump(), "rows": rows,
             "series": {k: [r for r in v] for k, v in series.items()}, "goodput": gp, "goodput_at_p90_error": gp_err,
@@ -316,8 +331,11 @@ def build_sweep_report(result: dict, out: Path) -> Path:
         if e is not None:
             verdict[-1] += f"; at pdsim's p90 error {_estimate(e)}"
     if verdict:
-        text = (f"Goodput over {x} (the highest value at which at least {pct(tgt)} of requests meet TTFT ≤ "
-                f"{seconds(slo['ttft_s'])} and TPOT ≤ {seconds(slo['tpot_s'])}, interpolated between grid points): "
+        swept = [a["key"] for a in result["axes"] if a["key"].startswith("slo.")]
+        rule = (f"each series at its own {', '.join(swept)}" if swept else
+                f"at least {pct(tgt)} of requests meet TTFT ≤ {seconds(slo['ttft_s'])} and TPOT ≤ "
+                f"{seconds(slo['tpot_s'])}")
+        text = (f"Goodput over {x} (the highest value at which {rule}, interpolated between grid points): "
                 + "; ".join(verdict) + ".")
     elif result.get("verdicts"):
         text = (f"{x} is not a load (rate, rate_scale, rate_curve.scale or clients), so a larger value need not be "

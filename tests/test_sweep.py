@@ -174,7 +174,27 @@ def test_goodput_only_over_a_load_and_only_for_the_topology_an_axis_sets(tmp_pat
     res = run_sweep(str(sc), ["workload.rate=1,2"], jobs=1, progress=False)
     assert set(res["goodput"]) == {"a", "b"} and res["verdicts"] == {} and res["load_x"] is True
     assert res["goodput"]["a"]["status"] == "above the swept range"
-    # a load axis given after another one is still the x axis: each replicas series gets its goodput over rate
+    # a load axis given after another one is still the x axis: each replicas series of a gets its goodput over
+    # rate; b, which the replicas key does not set, is one series (not two labelled with a's replicas)
     res = run_sweep(str(sc), ["topologies.a.replicas=1,2", "workload.rate=1,2"], jobs=1, progress=False)
     assert res["x"] == "workload.rate" and res["load_x"] is True
-    assert set(res["goodput"]) == {"a · replicas=1", "a · replicas=2", "b · replicas=1", "b · replicas=2"}
+    assert set(res["goodput"]) == {"a · replicas=1", "a · replicas=2", "b"}
+    assert [r["workload.rate"] for r in res["series"]["b"]] == [1, 2]
+    # each series is judged at its own point's attainment target, not all at the last point's: one batch-1
+    # replica (two 10 ms steps a request: 50 req/s at most) at 1 and 100 req/s meets a 50 ms TTFT for every
+    # request at 1 req/s and for a share a of them at 100; a target below a passes both rates, one above a
+    # passes only the first
+    one = tmp_path / "one.yaml"
+    one.write_text("name: one\nseed: 1\nmodel: llama-3.1-8b\n"
+                   "workload: {arrival: constant, rate: 1, num_requests: 40, prompt_tokens: 16, output_tokens: 2}\n"
+                   "slo: {ttft_s: 0.05, tpot_s: 1.0}\n"
+                   "topologies:\n  a: {kind: colocated, max_running: 1, kv_blocks: 1000, "
+                   "cost_model: {kind: constant, step_s: 0.01}}\n")
+    a = {r["workload.rate"]: r["slo_attainment"] for r in run_sweep(str(one), ["workload.rate=1,100"], jobs=1,
+                                                                       progress=False)["rows"]}
+    assert a[1] == 1.0 and 0.05 < a[100] < 0.95
+    lo, hi = round(a[100] / 2, 3), round((a[100] + 1) / 2, 3)
+    res = run_sweep(str(one), [f"slo.attainment_target={lo},{hi}", "workload.rate=1,100"], jobs=1, progress=False)
+    gp = res["goodput"]
+    assert gp[f"a · attainment_target={lo}"]["status"] == "above the swept range"
+    assert gp[f"a · attainment_target={hi}"]["last_pass"] == 1 and gp[f"a · attainment_target={hi}"]["first_fail"] == 100
