@@ -705,13 +705,10 @@ class RooflineCost(CostModel):
             # time: the slowest rank's; FLOPs and bytes: the mean over the ranks (per GPU, as for TP), a rank with
             # no request of its own still running the experts (static part at zero tokens)
             t_max = f_sum = b_sum = 0.0
-            for Ta, aw, kv, Sa, rb in rank:
-                t_s, f_s, b_s = self._static(tokens, sampled, (Ta, Sa))
-                att = self._attention_op(Ta, aw, kv, rb, _is_prefill(aw, kv))
-                L = att.count
-                t_max = max(t_max, t_s + self.op_time(att)[0] * L)
-                f_sum += f_s + att.flops * L
-                b_sum += b_s + att.bytes * L
+            for t, f, b in self.rank_costs(tokens, sampled, rank):
+                t_max = max(t_max, t)
+                f_sum += f
+                b_sum += b
             idle = self.attn_dp - len(rank)
             if idle > 0:
                 _, f0, b0 = self._static(tokens, sampled, (0, 0))
@@ -722,6 +719,17 @@ class RooflineCost(CostModel):
         t_a = self.op_time(att)[0]
         L = att.count
         return t_s + t_a * L, f_s + att.flops * L, b_s + att.bytes * L
+
+    def rank_costs(self, tokens, sampled, rank) -> list:
+        """(time_s, flops, bytes) of each DP-attention rank in ``rank`` (:func:`busiest_rank`): its static part
+        (the experts on all ``tokens``, the rest on its own) and its attention on its own kernel."""
+        out = []
+        for Ta, aw, kv, Sa, rb in rank:
+            t_s, f_s, b_s = self._static(tokens, sampled, (Ta, Sa))
+            att = self._attention_op(Ta, aw, kv, rb, _is_prefill(aw, kv))
+            L = att.count
+            out.append((t_s + self.op_time(att)[0] * L, f_s + att.flops * L, b_s + att.bytes * L))
+        return out
 
     def _parts(self, tokens, attn_work, kv_read_tokens, sampled, batch, prefill: bool):
         """A step without sliding layers in two parts: the cached static sum (time_s, flops, bytes) and the

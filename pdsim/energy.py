@@ -108,6 +108,12 @@ class CappedCost:
     def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
         if rank is not None:            # DP attention's ranks, whole requests each (costmodel.busiest_rank)
             s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, rank=rank)
+            # the step waits for its slowest rank under the cap: each rank slows by its own compute/memory mix
+            # (the step's FLOPs and bytes are the ranks' mean, which an idle rank would make look memory-bound)
+            ranks = self.inner.rank_costs(tokens, sampled, rank)
+            raw = max(t for t, _, _ in ranks)
+            capped = max(t * float(self._stretch(f, b)) for t, f, b in ranks)
+            return StepCost(s.time_s * (capped / raw if raw > 0 else 1.0), s.flops, s.bytes)
         else:
             s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch) if swa is None else \
                 self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, swa=swa)

@@ -307,3 +307,20 @@ def test_a_dp_steps_flops_are_the_mean_over_its_ranks_by_parts():
     assert c.bytes == pytest.approx((b_busy + att.bytes * att.count + 7 * b_idle) / 8, rel=1e-12)
     assert c.time_s == pytest.approx(dp.step(512, 512 * 256.0, 512, 1, 1).time_s, rel=1e-12)   # time: the busy rank
     assert f_busy + att.flops * att.count > 3 * c.flops
+
+
+def test_a_power_cap_slows_a_dp_step_by_its_slowest_ranks_own_mix():
+    """A lone 4096-token prompt on one of 8 ranks under a 350 W cap: that rank is compute-bound and slows by
+    max(c / f, m) / max(c, m) of its own FLOPs and bytes; the step's FLOPs (the ranks' mean, 7 of them idle)
+    would look memory-bound and not slow at all (the review measured 1.000 where the rank's own is 1.3)."""
+    from pdsim.energy import CappedCost, power_model
+    dp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8, 0.0, 1, True)
+    capped = CappedCost(dp, power_model(H200, dp, 350.0, "t"))
+    P = 4096
+    rank = busiest_rank([_item(0, P, 0, P)], 8)
+    (t, f, b), = dp.rank_costs(P, 1, rank)
+    want = t * float(capped._stretch(f, b))
+    got = capped.step(P, P * P / 2.0, P, 1, 1, rank=rank)
+    assert got.time_s == pytest.approx(want, rel=1e-12) and want > 1.2 * t
+    mean = dp.step(P, P * P / 2.0, P, 1, 1, rank=rank)
+    assert float(capped._stretch(mean.flops, mean.bytes)) < want / t       # what the mean would have said
