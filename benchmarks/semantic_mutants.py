@@ -423,8 +423,8 @@ MUTANTS: list[Mutant] = [
            ("tests/test_dp_attention.py::test_a_dp_attention_rank_prefills_at_most_its_share_of_the_budget",),
            "a DP-attention rank prefills a whole budget's chunk of one request, not its budget / ranks share"),
     Mutant("dp-step-fastest-rank", "pdsim/costmodel.py",
-           "t_max = max(t_max, t_s + self.op_time(att)[0] * L)",
-           "t_max = min(t_max or 1e9, t_s + self.op_time(att)[0] * L)",
+           "t_max = max(t_max, t)",
+           "t_max = min(t_max or 1e9, t)",
            ("tests/test_dp_attention.py::test_a_chunk_never_makes_a_decode_step_cheaper",),
            "a DP-attention step takes its fastest rank's time, not its slowest's"),
 ]
