@@ -645,9 +645,11 @@ class WorkloadSpec(_Strict):
 
     def _check_unused(self) -> None:
         """A key the user set that this arrival process never reads is an error: ignored, it would make a
-        sweep over it report the same run under different labels.  Defaults (keys left out) do not count,
-        nor an explicit null."""
-        given = [k for k in self.model_fields_set if getattr(self, k) is not None]
+        sweep over it report the same run under different labels.  Defaults (keys left out, or given their
+        default value, as a summary.json's full dump of the scenario does) do not count, nor an explicit null."""
+        fields = type(self).model_fields
+        given = [k for k in self.model_fields_set if getattr(self, k) is not None
+                 and getattr(self, k) != fields[k].get_default(call_default_factory=True)]
         unused = _UNUSED_BY_ARRIVAL[self.arrival]
         for k in sorted(given, key=list(type(self).model_fields).index):
             if k in unused:

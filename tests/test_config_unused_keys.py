@@ -223,3 +223,21 @@ def test_a_burst_after_the_run_is_refused():
     assert "workload.rate_curve.bursts.1.at_s = 500" in str(e.value) and "duration_s 30 s" in str(e.value)
     raw["workload"]["rate_curve"]["bursts"].pop()
     config.parse(raw, "s.yaml")          # the one inside the run is fine
+
+
+def test_a_summarys_full_scenario_dump_parses_back(tmp_path):
+    """summary.json keeps the scenario as a full dump, every default written out (cv 1.0 under a trace, lengths
+    under a closed loop...): those values are the defaults, so they are not 'set' and the dump parses back; a
+    value other than the default under an arrival that never reads it is still refused."""
+    for name in ("prefix_mooncake_chat.yaml", "quickstart.yaml"):
+        sc = config.load(str(REPO / "scenarios" / name))
+        dumped = sc.model_dump(mode="json")
+        dumped.pop("base_dir", None)
+        again = config.parse(dumped, "summary.json", base_dir=str(REPO / "scenarios"))
+        assert again.workload == sc.workload, name
+    raw = {"model": "llama-3.1-8b", "workload": {"arrival": "poisson", "rate": 1, "num_requests": 5, "cv": 2.0},
+           "topologies": {"c": {"kind": "colocated"}}}
+    with pytest.raises(ConfigError, match="workload.cv = 2"):
+        config.parse(raw, "s.yaml")
+    raw["workload"]["cv"] = 1.0             # the default: nothing is lost by leaving it
+    config.parse(raw, "s.yaml")
