@@ -209,13 +209,27 @@ def busiest_rank(items, ranks: int):
     return deal_ranks(parts, ranks)
 
 
+def decode_part(items):
+    """(tokens, attn_work, kv_read_tokens, requests) of a step's one-token items (its decodes), from
+    ``items`` = [(request, new tokens)] before the step."""
+    t = a = k = 0
+    for req, n in items:
+        if n == 1:
+            c = req.computed
+            t += 1
+            a += c + 0.5
+            k += c + 1
+    return t, a, k, t
+
+
 def deal_ranks(parts, ranks: int):
     """Each attention rank's share of a DP-attention step, from per-request parts (new tokens, attention work,
     KV read, sampled tokens, is a decode).  A decode's KV lives on one rank, where it stays: the decodes are
     spread evenly (floor(d / ranks) each, one more on the lowest ranks, each carrying the decodes' mean work),
     as an even placement at admission keeps them; the prompt chunks, whole, largest first, each onto the rank
     with the fewest tokens so far (ties: the lowest rank).  Returns [(tokens, attn_work, kv_read_tokens,
-    sampled, requests)] of the ranks that hold work (the step takes as long as the slowest:
+    sampled, requests, decodes)] of the ranks that hold work (``decodes``: the (tokens, attn_work,
+    kv_read_tokens, requests) of its decodes) (the step takes as long as the slowest:
     :meth:`RooflineCost.step` prices each), or None when there is no chunk (a decode-only step: the
     proportional share of :meth:`RooflineCost._rank` is the same placement)."""
     chunks = [p for p in parts if not p[4]]
@@ -230,11 +244,12 @@ def deal_ranks(parts, ranks: int):
             dk += p[2]
             ds += p[3]
     base, extra = divmod(d, ranks)
-    load = []
+    load, dec = [], []
     for j in range(ranks):              # tokens, attention work, KV read, sampled, requests
         k = base + (1 if j < extra else 0)
         f = k / d if d else 0.0
         load.append([f * dt, f * da, f * dk, f * ds, k])
+        dec.append((f * dt, f * da, f * dk, k))
     chunks.sort(key=lambda x: -x[0])    # stable: equal chunks keep the step's order
     for n, a, kv, s, _ in chunks:
         x = min(load, key=lambda y: y[0])
@@ -243,7 +258,8 @@ def deal_ranks(parts, ranks: int):
         x[2] += kv
         x[3] += s
         x[4] += 1
-    return [tuple(x) for x in load if x[4]]
+    # each rank's decode part last: an MLA rank prices its decodes and its chunks as two kernels
+    return [(*x, dp) for x, dp in zip(load, dec) if x[4]]
 
 
 @dataclass
@@ -688,7 +704,7 @@ class RooflineCost(CostModel):
             self._static_cache[key] = out
         return out
 
-    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
+    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None, decodes=None):
         """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays).  A caller
         that passes no ``swa`` for a model with sliding layers gets every layer priced as full attention
         (an overestimate; the simulator's steps, the fast path, prefill_time, decode_time and ``pdsim
@@ -715,6 +731,10 @@ class RooflineCost(CostModel):
                 f_sum += idle * f0
                 b_sum += idle * b0
             return t_max, f_sum / self.attn_dp, b_sum / self.attn_dp
+        if decodes is not None and self.attn_dp == 1 and self.model.is_mla and 0 < decodes[0] < tokens:
+            t_s, f_s, b_s = self._static(tokens, sampled)      # a mixed MLA step: two attention kernels
+            t_a, f_a, b_a = self._attention_sum(tokens, attn_work, kv_read_tokens, batch, decodes)
+            return t_s + t_a, f_s + f_a, b_s + b_a
         t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill)
         t_a = self.op_time(att)[0]
         L = att.count
@@ -724,12 +744,30 @@ class RooflineCost(CostModel):
         """(time_s, flops, bytes) of each DP-attention rank in ``rank`` (:func:`busiest_rank`): its static part
         (the experts on all ``tokens``, the rest on its own) and its attention on its own kernel."""
         out = []
-        for Ta, aw, kv, Sa, rb in rank:
+        for Ta, aw, kv, Sa, rb, *dec in rank:
             t_s, f_s, b_s = self._static(tokens, sampled, (Ta, Sa))
-            att = self._attention_op(Ta, aw, kv, rb, _is_prefill(aw, kv))
-            L = att.count
-            out.append((t_s + self.op_time(att)[0] * L, f_s + att.flops * L, b_s + att.bytes * L))
+            t_a, f_a, b_a = self._attention_sum(Ta, aw, kv, rb, dec[0] if dec else None)
+            out.append((t_s + t_a, f_s + f_a, b_s + b_a))
         return out
+
+    def _attention_sum(self, tokens, attn_work, kv_read_tokens, batch, decodes=None):
+        """(time_s, flops, bytes) of a step's attention over all layers, on one kernel chosen by its work; for an
+        MLA model whose step mixes decodes (``decodes`` = their (tokens, attn_work, kv_read_tokens, requests))
+        with prompt chunks, two kernels: the decodes in the absorbed form over the latent, the chunks
+        decompressed, as engines run decode and context attention apart (one decompressed kernel would read
+        every decode's context at ~140x the latent's bytes)."""
+        if decodes is not None and self.model.is_mla and 0 < decodes[0] < tokens:
+            Td, Ad, Kd, Bd = decodes
+            ops = (self._attention_op(Td, Ad, Kd, Bd, False),
+                   self._attention_op(tokens - Td, attn_work - Ad, kv_read_tokens - Kd, batch - Bd, True))
+        else:
+            ops = (self._attention_op(tokens, attn_work, kv_read_tokens, batch, _is_prefill(attn_work, kv_read_tokens)),)
+        t = f = b = 0.0
+        for op in ops:
+            t += self.op_time(op)[0] * op.count
+            f += op.flops * op.count
+            b += op.bytes * op.count
+        return t, f, b
 
     def _parts(self, tokens, attn_work, kv_read_tokens, sampled, batch, prefill: bool):
         """A step without sliding layers in two parts: the cached static sum (time_s, flops, bytes) and the
@@ -739,13 +777,15 @@ class RooflineCost(CostModel):
             return (*self._static(tokens, sampled, (Ta, Sa)), self._attention_op(Ta, aw, kv, rb, prefill))
         return (*self._static(tokens, sampled), self._attention_op(tokens, attn_work, kv_read_tokens, batch, prefill))
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None, decodes=None):
         """One step from its aggregates; under DP attention ``rank`` (:func:`busiest_rank` of the step's
         requests: each rank's share) replaces the proportional share: the step takes the slowest rank's time
-        and reports the ranks' mean FLOPs and bytes (per GPU)."""
+        and reports the ranks' mean FLOPs and bytes (per GPU).  ``decodes``: the (tokens, attn_work,
+        kv_read_tokens, requests) of the step's decodes (:func:`decode_part`), with which an MLA step that
+        mixes them with prompt chunks prices the two on their own kernels."""
         if swa is not None:
             swa = (float(swa[0]), float(swa[1]))
-        t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch, swa, rank)
+        t, f, b = self._sum(tokens, float(attn_work), float(kv_read_tokens), sampled, batch, swa, rank, decodes)
         return StepCost(float(t), float(f), float(b))
 
     # --- pipeline stages (pdsim/pipeline.py combines them) ----------------------

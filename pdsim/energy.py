@@ -105,7 +105,7 @@ class CappedCost:
         full = np.maximum(c, m)
         return np.where(full > 0, np.maximum(c / self.f, m) / np.where(full > 0, full, 1.0), 1.0)
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None, decodes=None):
         if rank is not None:            # DP attention's ranks, whole requests each (costmodel.busiest_rank)
             s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, rank=rank)
             # the step waits for its slowest rank under the cap: each rank slows by its own compute/memory mix
@@ -114,6 +114,8 @@ class CappedCost:
             raw = max(t for t, _, _ in ranks)
             capped = max(t * float(self._stretch(f, b)) for t, f, b in ranks)
             return StepCost(s.time_s * (capped / raw if raw > 0 else 1.0), s.flops, s.bytes)
+        elif decodes is not None:       # a mixed MLA step's decodes (costmodel.decode_part)
+            s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, decodes=decodes)
         else:
             s = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch) if swa is None else \
                 self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, swa=swa)

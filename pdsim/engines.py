@@ -289,9 +289,11 @@ class EngineCost:
     def __getattr__(self, name):          # device, tp, compute_dtype, weight_bytes_per_gpu, ...
         return getattr(self.inner, name)
 
-    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None):
+    def step(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None, decodes=None):
         if rank is not None:            # DP attention's ranks, whole requests each (costmodel.busiest_rank)
             c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, rank=rank)
+        elif decodes is not None:       # a mixed MLA step's decodes (costmodel.decode_part)
+            c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch, decodes=decodes)
         elif swa is None:
             c = self.inner.step(tokens, attn_work, kv_read_tokens, sampled, batch)
         else:

@@ -22,7 +22,7 @@ from collections import deque
 
 import numpy as np
 
-from .costmodel import CostModel, StepCost, busiest_rank, window_sums
+from .costmodel import CostModel, StepCost, busiest_rank, decode_part, window_sums
 from .kvcache import KVCache
 from .scheduler import Limits
 import simpy
@@ -189,6 +189,11 @@ class Instance:
         # DP attention's ranks (1: none): a step with a prompt chunk is priced rank by rank, whole requests each
         ranks = getattr(cost, "attn_dp", 1)
         self.attn_ranks = ranks if isinstance(ranks, int) and ranks > 1 else 1
+        # an MLA model's mixed step prices its decodes and its chunks on their own kernels (a roofline cost)
+        # (a pipelined pool's stages price their own attention: not this path)
+        import inspect
+        self.mla = bool(getattr(getattr(cost, "model", None), "is_mla", False)) and \
+            "decodes" in inspect.signature(cost.step).parameters
         self.gpus = gpus
         self.sink = sink                   # topology callbacks: first_token, finished, prefill_done
         self.waiting: deque[Request] = deque()
@@ -287,12 +292,15 @@ class Instance:
                 c, drafts = self.spec.plan_step(plan, self.kv)
             elif self.window is None:
                 rank = busiest_rank(plan.items, self.attn_ranks) if self.attn_ranks > 1 else None
-                if rank is None:
-                    c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled,
-                                       len(plan.items))
-                else:       # DP attention with a prompt chunk in the step: whole requests per rank
+                if rank is not None:       # DP attention with a prompt chunk in the step: whole requests per rank
                     c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled,
                                        len(plan.items), rank=rank)
+                elif self.mla and plan.tokens > len(plan.items):   # MLA, a chunk in the step: two kernels
+                    c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled,
+                                       len(plan.items), decodes=decode_part(plan.items))
+                else:
+                    c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled,
+                                       len(plan.items))
             else:
                 c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled, len(plan.items),
                                    swa=plan.swa)

@@ -101,13 +101,18 @@ def test_busiest_rank_deals_whole_requests_by_hand():
     three, two = (3, 1530.0, 1531.5, 3, 3), (2, 1020.0, 1021.0, 2, 2)
     want = [three] * 4 + [(3002, 1020.0 + 4_500_000, 1021.0 + 3000, 3, 3), (1002, 1020.0 + 500_000, 1021.0 + 1000, 2, 3),
                           two, two]
-    assert len(got) == 8 and all(g == pytest.approx(w) for g, w in zip(got, want)), got
+    assert len(got) == 8 and all(g[:5] == pytest.approx(w) for g, w in zip(got, want)), got
+    # each rank's decode part last (tokens, work, KV read, requests): what it holds besides its chunks
+    assert [g[5] == pytest.approx((3, 1530.0, 1531.5, 3) if j < 4 else (2, 1020.0, 1021.0, 2))
+            for j, g in enumerate(got)] == [True] * 8
     # decodes only: None (the proportional share is the same even placement)
     assert busiest_rank([_item(10, 5, 6, 1)] * 9, 8) is None
     # one rank: everything on it (a 64-token prompt from empty and a decode at context 99)
-    assert busiest_rank([_item(0, 64, 0, 64), _item(99, 50, 50, 1)], 1) == [(65, 64 * 32 + 99.5, 64 + 100, 2, 2)]
+    assert busiest_rank([_item(0, 64, 0, 64), _item(99, 50, 50, 1)], 1) == \
+        [(65, 64 * 32 + 99.5, 64 + 100, 2, 2, (1, 99.5, 100, 1))]
     # ranks without work are not listed: one chunk and one decode over 8 ranks
-    assert busiest_rank([_item(0, 64, 0, 64), _item(99, 50, 50, 1)], 8) == [(1, 99.5, 100, 1, 1), (64, 2048.0, 64, 1, 1)]
+    assert busiest_rank([_item(0, 64, 0, 64), _item(99, 50, 50, 1)], 8) == \
+        [(1, 99.5, 100, 1, 1, (1, 99.5, 100, 1)), (64, 2048.0, 64, 1, 1, (0, 0.0, 0.0, 0))]
 
 
 def test_a_chunk_never_makes_a_decode_step_cheaper():
@@ -137,7 +142,7 @@ def test_a_prompt_chunk_beside_decodes_costs_its_rank_what_it_costs_alone():
     items = [_item(0, P, 0, P), *[_item(c, 1000, c - 999, 1) for _ in range(7)]]
     tokens, work, kv = P + 7, P * P / 2.0 + 7 * (c + 0.5), P + 7 * (c + 1)
     rank = busiest_rank(items, 8)
-    assert rank[-1] == (P, P * P / 2.0, P, 1, 1) and rank[:-1] == [(1, c + 0.5, c + 1, 1, 1)] * 7   # rank 7: empty
+    assert rank[-1][:5] == (P, P * P / 2.0, P, 1, 1) and [r[:5] for r in rank[:-1]] == [(1, c + 0.5, c + 1, 1, 1)] * 7
     lone = dp.step(P, P * P / 2.0, P, 1, 1).time_s
     mixed = dp.step(tokens, work, kv, 8, 8, rank=rank).time_s
     assert lone <= mixed <= 1.01 * lone
@@ -298,7 +303,7 @@ def test_a_dp_steps_flops_are_the_mean_over_its_ranks_by_parts():
     FLOPs are (that rank's + 7 idle ranks') / 8, not the busy rank's (3.4x more)."""
     dp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8, 0.0, 1, True)
     rank = busiest_rank([_item(0, 512, 0, 512)], 8)
-    assert rank == [(512, 512 * 256.0, 512, 1, 1)]
+    assert rank == [(512, 512 * 256.0, 512, 1, 1, (0, 0.0, 0.0, 0))]
     c = dp.step(512, 512 * 256.0, 512, 1, 1, rank=rank)
     _, f_busy, b_busy = dp._static(512, 1, (512, 1))
     _, f_idle, b_idle = dp._static(512, 1, (0, 0))
@@ -324,3 +329,49 @@ def test_a_power_cap_slows_a_dp_step_by_its_slowest_ranks_own_mix():
     assert got.time_s == pytest.approx(want, rel=1e-12) and want > 1.2 * t
     mean = dp.step(P, P * P / 2.0, P, 1, 1, rank=rank)
     assert float(capped._stretch(mean.flops, mean.bytes)) < want / t       # what the mean would have said
+
+
+def test_a_mixed_mla_step_prices_decodes_and_chunks_on_their_own_kernels_by_parts():
+    """DeepSeek-V3 (MLA), 8 x H200, TP attention: 256 decodes at context 2000 and a 512-token prompt in one
+    step.  Engines run decode attention (absorbed, over the 576-dim latent) and context attention
+    (decompressed) as two kernels, so the step is the static part plus the two attention ops; one
+    decompressed kernel for all of it would read every decode's context at ~80 kB a token.  The step is
+    at most the two alone (they share one static part), and it was once well above that."""
+    tp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8)
+    b, c, n = 256, 2000, 512
+    dec = (b, b * (c + 0.5), b * (c + 1), b)
+    T, A, K = b + n, b * (c + 0.5) + n * n / 2, b * (c + 1) + n
+    got = tp.step(T, A, K, b + 1, b + 1, decodes=dec)
+    t_s, f_s, b_s = tp._static(T, b + 1)
+    d_op = tp._attention_op(b, b * (c + 0.5), b * (c + 1), b, False)
+    p_op = tp._attention_op(n, n * n / 2, n, 1, True)
+    L = d_op.count
+    assert got.time_s == pytest.approx(t_s + (tp.op_time(d_op)[0] + tp.op_time(p_op)[0]) * L, rel=1e-12)
+    assert got.flops == pytest.approx(f_s + (d_op.flops + p_op.flops) * L, rel=1e-12)
+    alone = tp.step(b, b * c, b * (c + 1), b, b).time_s + tp.prefill_time(n)
+    assert got.time_s <= alone
+    assert tp.step(T, A, K, b + 1, b + 1).time_s > 1.5 * alone          # one kernel for both: the old price
+    # under DP attention each rank with decodes and a chunk does the same
+    dp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8, 0.0, 1, True)
+    items = [*[_item(c, 1000, c - 999, 1) for _ in range(b)], _item(0, 8000, 0, n)]
+    mixed = dp.step(T, A, K, b + 1, b + 1, rank=busiest_rank(items, 8)).time_s
+    assert mixed <= dp.step(b, b * c, b * (c + 1), b, b).time_s + dp.prefill_time(n)
+
+
+def test_a_prompt_among_mla_decodes_costs_at_most_both_alone(tmp_path):
+    """Simulated: 64 DeepSeek-V3 requests decode (prompts of 2000) when a 512-token prompt arrives; the step
+    that prefills it also decodes the 64, and costs at most a decode step of 64 at the longest context plus
+    the prompt alone (so its TTFT does too): the instance passes its decodes apart (two kernels)."""
+    trace = tmp_path / "t.csv"
+    rows = ["arrived_at,num_prefill_tokens,num_decode_tokens"] + ["0.0,2000,600"] * 64 + ["8.0,512,2"]
+    trace.write_text("\n".join(rows) + "\n")
+    sc = config.parse({"model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                       "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "topologies": {"t": {"kind": "colocated", "device": "h200", "tp": 8, "ep": 8,
+                                            "chunked_prefill": {"token_budget": 8192}}}}, "t.yaml")
+    (res,) = simulate(sc)
+    late = max(res.requests, key=lambda r: r.arrival_s)
+    cost = res.topology.instances[0].cost
+    assert all(r.first_token_s < 8.0 < r.finish_s for r in res.requests if r is not late)   # it met 64 decodes
+    bound = cost.decode_time(64, 2600) + cost.prefill_time(512)
+    assert late.first_token_s - late.arrival_s <= bound
