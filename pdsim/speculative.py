@@ -141,6 +141,10 @@ class Speculator:
         self.acceptance = spec.acceptance
         self.fraction = spec.draft_cost_fraction
         self.target, self.draft = target, draft
+        # an MLA target whose step can price a mixed step's decodes and chunks apart (not a pipelined pool)
+        import inspect
+        self._mla_split = bool(getattr(getattr(target, "model", None), "is_mla", False)) and \
+            "decodes" in inspect.signature(target.step).parameters
         self.draft_overhead_s = float(getattr(getattr(draft, "device", None), "step_overhead_s", 0.0))
         self.seed = seed
         self._state: dict[int, list] = {}      # request id -> [acceptance, chunk index, leading counts, steps]
@@ -209,7 +213,10 @@ class Speculator:
                 drafts.append(-1)
                 pure = False
         rank = None
-        if not pure and getattr(self.target, "attn_dp", 1) > 1:   # DP attention, a prompt chunk in the step
+        decodes = None
+        dp = getattr(self.target, "attn_dp", 1) > 1
+        mla = self._mla_split
+        if not pure and (dp or mla):    # a prompt chunk in the step: DP ranks, or MLA's two kernels
             parts = []
             for (req, n), d in zip(plan.items, drafts):
                 c = req.computed
@@ -217,15 +224,19 @@ class Speculator:
                     parts.append((1 + d, (1 + d) * (c + 0.5 * (1 + d)), c + 1 + d, 1 + d, True))
                 else:
                     parts.append((n, n * (c + 0.5 * n), c + n, 1 if c + n == req.known else 0, n == 1))
-            rank = deal_ranks(parts, self.target.attn_dp)
-        tgt = self._verify_cost(T, attn, kvr, S, len(plan.items), pure and bool(ds), rank)
+            if dp:
+                rank = deal_ranks(parts, self.target.attn_dp)
+            else:
+                dec = [p for p in parts if p[4]]
+                decodes = (sum(p[0] for p in dec), sum(p[1] for p in dec), sum(p[2] for p in dec), len(dec))
+        tgt = self._verify_cost(T, attn, kvr, S, len(plan.items), pure and bool(ds), rank, decodes)
         if not ds:
             return tgt, drafts
         dt, df, db = self._draft_cost(ds, cs)
         self.draft_time_s += dt
         return StepCost(tgt.time_s + dt, tgt.flops + df, tgt.bytes + db), drafts
 
-    def _verify_cost(self, T, attn, kvr, S, B, pure: bool, rank=None) -> StepCost:
+    def _verify_cost(self, T, attn, kvr, S, B, pure: bool, rank=None, decodes=None) -> StepCost:
         cost = self.target
         wrappers = []                                # engine overhead, power cap: outermost first
         inner = cost
@@ -233,7 +244,9 @@ class Speculator:
             wrappers.append(inner)
             inner = inner.inner
         if not (pure and isinstance(inner, RooflineCost)):
-            return cost.step(T, attn, kvr, S, B) if rank is None else cost.step(T, attn, kvr, S, B, rank=rank)
+            if rank is not None:
+                return cost.step(T, attn, kvr, S, B, rank=rank)
+            return cost.step(T, attn, kvr, S, B) if decodes is None else cost.step(T, attn, kvr, S, B, decodes=decodes)
         # (under DP attention the busiest rank's attention: RooflineCost._parts deals the batch as for any step)
         t_s, f_s, b_s, att = inner._parts(T, float(attn), float(kvr), S, B, False)
         # decode kernel: the KV is read once; the d + 1 queries' FLOPs at the decode kernel's efficiency
