@@ -427,6 +427,10 @@ MUTANTS: list[Mutant] = [
            "t_max = min(t_max or 1e9, t)",
            ("tests/test_dp_attention.py::test_a_chunk_never_makes_a_decode_step_cheaper",),
            "a DP-attention step takes its fastest rank's time, not its slowest's"),
+    Mutant("mla-mixed-one-kernel", "pdsim/instance.py",
+           "elif self.mla and plan.tokens > len(plan.items):", "elif False and self.mla:",
+           ("tests/test_dp_attention.py::test_a_prompt_among_mla_decodes_costs_at_most_both_alone",),
+           "an MLA step mixing decodes and a prompt chunk prices all of it on one (decompressed) kernel"),
 ]
 
 
