@@ -456,3 +456,34 @@ def test_mtp_layer_weights_per_gpu_by_hand():
     # a dense model's MTP layer: one decoder layer, / tp
     ll = get_model("llama-3.1-8b")
     assert mtp_weight_bytes_per_gpu(ll, "bf16", 2) == ll.params_per_layer * 2 / 2
+
+
+def test_an_mla_verify_step_with_a_prompt_chunk_prices_the_two_kernels_by_hand():
+    """DeepSeek-V3 (MLA), 8 x H200, TP attention, k = 1: four requests at context 1004 (five tokens out) verify
+    one draft each (2 query tokens: work 2 x (1004 + 1) = 2010, KV read 1006, 2 sampled) beside a 512-token
+    prompt from empty (work 512 x 256, read 512, it samples).  The target step is the one the cost model gives
+    with the verify items as its decodes: (8 tokens, 8040, 4024, 4 requests), the chunk decompressed, not the
+    one-kernel price (which differs: at four decodes the decode kernel's launch floors cost about what the
+    decompressed reads would)."""
+    from pdsim.kvcache import KVCache
+    from pdsim.scheduler import StepPlan
+    from pdsim.workload import Request
+    cost = RooflineCost(get_model("deepseek-v3"), get_device("h200"), 8, "fp8", "fp8", 8)
+    spec = Speculator(SpeculativeSpec(k=1, acceptance=1.0, draft_cost_fraction=1e-9), cost, None, 0)
+    kv = KVCache(100000, 16)
+    plan = StepPlan()
+    for i in range(4):
+        r = Request(i, 0.0, 1000, 50)
+        r.generated, r.computed = 5, 1004
+        assert kv.grow(r, 1005)
+        plan.add(r, 1)
+    p = Request(9, 0.0, 512, 2)
+    assert kv.grow(p, 512)
+    plan.add(p, 512)
+    c, drafts = spec.plan_step(plan, kv)
+    assert drafts == [1, 1, 1, 1, -1]
+    T, A, K, S, B = 4 * 2 + 512, 4 * 2010.0 + 512 * 256.0, 4 * 1006 + 512, 4 * 2 + 1, 5
+    two = cost.step(T, A, K, S, B, decodes=(8, 8040.0, 4024, 4))
+    assert c.time_s == pytest.approx(two.time_s + spec.draft_time_s, rel=1e-9)
+    assert spec.draft_time_s < 1e-6 * two.time_s + 1e-9
+    assert abs(cost.step(T, A, K, S, B).time_s - two.time_s) > 1e-4
