@@ -202,11 +202,22 @@ def busiest_rank(items, ranks: int):
     """The attention ranks of a DP-attention step whose requests are ``items`` = [(request, new tokens)]
     (before the step: ``computed`` tokens in cache), as :func:`deal_ranks` places them; a one-token item is a
     decode (its KV stays on its rank), a longer one a prompt chunk.  None when every item is one token."""
-    parts = []
-    for req, n in items:
-        c = req.computed
-        parts.append((n, n * (c + 0.5 * n), c + n, 1 if c + n == req.prompt_tokens + req.generated else 0, n == 1))
-    return deal_ranks(parts, ranks)
+    return deal_ranks([request_part(req, n) for req, n in items], ranks)
+
+
+def request_part(req, n: int) -> tuple:
+    """One request's part of a step it advances by ``n`` tokens (before the step): (new tokens, attention
+    work, KV read, sampled tokens, is a decode), as :func:`deal_ranks` takes them."""
+    c = req.computed
+    return n, n * (c + 0.5 * n), c + n, 1 if c + n == req.prompt_tokens + req.generated else 0, n == 1
+
+
+def splits_mla_steps(cost) -> bool:
+    """Whether ``cost`` prices a mixed MLA step's decodes and chunks apart (:meth:`RooflineCost.step`'s
+    ``decodes``, through any engine / power-cap wrapper; a pipelined pool's stages do not)."""
+    import inspect
+    return bool(getattr(getattr(cost, "model", None), "is_mla", False)) and \
+        "decodes" in inspect.signature(cost.step).parameters
 
 
 def decode_part(items):

@@ -22,7 +22,7 @@ from collections import deque
 
 import numpy as np
 
-from .costmodel import CostModel, StepCost, busiest_rank, decode_part, window_sums
+from .costmodel import CostModel, StepCost, busiest_rank, decode_part, splits_mla_steps, window_sums
 from .kvcache import KVCache
 from .scheduler import Limits
 import simpy
@@ -190,10 +190,7 @@ class Instance:
         ranks = getattr(cost, "attn_dp", 1)
         self.attn_ranks = ranks if isinstance(ranks, int) and ranks > 1 else 1
         # an MLA model's mixed step prices its decodes and its chunks on their own kernels (a roofline cost)
-        # (a pipelined pool's stages price their own attention: not this path)
-        import inspect
-        self.mla = bool(getattr(getattr(cost, "model", None), "is_mla", False)) and \
-            "decodes" in inspect.signature(cost.step).parameters
+        self.mla = splits_mla_steps(cost)
         self.gpus = gpus
         self.sink = sink                   # topology callbacks: first_token, finished, prefill_done
         self.waiting: deque[Request] = deque()

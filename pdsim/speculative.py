@@ -50,7 +50,7 @@ import dataclasses
 
 import numpy as np
 
-from .costmodel import RooflineCost, StepCost, deal_ranks
+from .costmodel import RooflineCost, StepCost, deal_ranks, request_part, splits_mla_steps
 from .errors import ConfigError
 from .kernels import attention_roofline
 from .pipeline import PipelineCost
@@ -142,9 +142,7 @@ class Speculator:
         self.fraction = spec.draft_cost_fraction
         self.target, self.draft = target, draft
         # an MLA target whose step can price a mixed step's decodes and chunks apart (not a pipelined pool)
-        import inspect
-        self._mla_split = bool(getattr(getattr(target, "model", None), "is_mla", False)) and \
-            "decodes" in inspect.signature(target.step).parameters
+        self._mla_split = splits_mla_steps(target)
         self.draft_overhead_s = float(getattr(getattr(draft, "device", None), "step_overhead_s", 0.0))
         self.seed = seed
         self._state: dict[int, list] = {}      # request id -> [acceptance, chunk index, leading counts, steps]
@@ -223,7 +221,7 @@ class Speculator:
                 if d > 0:          # a verify item: 1 + d query tokens, each sampled; a decode, it stays put
                     parts.append((1 + d, (1 + d) * (c + 0.5 * (1 + d)), c + 1 + d, 1 + d, True))
                 else:
-                    parts.append((n, n * (c + 0.5 * n), c + n, 1 if c + n == req.known else 0, n == 1))
+                    parts.append(request_part(req, n))
             if dp:
                 rank = deal_ranks(parts, self.target.attn_dp)
             else:
