@@ -460,7 +460,10 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
         if any(p.spec.prefix_on for p in topo.pools):
             out[res.name]["prefix_cache"] = prefix_summary(res)
         from .energy import topology_energy       # None when a pool's device has no power model
-        out[res.name]["energy"] = topology_energy(topo, res.sim_end_s, len(fin), out_tokens)
+        # the whole run's joules over the whole run's finished requests and their output tokens, warm-up
+        # included: the warm-up requests' energy is in the numerator, so they belong in the denominator
+        fin_all = d_all.output_tokens[d_all.status == FINISHED]
+        out[res.name]["energy"] = topology_energy(topo, res.sim_end_s, len(fin_all), float(fin_all.sum()))
         if any(getattr(p, "spec_dec", None) is not None for p in topo.pools):
             out[res.name]["speculative"] = {p.name: p.spec_dec.summary() for p in topo.pools
                                             if getattr(p, "spec_dec", None) is not None}

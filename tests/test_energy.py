@@ -192,3 +192,29 @@ def test_power_caps_at_the_boards_limits():
         simulate(scenario({"c": {"kind": "colocated", "device": "h100-sxm", "power_cap_W": 199}}, num_requests=1))
     with pytest.raises(ConfigError, match="maximum power \\(700 W\\)"):
         simulate(scenario({"c": {"kind": "colocated", "device": "h100-sxm", "power_cap_W": 701}}, num_requests=1))
+
+
+def test_energy_per_request_covers_the_same_requests_as_the_energy_under_warmup(monkeypatch):
+    """Two requests (constant rate 1/s: arrivals at 1 s and 2 s), prompt 100, 10 output tokens each, every step
+    10 ms at MFU 0.3: each request is 1 prefill + 9 decode steps, 1.0-1.1 s and 2.0-2.1 s, so the run spans
+    2.1 s and one GPU uses E = 70 W x 2.1 s + (700 - 70) W x 0.3 x 20 x 0.01 s = 147 + 37.8 = 184.8 J.
+    ``client.warmup_requests: 1`` leaves the first request out of latency figures, but its joules are in E:
+    per request E / 2 = 92.4 J and per output token E / 20 = 9.24 J (the old code gave E / 1 and E / 10,
+    the whole run's energy over the second request alone)."""
+    _fixed(monkeypatch, 0.01, 0.3, 0.1)
+    from pdsim import config
+    sc = config.parse({"seed": 0, "model": "llama-3.1-8b",
+                       "workload": {"arrival": "constant", "rate": 1.0, "num_requests": 2, "prompt_tokens": 100,
+                                    "output_tokens": 10},
+                       "client": {"warmup_requests": 1},
+                       "topologies": {"c": {"kind": "colocated", "device": "h100-sxm"}}}, "t.yaml")
+    res = simulate(sc)
+    s = summarize(res, requests_frame(res, sc.client), sc)["c"]
+    assert s["warmup_excluded"] == 1 and res[0].sim_end_s == pytest.approx(2.1, abs=1e-12)
+    assert (IDLE, MAX) == (70, 700)
+    e = s["energy"]
+    assert e["energy_J"] == pytest.approx(184.8, rel=1e-12)
+    assert e["J_per_request"] == pytest.approx(92.4, rel=1e-12)
+    assert e["J_per_output_token"] == pytest.approx(9.24, rel=1e-12)
+    # 20 tokens in 2.1 s over 184.8 J / 2.1 s = 0.088 kW: 20 / 0.1848 tokens/s per kW
+    assert e["output_tokens_per_s_per_kW"] == pytest.approx(20 / 0.1848, rel=1e-12)
