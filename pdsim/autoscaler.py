@@ -112,16 +112,18 @@ class PoolScaler:
 
 
 class Autoscaler:
-    def peak_gpus(self) -> int:
+    def peak_gpus(self, per_gpu=None):
         """The most GPUs alive at once over the whole topology (role switching moves instances between
         pools, so the pools' own peaks can add up to more than ever existed).  Changes at one instant are
-        applied together before the sum is taken."""
+        applied together before the sum is taken.  ``per_gpu`` (a function of the pool) weighs each pool's
+        GPUs, e.g. by their power (energy.topology_energy's provisioned kW): the peak of the weighted sum."""
         events: dict[float, dict[str, int]] = {}
         for sc in self.scalers.values():
             for t, alive, _ in sc.timeline:
                 events.setdefault(t, {})[sc.pool.name] = alive
         now = {sc.pool.name: sc.initial for sc in self.scalers.values()}
-        per = {sc.pool.name: sc.pool.spec.gpus_per_instance for sc in self.scalers.values()}
+        per = {sc.pool.name: sc.pool.spec.gpus_per_instance * (per_gpu(sc.pool) if per_gpu else 1)
+               for sc in self.scalers.values()}
         best = sum(now[n] * per[n] for n in now)
         for t in sorted(events):
             now.update(events[t])

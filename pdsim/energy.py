@@ -160,7 +160,12 @@ def topology_energy(topo, span_s: float, finished: int, output_tokens: float) ->
         return None
     joules = sum(v["energy_J"] for v in pools.values())
     kw = joules / span_s / 1e3 if span_s > 0 else None
-    provisioned_kw = sum(p.gpus * p.power.max_W for p in topo.pools) / 1e3
+    # each GPU at its TDP, or at its power cap where one is set (PowerModel.max_W); an autoscaled topology: the
+    # most GPUs alive at once (as metrics' ``gpus``), not each pool's own peak summed (role switching moves
+    # instances between pools, so those peaks need not coincide)
+    scaler = getattr(topo, "autoscaler", None)
+    provisioned_kw = (scaler.peak_gpus(lambda p: p.power.max_W) if scaler is not None
+                      else sum(p.gpus * p.power.max_W for p in topo.pools)) / 1e3
     tps = output_tokens / span_s if span_s > 0 else 0.0
     return {
         "energy_J": joules,

@@ -561,7 +561,7 @@ def _autoscale_section(topos) -> dict:
 
 def _energy_section(topos) -> dict:
     """One row per topology whose devices have a power model: energy, mean power, J per request and
-    per output token, output tokens/s per kW drawn and per provisioned (TDP) kW."""
+    per output token, output tokens/s per kW drawn and per provisioned kW (TDP, or the power cap where set)."""
     rows = []
     for n, t in topos.items():
         e = t.get("energy")
@@ -580,10 +580,10 @@ def _energy_section(topos) -> dict:
                      "; ".join(caps) or "–"])
     if not rows:
         return {}
-    return {"title": "Energy (estimated: idle + (TDP - idle) x max(MFU, MBU) per step; not measured)",
+    return {"title": "Energy (estimated: idle + (TDP or cap - idle) x max(MFU, MBU) per step; not measured)",
             "id": "energy", "chart": "", "table": table(
-                ["topology", "energy kWh", "mean kW", "provisioned kW (TDP)", "J / request", "J / output token",
-                 "out tok/s per kW", "per TDP kW", "power caps"], rows, "energy")}
+                ["topology", "energy kWh", "mean kW", "provisioned kW (TDP or cap)", "J / request", "J / output token",
+                 "out tok/s per kW", "per provisioned kW", "power caps"], rows, "energy")}
 
 
 def _speculative_section(topos) -> dict:

@@ -218,3 +218,30 @@ def test_energy_per_request_covers_the_same_requests_as_the_energy_under_warmup(
     assert e["J_per_output_token"] == pytest.approx(9.24, rel=1e-12)
     # 20 tokens in 2.1 s over 184.8 J / 2.1 s = 0.088 kW: 20 / 0.1848 tokens/s per kW
     assert e["output_tokens_per_s_per_kW"] == pytest.approx(20 / 0.1848, rel=1e-12)
+
+
+def test_provisioned_kw_is_the_peak_alive_at_once_at_the_cap_where_set():
+    """A PD pair of one-GPU H100 instances on a schedule: prefill 1 -> 2 at 10 s and back to 1 at 20 s (idle at
+    1 request/s of 100 + 10 tokens: it leaves at once), decode 1 -> 2 at 30 s.  The prefill pool is capped at
+    300 W, decode runs at its 700 W TDP.  Alive at once: 10-20 s 2 x 300 + 1 x 700 = 1300 W, from 30 s
+    1 x 300 + 2 x 700 = 1700 W, so 1.7 kW provisioned; each pool's own peak summed (2 x 300 + 2 x 700 = 2.0 kW,
+    the old figure) counts GPUs that were never alive together."""
+    from pdsim import config
+    sc = config.parse({"seed": 0, "model": "llama-3.1-8b",
+                       "workload": {"arrival": "constant", "rate": 1.0, "num_requests": 40, "prompt_tokens": 100,
+                                    "output_tokens": 10},
+                       "slo": {"ttft_s": 1.0, "tpot_s": 0.1},
+                       "topologies": {"pd": {
+                           "kind": "disaggregated",
+                           "prefill": {"instances": 1, "device": "h100-sxm", "power_cap_W": 300},
+                           "decode": {"instances": 1, "device": "h100-sxm"},
+                           "kv_link": {"bandwidth_GBps": 50, "latency_us": 10},
+                           "autoscaler": {"policy": "schedule", "provisioning_s": 0, "load_s": 0,
+                                          "schedule": [{"at_s": 10, "prefill": 2}, {"at_s": 20, "prefill": 1},
+                                                       {"at_s": 30, "decode": 2}]}}}}, "t.yaml")
+    res, s = _summary(sc)
+    s = s["pd"]
+    tl = {n: [(x["t_s"], x["alive"]) for x in p["timeline"]] for n, p in s["autoscaling"]["pools"].items()}
+    assert tl == {"prefill": [(0.0, 1), (10.0, 2), (20.0, 1)], "decode": [(0.0, 1), (30.0, 2)]}
+    assert s["gpus"] == 3
+    assert s["energy"]["provisioned_kW"] == pytest.approx(1.7, rel=1e-12)
