@@ -5,7 +5,8 @@ topology's own count start serving and the rest are ``off``.  An instance's life
 
 - **scale-out**: ``off -> provisioning`` at the decision; it is paid from then on (GPU-hours, idle
   power) and serves exactly ``provisioning_s + load time`` later, load time = the weights one GPU
-  holds / ``load_GBps`` (every GPU of a TP group loads its shard in parallel), or ``load_s``.
+  holds (a speculative pool's draft model or MTP layer included) / ``load_GBps`` (every GPU of a TP
+  group loads its shard in parallel), or ``load_s``.
   A scale-out first takes back a draining instance (still loaded: it serves at once).
 - **scale-in**: ``serving -> draining``: routers skip it (``down``, see ``Instance.set_down``), P->D
   assignment stops reserving on it, and hand-offs waiting for its blocks pick another instance.  It
@@ -143,7 +144,11 @@ class Autoscaler:
             else:
                 gbps = bounds.load_GBps or spec.load_GBps
                 wb = getattr(pool.cost, "weight_bytes_per_gpu", None)
-                load_s = wb() / (gbps * 1e9) if wb is not None and getattr(pool.cost, "device", None) else 0.0
+                # every weight one GPU holds: the target's shard and a speculative pool's draft model or MTP
+                # layer (under pipeline parallelism the busiest stage's plus the draft, which sits on the last
+                # stage: an upper bound when another stage is the busiest)
+                load_s = ((wb() + getattr(pool, "draft_weight_bytes_per_gpu", 0.0)) / (gbps * 1e9)
+                          if wb is not None and getattr(pool.cost, "device", None) else 0.0)
             sc = PoolScaler(key, pool, bounds, pool.initial_instances, load_s)
             self.scalers[key] = self.by_pool[pool.name] = sc
             for inst in pool.instances[pool.initial_instances:]:

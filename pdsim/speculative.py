@@ -99,6 +99,20 @@ def draft_shape(spec, target_model, key: str):
                       m.mlp_width, m.vocab, m.tied_embeddings, m.gated_mlp, m.max_context)
 
 
+def draft_weight_bytes_per_gpu(spec, target_model, weight_dtype: str, tp: int, ep: int = 1,
+                               dp_attention: bool = False, key: str = "") -> float:
+    """The draft's own weights on one GPU of the pool: a draft model's over tp, the MTP layer's
+    (:func:`mtp_weight_bytes_per_gpu`; the embedding and LM head are the target's), 0 for a
+    fraction-priced draft.  They come out of the KV memory (:func:`kv_blocks`) and are loaded with the
+    target's when an autoscaled instance starts (autoscaler load time)."""
+    shape = draft_shape(spec, target_model, f"{key}.speculative")
+    if shape is None:
+        return 0.0
+    if spec.method == "mtp":
+        return mtp_weight_bytes_per_gpu(target_model, weight_dtype, tp, ep, dp_attention)
+    return shape.weight_bytes(weight_dtype) / tp
+
+
 def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weight_dtype: str,
               kv_dtype: str, key: str, pp: int = 1, ep: int = 1, dp_attention: bool = False) -> int:
     """The pool's KV blocks once the draft's weights and its KV per token share the memory.
@@ -112,10 +126,7 @@ def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weig
     shape = draft_shape(spec, target_model, f"{key}.speculative")
     if shape is None:
         return blocks
-    if spec.method == "mtp":
-        weights = mtp_weight_bytes_per_gpu(target_model, weight_dtype, tp, ep, dp_attention)
-    else:
-        weights = shape.weight_bytes(weight_dtype) / tp
+    weights = draft_weight_bytes_per_gpu(spec, target_model, weight_dtype, tp, ep, dp_attention, key)
     ratio = pp * shape.kv_bytes_per_token(kv_dtype) / target_model.kv_bytes_per_token(kv_dtype)
     left = blocks * block_bytes - weights
     new = int(left // (block_bytes * (1.0 + ratio)))

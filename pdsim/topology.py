@@ -267,6 +267,7 @@ class Pool:
         if self.power is not None and self.power.clock_fraction < 1.0:
             self.cost = energy.CappedCost(self.cost, self.power)
         self.spec_dec = None               # speculative decoding (pdsim/speculative.py)
+        self.draft_weight_bytes_per_gpu = 0.0     # its draft model's / MTP layer's weights on one GPU
         if spec.speculative is not None:
             if role == "prefill":
                 raise ConfigError("a prefill pool does not decode: put speculative on the decode pool",
@@ -276,6 +277,8 @@ class Pool:
                 blocks = speculative.kv_blocks(spec.speculative, model, blocks, self.block_bytes, spec.tp,
                                                ctx.weight_dtype, ctx.kv_dtype, key, spec.pp, spec.ep,
                                                spec.dp_attention)
+            self.draft_weight_bytes_per_gpu = speculative.draft_weight_bytes_per_gpu(
+                spec.speculative, model, ctx.weight_dtype, spec.tp, spec.ep, spec.dp_attention, key)
             self.spec_dec = speculative.build(spec.speculative, spec, self.cost, model, ctx.weight_dtype,
                                               ctx.kv_dtype, self.device, getattr(ctx, "seed", 0), key,
                                               self.power)

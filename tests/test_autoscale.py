@@ -51,6 +51,38 @@ def test_scale_out_serves_exactly_provisioning_plus_load_time_after_the_decision
     assert inst.alive_s(res.sim_end_s) == pytest.approx(res.sim_end_s - decided, abs=1e-9)
 
 
+LLAMA_8B_PARAMS = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 2 * 128256 * 4096
+
+
+@pytest.mark.parametrize("model, spec, draft_bytes", [
+    # Llama-3.2-1B draft, bf16, tp 1, by hand: 16 layers of q and o 2048 x 2048, k and v 2048 x 512, gated MLP
+    # 3 x 2048 x 8192 (60,817,408 each), one tied embedding 128256 x 2048: 1,235,746,816 params, 2,471,493,632 B
+    ("llama-3.1-8b", {"method": "draft", "k": 3, "acceptance": 0.7, "draft_model": "llama-3.2-1b"},
+     2 * (16 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192) + 128256 * 2048)),
+    # an MTP head on Llama-3.1-8B's shape: one more decoder layer (218,103,808 params, 436,207,616 B); its
+    # embedding and LM head are the target's
+    ({"name": "llama-3.1-8b-mtp", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "mlp_width": 14336,
+      "vocab": 128256, "max_context": 131072, "mtp_layers": 1},
+     {"method": "mtp", "k": 1, "acceptance": 0.7}, 2 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)),
+])
+def test_scale_out_load_time_counts_the_draft_weights(model, spec, draft_bytes):
+    """A speculative decode instance loads the target's shard and its draft's (or MTP layer's) weights: load time =
+    (16,059,990,016 + draft bytes) / 4 GB/s, i.e. 4.632870912 s with the 1B draft and 4.124049408 s with the MTP
+    layer, not the target's 4.014997504 s alone; serving 3 + 7 s + that after the decision."""
+    assert draft_bytes in (2471493632, 436207616)
+    load_s = (LLAMA_8B_PARAMS * 2 + draft_bytes) / 4e9
+    assert load_s == pytest.approx(4.632870912 if spec["method"] == "draft" else 4.124049408, abs=1e-12)
+    decided, provisioning = 3.0, 7.0
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, **H100},
+            "decode": {"instances": 1, **H100, "speculative": spec},
+            "autoscaler": {"policy": "schedule", "provisioning_s": provisioning, "load_GBps": 4,
+                           "schedule": [{"at_s": decided, "decode": 2}]}}
+    sc = scenario({"t": topo}, model=model, rate=5, num_requests=100, prompt_tokens=200, output_tokens=20)
+    res = simulate(sc)[0]
+    assert _timeline(res, "decode") == [(0.0, 1, 1), (decided, 2, 1),
+                                        (pytest.approx(decided + provisioning + load_s, abs=1e-9), 2, 2)]
+
+
 # --- scale-in drains -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("topo, pool", [
     ({"kind": "disaggregated", "prefill": {"instances": 3, **H100}, "decode": {"instances": 3, **H100, "kv_blocks": 3000},
