@@ -221,6 +221,7 @@ class Autoscaler:
             back = sc.of(DRAINING)
             if back:                       # still loaded: cancel its drain, it serves at once
                 self._serve(sc, back[-1])
+                sc.scale_outs += 1         # a scale-out all the same (as cancelling a provisioning is a scale-in)
                 continue
             if not sc.of(OFF):             # every slot taken: a failed instance's slot is freed first
                 self._retire(sc, sc.failed()[0])

@@ -83,6 +83,20 @@ def test_scale_out_load_time_counts_the_draft_weights(model, spec, draft_bytes):
                                         (pytest.approx(decided + provisioning + load_s, abs=1e-9), 2, 2)]
 
 
+def test_taking_back_a_draining_instance_counts_as_a_scale_out():
+    """Two constant-cost replicas (10 ms a step), 40 requests at 10/s of 1000 output tokens (10 s each at least):
+    at 2 s both hold requests; the schedule drains one (scale-in 1: alive 2, serving 1) and at 3 s asks for 2
+    again, which takes the still-draining one back (serving 2 at once, nothing provisioned).  By hand: one
+    scale-out and one scale-in, alive 2 throughout, never more."""
+    topo = {"kind": "colocated", "replicas": 2, "cost_model": {"kind": "constant", "step_s": 0.01}, "kv_blocks": 10000,
+            "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 2.0, "replicas": 1}, {"at_s": 3.0, "replicas": 2}]}}
+    sc = scenario({"t": topo}, arrival="constant", rate=10, num_requests=40, prompt_tokens=100, output_tokens=1000)
+    res = simulate(sc)[0]
+    assert _timeline(res, "replicas") == [(0.0, 2, 2), (2.0, 2, 1), (3.0, 2, 2)]
+    p = res.topology.autoscaler.summary(res.sim_end_s)["pools"]["replicas"]
+    assert (p["scale_outs"], p["scale_ins"]) == (1, 1)
+
+
 # --- scale-in drains -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("topo, pool", [
     ({"kind": "disaggregated", "prefill": {"instances": 3, **H100}, "decode": {"instances": 3, **H100, "kv_blocks": 3000},
