@@ -802,11 +802,19 @@ class Scenario(_Strict):
         return self
 
     def instance_names(self, topology: str) -> list[str]:
+        """Every instance slot the topology can run: an autoscaled pool is built with its ``max`` bound
+        (filled by check_autoscaler: given, or a schedule's largest target, or for ``mix`` the total less the
+        other pool's min) and those beyond its initial count start off, so a fault may name them."""
         t = self.topologies[topology]
+        a = t.autoscaler
+
+        def slots(n: int, key: str) -> int:
+            b = getattr(a, key, None) if a is not None else None
+            return max(n, b.max) if b is not None and b.max is not None else n
         if isinstance(t, ColocatedSpec):
-            return [f"replica-{i}" for i in range(t.replicas)]
-        return [f"prefill-{i}" for i in range(t.prefill.instances)] + \
-            [f"decode-{i}" for i in range(t.decode.instances)]
+            return [f"replica-{i}" for i in range(slots(t.replicas, "replicas"))]
+        return [f"prefill-{i}" for i in range(slots(t.prefill.instances, "prefill"))] + \
+            [f"decode-{i}" for i in range(slots(t.decode.instances, "decode"))]
 
     @model_validator(mode="after")
     def _check_mtp(self):
@@ -847,7 +855,8 @@ class Scenario(_Strict):
             if not any(f.instance in self.instance_names(n) for n in names):
                 raise ValueError(f"faults.instances[{i}].instance: no instance '{f.instance}' in "
                                  f"{'topology ' + f.topology if f.topology else 'any topology'} "
-                                 "(names are replica-N, prefill-N, decode-N)")
+                                 "(names are replica-N, prefill-N, decode-N, N from 0 to the pool's instances "
+                                 "less one, or to its autoscaler max less one)")
         for i, f in enumerate(self.faults.links):
             if f.topology is not None and f.topology not in self.topologies:
                 raise ValueError(f"faults.links[{i}].topology: no topology '{f.topology}'")

@@ -92,6 +92,28 @@ def test_a_fault_while_provisioning_restarts_provisioning_after_the_repair():
     assert res.topology.by_name["replica-1"].alive_s(res.sim_end_s) == pytest.approx(res.sim_end_s - 1.0)
 
 
+def test_a_scenario_file_may_fault_an_instance_slot_the_schedule_scales_out_to():
+    """``replicas: 1`` with a schedule to 2: replica-1 exists from the start as an off slot, so a fault on it is
+    accepted from the file (it was refused: only the initial count was named).  By hand: the schedule decides at
+    5 s (provisioning 4 + load 6: serving at 15); replica-1 fails at 8 s while provisioning, for 3 s, so it
+    provisions and loads again after the repair: serving at 8 + 3 + 4 + 6 = 21 s.  replica-2 can never exist
+    (max 2, the schedule's largest target): still a one-line error naming it."""
+    raw = {"seed": 0, "model": "llama-3.1-8b",
+           "workload": {"arrival": "constant", "rate": 2.0, "num_requests": 100, "prompt_tokens": 100,
+                        "output_tokens": 10},
+           "faults": [{"at_s": 8, "instance": "replica-1", "down_s": 3, "warmup_s": 2}],
+           "topologies": {"c": {"kind": "colocated", "replicas": 1, "kv_blocks": 10000, **CONST,
+                                "autoscaler": {"policy": "schedule", "provisioning_s": 4, "load_s": 6,
+                                               "schedule": [{"at_s": 5, "replicas": 2}]}}}}
+    sc = config.parse(raw, "f.yaml")
+    assert sc.instance_names("c") == ["replica-0", "replica-1"]
+    (res,) = simulate(sc)
+    assert _timeline(res) == [(0.0, 1, 1), (5.0, 2, 1), (21.0, 2, 2)]
+    bad = {**raw, "faults": [{"at_s": 8, "instance": "replica-2", "down_s": 3}]}
+    with pytest.raises(ConfigError, match="no instance 'replica-2'"):
+        config.parse(bad, "f.yaml")
+
+
 def test_a_fault_on_a_draining_instance_reroutes_its_request_and_the_drain_ends_at_once():
     # 2 replicas, requests at t=1 (replica-0) and t=2 (replica-1), 100 prompt + 300 output each.  At 2.05
     # the schedule asks for 1: replica-0 (190 tokens still to go, fewer than replica-1's) drains.  It
