@@ -52,7 +52,11 @@ Policies (plain functions of the pool state, chosen by name):
   recent prefills found cached, never-preempted requests only, computed over the whole context; a host-tier
   hit's copy time left out); a decode instance runs the largest batch B (<= max_running, within KV
   capacity) whose step time at the mean context stays within the TPOT bound, so B / (output x step
-  time(B)) requests/s; a colocated replica 1 / (prefill_time + output x step time(B) / B).  Dynamo profiles these on the
+  time(B)) requests/s; a colocated replica 1 / (prefill_time + output x step time(B) / B).  A speculative
+  pool's step is a verify step of k + 1 tokens per request plus its k draft steps (Speculator.step_time) and
+  emits m = sum_j E[a^j] tokens per request on average ((1 - a^(k+1)) / (1 - a) at a constant acceptance a;
+  a per-request distribution: the mean over requests), so the bound is step time(B) / m <= TPOT and a request
+  takes output / m steps (an estimate: the last steps of a request draft fewer, left out).  Dynamo profiles these on the
   real engine before deployment; here the cost model is that profile.  Cooldown applies.
   ``slo.prefill_capacity: measured`` replaces the prefill estimate by what the pool measured over the
   window: prompts handed off per busy second of its instances (it sees the batching the estimate of
@@ -610,17 +614,23 @@ def capacity_per_instance(pool, prompt: float, output: float, tpot_s: float, cac
     kv = pool.instances[0].kv
     fit = max(1, (kv.total_blocks - kv.watermark_blocks) // max(1, kv.blocks_for(int(p + o))))
     hi = max(1, min(pool.spec.max_running, fit))
+    spec = getattr(pool, "spec_dec", None)
+    if spec is None:                    # a decode step: one token per request
+        m, step_of = 1.0, (lambda b: cost.decode_time(b, ctx))
+    else:                               # a verify step + its k drafts: m tokens per request on average
+        m, step_of = spec.mean_tokens(), (lambda b: spec.step_time(b, ctx))
     lo = 1
-    while lo < hi:                      # the largest batch whose step stays within the TPOT bound
+    while lo < hi:                      # the largest batch whose time per token stays within the TPOT bound
         mid = (lo + hi + 1) // 2
-        if cost.decode_time(mid, ctx) <= tpot_s:
+        if step_of(mid) / m <= tpot_s:
             lo = mid
         else:
             hi = mid - 1
-    step = cost.decode_time(lo, ctx)
+    step = step_of(lo)
+    steps = max(1.0, o / m)             # steps a request decodes for (o with one token a step)
     if pool.role == "decode":
-        return lo / (o * step)
-    return 1.0 / (prefill_s(pool, p, cached_share) + o * step / lo)
+        return lo / (steps * step)
+    return 1.0 / (prefill_s(pool, p, cached_share) + steps * step / lo)
 
 
 def scaler_key(pool_name: str) -> str:

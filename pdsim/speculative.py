@@ -194,6 +194,40 @@ class Speculator:
             st[1], st[2] = chunk, np.argmin(ok, axis=1).tolist()      # index of the first rejection
         return st[2][i % CHUNK]
 
+    # --- planning estimates (the autoscaler's capacity per instance) --------------------------------
+    def mean_tokens(self) -> float:
+        """Expected tokens a verify step of k drafts emits, over the requests: sum_{j=0..k} E[a^j] with E over
+        the acceptance rate a.  A constant a gives (1 - a^(k+1)) / (1 - a); a per-request ``uniform`` or ``beta``
+        rate its moments (uniform on [l, h]: (h^(j+1) - l^(j+1)) / ((j + 1)(h - l)); beta(al, be):
+        prod_{r<j} (al + r) / (al + be + r)), i.e. the mean over requests of each one's own expectation, not
+        the formula at the mean rate."""
+        a, k = self.acceptance, self.k
+        if not hasattr(a, "dist"):
+            return mean_tokens_per_step(float(a), k)
+        if a.dist == "uniform":
+            lo, hi = float(a.low), float(a.high)
+            if hi - lo <= 0.0:
+                return mean_tokens_per_step(lo, k)
+            return float(sum((hi ** (j + 1) - lo ** (j + 1)) / ((j + 1) * (hi - lo)) for j in range(k + 1)))
+        al, be = beta_params(a.mean, a.std)
+        total, moment = 1.0, 1.0
+        for r in range(k):
+            moment *= (al + r) / (al + be + r)
+            total += moment
+        return float(total)
+
+    def step_time(self, batch: int, context: int) -> float:
+        """One verify step of ``batch`` requests, each at ``context`` cached tokens drafting k (every item a verify:
+        priced as :meth:`plan_step` prices it), plus its k draft steps.  An estimate for planning: a request's
+        last steps draft fewer (d = min(k, tokens left - 1)), which this leaves out."""
+        k, B, c = self.k, int(batch), float(context)
+        T = S = B * (1 + k)
+        attn = B * (1 + k) * (c + 0.5 * (1 + k))
+        kvr = B * (c + 1 + k)
+        t = self._verify_cost(T, attn, kvr, S, B, True).time_s
+        dt, _, _ = self._draft_cost([k] * B, [int(c)] * B)
+        return float(t + dt)
+
     # --- one step ------------------------------------------------------------------
     def plan_step(self, plan, kv):
         """(StepCost, drafts per plan item: -1 for a prefill item, else d >= 0).  Grows the

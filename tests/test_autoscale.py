@@ -539,3 +539,36 @@ def test_prefill_s_prices_a_cached_prompt_as_the_simulator_steps_it():
     assert second.prefill_end_s - second.prefill_start_s == pytest.approx(prefill_s(pool, 1000, 0.64), rel=1e-9)
     assert first.prefill_end_s - first.prefill_start_s == pytest.approx(prefill_s(pool, 1000, 0.0), rel=1e-9)
     assert prefill_s(pool, 1000, 0.64) < prefill_s(pool, 1000, 0.0)
+
+
+@pytest.mark.parametrize("acceptance, m", [
+    (0.5, 1.875),                                         # (1 - 0.5^4) / (1 - 0.5)
+    # per request uniform on [0.3, 0.7]: E[a] = 0.5, E[a^2] = (0.7^3 - 0.3^3) / (3 x 0.4) = 0.26333..,
+    # E[a^3] = (0.7^4 - 0.3^4) / (4 x 0.4) = 0.145: m = 1 + 0.5 + 0.263333.. + 0.145 = 1.9083333..
+    ({"dist": "uniform", "low": 0.3, "high": 0.7}, 1 + 0.5 + 0.316 / 1.2 + 0.232 / 1.6),
+])
+def test_slo_capacity_of_a_speculative_decode_pool_by_hand(acceptance, m):
+    """A decode pool with speculation (k 3, drafts at 0.1 of a target decode step) on a linear step cost of 5 ms +
+    0.1 ms per token (nothing per KV token).  A verify step of B requests computes 4B tokens: 5 + 0.4 B ms; its
+    3 drafts 3 x 0.1 x (5 + 0.1 B) ms: a step is 6.5 + 0.43 B ms and emits m tokens per request.  Within TPOT
+    10 ms: (6.5 + 0.43 B) / m <= 10, so at m = 1.875 B = 28 (B = 29 gives 10.12 ms) and a request of 100
+    output tokens takes 100 / m steps of 18.54 ms: capacity 28 / (100 / 1.875 x 0.01854) = 28.317 requests/s (at
+    m = 1.90833, B = 29: 9.94 ms per token, 30 would take 10.17).
+    (The plain estimate took a 5 + 0.1 B ms step of one token: B = 50, 50 / (100 x 0.01) = 50 requests/s.)"""
+    from pdsim.autoscaler import capacity_per_instance
+    lin = {"cost_model": {"kind": "linear", "base_s": 0.005, "per_token_s": 1e-4}, "kv_blocks": 100000,
+           "max_running": 64}
+    topo = {"kind": "disaggregated", "prefill": {"instances": 1, **lin},
+            "decode": {"instances": 1, **lin, "speculative": {"k": 3, "acceptance": acceptance,
+                                                             "draft_cost_fraction": 0.1}},
+            "autoscaler": {"policy": "slo", "interval_s": 2, "prefill": {"max": 2}, "decode": {"max": 2}}}
+    res = simulate(scenario({"t": topo}, rate=4, num_requests=4, prompt_tokens=100, output_tokens=10))[0]
+    pool = res.topology.decode
+    assert pool.spec_dec.mean_tokens() == pytest.approx(m, rel=1e-12)
+    B = max(b for b in range(1, 65) if (0.0065 + 0.00043 * b) / m <= 0.01)
+    assert B == (28 if acceptance == 0.5 else 29)
+    assert pool.spec_dec.step_time(B, 150) == pytest.approx(0.0065 + 0.00043 * B, rel=1e-12)
+    got = capacity_per_instance(pool, 100, 100, 0.01)
+    assert got == pytest.approx(B / (100 / m * (0.0065 + 0.00043 * B)), rel=1e-12)
+    if acceptance == 0.5:
+        assert got == pytest.approx(28 * 1.875 / (100 * 0.01854), rel=1e-12)        # 28.317 requests/s
