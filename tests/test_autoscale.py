@@ -572,3 +572,19 @@ def test_slo_capacity_of_a_speculative_decode_pool_by_hand(acceptance, m):
     assert got == pytest.approx(B / (100 / m * (0.0065 + 0.00043 * B)), rel=1e-12)
     if acceptance == 0.5:
         assert got == pytest.approx(28 * 1.875 / (100 * 0.01854), rel=1e-12)        # 28.317 requests/s
+
+
+def test_readme_hours_at_70_percent_of_the_diurnal_peak_match_the_shipped_curve():
+    """scenarios/autoscale-diurnal.yaml's hourly list, counted by hand: hours 8-20 are 0.70, 0.82, 0.90, 0.95,
+    0.97, 1.00, 1.00, 0.98, 0.95, 0.90, 0.85, 0.80, 0.75 (13 hours at or above 0.70, 12 strictly above) and
+    hour 21 is 0.68; README said 14 hours.  Its mean is 16.43 / 24 = 0.6846 (README: 0.68)."""
+    import re
+    import yaml
+    from conftest import REPO
+    hourly = yaml.safe_load((REPO / "scenarios" / "autoscale-diurnal.yaml").read_text())["workload"]["rate_curve"][
+        "hourly"]
+    assert [i for i, x in enumerate(hourly) if x >= 0.70] == list(range(8, 21))
+    assert sum(hourly) / 24 == pytest.approx(0.6846, abs=1e-4)
+    text = " ".join((REPO / "README.md").read_text().split())
+    claims = re.findall(r"(?:above|at or above) 70%(?: of its peak)? for (\d+)(?: of 24)? hours", text)
+    assert claims and all(int(n) == 13 for n in claims), claims
