@@ -108,6 +108,15 @@ class ChunkedPrefillSpec(_Strict):
     token_budget: PosInt = 512
 
 
+class AttentionDPBalanceSpec(_Strict):
+    """TensorRT-LLM's attention-DP balance (``attention_dp_config: {enable_balance: true, ...}``): new prompts wait
+    until every attention rank has one to start, or ``timeout_iters`` steps have passed without that (the count
+    runs on every step, prompts waiting or not, and restarts when it lets prompts through); once every rank
+    has one, up to ``batching_wait_iters`` more steps while every rank also decodes.  Defaults: TensorRT-LLM's."""
+    timeout_iters: Annotated[int, Field(ge=0, le=1_000_000)] = 50
+    batching_wait_iters: Annotated[int, Field(ge=0, le=1_000_000)] = 10
+
+
 class StepOverheadSpec(_Strict):
     """Per-step engine CPU/scheduling overhead: base + per_seq x batch + per_token x tokens (+ tp_extra if tp > 1),
     plus, for a step holding prompt tokens, prefill_per_layer x layers + prefill_per_moe_layer x MoE layers.
@@ -205,6 +214,9 @@ class PoolSpec(_Strict):
     micro_batches: Annotated[int, Field(ge=1, le=4096)] | None = None
     # DP attention (MoE, ep = tp): each GPU an attention rank with its own requests' KV, experts over all
     dp_attention: bool = False
+    # with DP attention: each request keeps one rank (the one with fewest requests when it arrives), each rank
+    # its own token budget, and new prompts held as TensorRT-LLM's balance holds them (pdsim/scheduler.py)
+    attention_dp_balance: AttentionDPBalanceSpec | None = None
     # expert popularity: Zipf exponent (0 = uniform routing); fewer distinct experts, a hotter EP rank
     expert_skew: float = Field(0.0, ge=0, le=4, allow_inf_nan=False)
     watermark: float = Field(0.01, ge=0, lt=1)
@@ -235,6 +247,16 @@ class PoolSpec(_Strict):
         if self.engine is not None:
             from .engines import apply_preset
             apply_preset(self)
+        return self
+
+    @model_validator(mode="after")
+    def _dp_balance(self):
+        if self.attention_dp_balance is not None:
+            if not self.dp_attention:
+                raise ValueError("attention_dp_balance needs dp_attention: true")
+            if self.scheduler_name == "fcfs":
+                raise ValueError("attention_dp_balance holds prompts beside decodes: use scheduler chunked or "
+                                 "inflight (TensorRT-LLM's), not fcfs")
         return self
 
     @model_validator(mode="after")

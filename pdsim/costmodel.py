@@ -273,6 +273,31 @@ def deal_ranks(parts, ranks: int):
     return [(*x, dp) for x, dp in zip(load, dec) if x[4]]
 
 
+def ranked_parts(items, ranks: int):
+    """:func:`deal_ranks`' per-rank shares when every request has its own rank (``req.rank``, a DP-balanced
+    pool: :class:`~pdsim.scheduler.BalancedDP`): each request's part on its rank.  None for a decode-only
+    step (priced, as everywhere, by the proportional share: the decodes' ranks are not followed there)."""
+    if all(n == 1 for _, n in items):
+        return None
+    load = [[0, 0.0, 0, 0, 0] for _ in range(ranks)]
+    dec = [[0, 0.0, 0, 0] for _ in range(ranks)]
+    for req, n in items:
+        t, a, k, s, is_decode = request_part(req, n)
+        x = load[req.rank]
+        x[0] += t
+        x[1] += a
+        x[2] += k
+        x[3] += s
+        x[4] += 1
+        if is_decode:
+            d = dec[req.rank]
+            d[0] += t
+            d[1] += a
+            d[2] += k
+            d[3] += 1
+    return [(*x, tuple(d)) for x, d in zip(load, dec) if x[4]]
+
+
 @dataclass
 class ConstantCost(CostModel):
     """Every step costs ``step_s`` whatever it holds (M/D/1 theory tests)."""

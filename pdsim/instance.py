@@ -22,9 +22,9 @@ from collections import deque
 
 import numpy as np
 
-from .costmodel import CostModel, StepCost, busiest_rank, decode_part, splits_mla_steps, window_sums
+from .costmodel import CostModel, StepCost, busiest_rank, decode_part, ranked_parts, splits_mla_steps, window_sums
 from .kvcache import KVCache
-from .scheduler import Limits
+from .scheduler import BalancedDP, Limits, assign_rank
 import simpy
 
 from .workload import FINISHED, UNFINISHED, Request
@@ -191,6 +191,8 @@ class Instance:
         self.attn_ranks = ranks if isinstance(ranks, int) and ranks > 1 else 1
         # an MLA model's mixed step prices its decodes and its chunks on their own kernels (a roofline cost)
         self.mla = splits_mla_steps(cost)
+        # TensorRT-LLM's attention-DP balance (scheduler.BalancedDP): requests keep a rank, steps are priced by it
+        self.balanced = isinstance(policy, BalancedDP)
         self.gpus = gpus
         self.sink = sink                   # topology callbacks: first_token, finished, prefill_done
         self.waiting: deque[Request] = deque()
@@ -230,6 +232,8 @@ class Instance:
             else:
                 self.cut()
         req.instance = self.name
+        if self.balanced:
+            req.rank = assign_rank(req, self.running, self.waiting, self.policy.ranks)
         self.waiting.append(req)
         self.outstanding_tokens += (req.known - req.computed) if self.role == "prefill" else req.remaining
         self.decode_work += req.output_tokens - req.generated
@@ -240,6 +244,8 @@ class Instance:
         if self._win is not None:
             self.cut()
         req.decode_instance = self.name
+        if self.balanced:
+            req.rank = assign_rank(req, self.running, self.waiting, self.policy.ranks)
         if self.kv.prefix_on:
             self.kv.commit(req)        # the transferred prompt blocks are shareable here from now on
         self.running.append(req)
@@ -288,7 +294,8 @@ class Instance:
             if self.spec is not None:       # speculative decoding: verify steps (pdsim/speculative.py)
                 c, drafts = self.spec.plan_step(plan, self.kv)
             elif self.window is None:
-                rank = busiest_rank(plan.items, self.attn_ranks) if self.attn_ranks > 1 else None
+                rank = None if self.attn_ranks == 1 else ranked_parts(plan.items, self.attn_ranks) if \
+                    self.balanced else busiest_rank(plan.items, self.attn_ranks)
                 if rank is not None:       # DP attention with a prompt chunk in the step: whole requests per rank
                     c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled,
                                        len(plan.items), rank=rank)

@@ -397,6 +397,10 @@ def summarize(results, df: pd.DataFrame, sc: Scenario) -> dict:
             pools[p.name] = {
                 "instances": p.peak_instances, "tp": p.spec.tp, "pp": p.spec.pp, "ep": p.spec.ep,
                 "dp_attention": p.spec.dp_attention,
+                # TensorRT-LLM's attention-DP balance: its settings and the steps in which it held new prompts
+                "attention_dp_balance": None if p.spec.attention_dp_balance is None else {
+                    **p.spec.attention_dp_balance.model_dump(),
+                    "steps_held": sum(getattr(i.policy, "held", 0) for i in p.instances)},
                 "micro_batches": (p.spec.micro_batches or p.spec.pp) if p.spec.pp > 1 else None, "gpus": p.gpus,
                 "pp_layers": p.pp_layers,
                 "gpu_hours": p.spec.gpus_per_instance * alive[p.name] / 3600,

@@ -17,6 +17,10 @@ Policies are plain functions chosen by name (``SCHEDULERS``):
   engine's micro-batch scheduler does.  A prompt larger than the whole budget
   runs alone in a step with nothing else in it.
 
+A DP-attention pool with ``attention_dp_balance`` is scheduled by :class:`BalancedDP` around
+``chunked`` or ``inflight``: each request keeps its rank, each rank its own token budget, and new
+prompts wait as TensorRT-LLM's attention-DP balance makes them wait.
+
 All preempt by recompute: when a running request cannot get a block to grow,
 the newest running request gives up its KV and goes back to the front of the
 queue, to be prefilled again from its prompt and generated tokens.
@@ -127,13 +131,27 @@ def final_kv_tokens(req: Request) -> int:
     return req.prompt_tokens + req.output_tokens - 1
 
 
+def _take_blocks(req: Request, hit: int, n: int, kv: KVCache, limits: Limits, plan: StepPlan) -> bool:
+    """Blocks for a waiting request admitted to compute n tokens after a cached prefix of ``hit`` (with
+    ``limits.reserve_full``: for its whole sequence, :func:`final_kv_tokens`); False if the pool is short."""
+    want = req.computed + hit + n
+    if limits.reserve_full and final_kv_tokens(req) > want:
+        want = final_kv_tokens(req)
+    if kv.prefix_on:
+        if not kv.attach(req, hit, want):
+            return False
+        plan.cached_tokens += hit
+    elif not kv.grow(req, want, admit=True):
+        return False
+    return True
+
+
 def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: StepPlan,
            budget: int, chunk: bool) -> int:
     """Admit waiting requests FCFS while the token budget, batch size and KV pool allow.
 
     With ``limits.reserve_full`` a request is admitted only with blocks for its whole sequence
     (:func:`final_kv_tokens`), taken at once, so running requests never grow short of blocks."""
-    full = limits.reserve_full
     while waiting and len(running) < limits.max_running and budget > 0:
         req = waiting[0]
         hit = kv.peek(req) if kv.prefix_on else 0    # tokens of a cached prefix it need not compute
@@ -145,14 +163,7 @@ def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: Ste
                 break
         if chunk and limits.max_chunk is not None and n > limits.max_chunk:
             n = limits.max_chunk
-        want = req.computed + hit + n
-        if full and final_kv_tokens(req) > want:
-            want = final_kv_tokens(req)
-        if kv.prefix_on:
-            if not kv.attach(req, hit, want):
-                break
-            plan.cached_tokens += hit
-        elif not kv.grow(req, want, admit=True):
+        if not _take_blocks(req, hit, n, kv, limits, plan):
             break
         waiting.popleft()
         running.append(req)
@@ -243,3 +254,126 @@ def inflight(running: list, waiting: deque, kv: KVCache, limits: Limits) -> Step
 
 
 SCHEDULERS = {"fcfs": fcfs, "chunked": chunked, "inflight": inflight}
+
+
+def assign_rank(req: Request, running: list, waiting, ranks: int) -> int:
+    """The attention rank a request arriving at a DP-balanced instance joins, as TensorRT-LLM's request
+    fetcher places it: among the ranks with fewer requests (running and queued) than the even share
+    max(ceil((all + 1) / ranks), the most any rank has), the one holding the fewest tokens (prompt and output
+    so far), then the fewest requests, then the lowest rank."""
+    count = [0] * ranks
+    toks = [0] * ranks
+    for r in running:
+        count[r.rank] += 1
+        toks[r.rank] += r.prompt_tokens + r.generated
+    for r in waiting:
+        if r.rank >= 0:
+            count[r.rank] += 1
+            toks[r.rank] += r.prompt_tokens + r.generated
+    share = max(-(-(sum(count) + 1) // ranks), max(count))
+    return min((j for j in range(ranks) if count[j] < share), key=lambda j: (toks[j], count[j], j))
+
+
+class BalancedDP:
+    """A DP-attention instance's scheduler with TensorRT-LLM's attention-DP balance (one per instance: it counts
+    steps).  Requests keep the rank :func:`assign_rank` gave them; a step carries every running request's next
+    tokens (as ``chunked`` / ``inflight``), then, unless the balance holds new prompts, admits waiting ones
+    first-come first-served per rank within that rank's token budget (``limits.max_chunk`` = budget / ranks;
+    ``chunk``: a prompt larger than what its rank has left takes what is left, else it waits for the next
+    step, or runs alone on an otherwise empty rank).  The balance (TensorRT-LLM's ``_balance_adp_requests``):
+    when every rank has a prompt to start and a free batch slot, prompts go (after up to
+    ``batching_wait_iters`` steps while every rank also decodes); otherwise they are held and the step count
+    grows, until it reaches ``timeout_iters`` or some rank has no decode, when they go and the count restarts.
+    SIMPLIFICATION: a rank "has a prompt" when one of its requests waits (or, chunked, is part-way through its
+    prompt); the engine asks its own scheduler, which can also leave one out for lack of KV or budget; a
+    prompt already part-way is never held."""
+
+    def __init__(self, ranks: int, chunk: bool, timeout_iters: int, batching_wait_iters: int):
+        self.ranks, self.chunk = ranks, chunk
+        self.timeout, self.batching = timeout_iters, batching_wait_iters
+        self.waited = 0          # steps held while some rank had no prompt (TensorRT-LLM's ctx waiting count)
+        self.batched = 0         # steps held once every rank had one (its batching wait count)
+        self.held = 0            # steps in which prompts were held (reported)
+
+    def _release(self, running: list, waiting, limits: Limits) -> bool:
+        R = self.ranks
+        ctx = [False] * R
+        gen = [0] * R
+        for r in waiting:
+            ctx[r.rank] = True
+        for r in running:
+            if r.computed < r.prompt_tokens + r.generated - 1:
+                ctx[r.rank] = True   # part-way through its prompt
+            else:
+                gen[r.rank] += 1
+        all_gen = min(gen) > 0
+        if all(ctx) and max(gen) < limits.max_running:
+            self.waited = 0
+            if all_gen and self.batched < self.batching:
+                self.batched += 1
+                return False
+            self.batched = 0
+            return True
+        self.waited += 1
+        if self.waited >= self.timeout or not all_gen:
+            self.waited = 0
+            return True
+        return False
+
+    def __call__(self, running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
+        plan = StepPlan()
+        budget = _decode_running(running, waiting, kv, plan, limits.max_batched_tokens,
+                                 limits.max_chunk if self.chunk else None)
+        if plan.preempted or not waiting:
+            if not plan.preempted:
+                self._release(running, waiting, limits)     # the count runs on every step
+            return plan
+        if not self._release(running, waiting, limits):
+            self.held += 1
+            return plan
+        per = limits.max_chunk if limits.max_chunk is not None else limits.max_batched_tokens
+        left = [per] * self.ranks
+        busy = [False] * self.ranks
+        for req, n in plan.items:
+            left[req.rank] -= n
+            busy[req.rank] = True
+        _admit_ranked(waiting, running, kv, limits, plan, left, busy, self.chunk)
+        return plan
+
+
+def _admit_ranked(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: StepPlan,
+                  left: list, busy: list, chunk: bool) -> None:
+    """:func:`_admit` rank by rank: the waiting requests in order, each within its own rank's tokens ``left``
+    (a rank stops at its first request that does not fit, as the engine's per-rank scheduler does; a
+    prompt larger than a whole empty rank's budget runs alone there); every rank stops when the KV pool or
+    the batch is full."""
+    stopped = [False] * len(left)
+    taken = []
+    for req in waiting:
+        if len(running) >= limits.max_running:
+            break
+        j = req.rank
+        if stopped[j]:
+            continue
+        hit = kv.peek(req) if kv.prefix_on else 0
+        n = req.known - req.computed - hit
+        if n > left[j]:
+            if chunk and left[j] > 0:
+                n = left[j]
+            elif busy[j] or chunk:
+                stopped[j] = True
+                continue
+        if not _take_blocks(req, hit, n, kv, limits, plan):
+            break
+        taken.append(req)
+        running.append(req)
+        plan.add(req, n)
+        left[j] -= n
+        busy[j] = True
+        if left[j] <= 0:
+            stopped[j] = True
+    if taken:
+        gone = set(map(id, taken))
+        kept = [r for r in waiting if id(r) not in gone]
+        waiting.clear()
+        waiting.extend(kept)

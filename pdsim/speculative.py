@@ -417,6 +417,11 @@ def build(spec, pool_spec, target_cost, model, weight_dtype: str, kv_dtype: str,
                               "would run its own draft): use method mtp or draft_cost_fraction",
                               key=f"{key}.speculative.draft_model", value=shape.name)
         else:
+            if shape.name == model.name:
+                import warnings
+                warnings.warn(f"{key}.speculative.draft_model is the target model itself ({shape.name}): every "
+                              f"draft step costs a whole target decode step, so speculation cannot pay off; "
+                              f"name a smaller draft model", UserWarning, stacklevel=2)
             draft = RooflineCost(shape, device, pool_spec.tp, weight_dtype, kv_dtype)
         if power is not None and power.clock_fraction < 1.0:
             from .energy import CappedCost

@@ -295,10 +295,22 @@ class Pool:
         else:
             make_kv = self._prefix_kv(spec, blocks, key) if spec.prefix_on else \
                 (lambda: KVCache(blocks, spec.block_size, spec.watermark))
+        bal = spec.attention_dp_balance
+        if bal is not None:
+            if spec.speculative is not None:
+                raise ConfigError("attention_dp_balance with speculative decoding is not modelled",
+                                  key=f"{key}.attention_dp_balance", value=bal.model_dump())
+            if spec.tp < 2:
+                raise ConfigError("attention_dp_balance needs two or more attention ranks (tp >= 2)",
+                                  key=f"{key}.attention_dp_balance", value=bal.model_dump())
+            from .scheduler import BalancedDP
+            # one per instance (it counts steps); no multi-step windows: the count runs on every step
+            policies = [BalancedDP(spec.tp, spec.scheduler_name == "chunked", bal.timeout_iters,
+                                   bal.batching_wait_iters) for _ in range(max(count, max_count or 0))]
         self.instances = [
             Instance(env, f"{name}-{i}", name, role, self.cost,
-                     make_kv(), policy, limits, spec.gpus_per_instance, sink, ctx.bin_s,
-                     fast=ctx.fast)
+                     make_kv(), policy if bal is None else policies[i], limits, spec.gpus_per_instance, sink,
+                     ctx.bin_s, fast=ctx.fast and bal is None)
             for i in range(max(count, max_count or 0))]
         for inst in self.instances:
             inst.reserved_count = 0        # decode side: reservations for KV still on the wire

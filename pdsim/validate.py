@@ -489,6 +489,22 @@ def parse_profiles(pairs: list[str] | None = None, pattern: str | None = None,
 
 
 # --- simulate a row ------------------------------------------------------------------------------
+#: what InferenceMAX's TensorRT-LLM launch scripts set for a DP-attention server (benchmarks/*trt*.sh:
+#: ``attention_dp_config: {enable_balance: true, timeout_iters: 60, batching_wait_iters: 0}``, chunked prefill
+#: left at its default, off, and ``max_num_tokens`` = max(8192, conc + ISL + 64 rounded up to 64), per rank)
+INFERENCEMAX_TRTLLM_DP = {"timeout_iters": 60, "batching_wait_iters": 0}
+
+
+def harness_engine_config(r: dict) -> dict:
+    """Pool keys a row's harness is known to have set beyond the engine's defaults (empty when none is
+    known): an InferenceMAX TensorRT-LLM DP-attention row gets :data:`INFERENCEMAX_TRTLLM_DP`."""
+    if not (r.get("dp_attention") and r.get("engine") == "trtllm" and r.get("harness") == "inferencemax"):
+        return {}
+    per_rank = max(8192, -(-(r["concurrency"] + r["isl"] + 64) // 64) * 64)
+    return {"attention_dp_balance": dict(INFERENCEMAX_TRTLLM_DP), "scheduler": "inflight",
+            "max_batched_tokens": per_rank * r["tp"]}
+
+
 def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int = 10, min_requests: int = 16,
                  client: dict | None = None, step_overhead: dict | None = None, profiles: dict | None = None,
                  cost_model: dict | None = None, frontend_ms: float | None = None, shared_prefix: int = 0):
@@ -518,6 +534,7 @@ def row_scenario(r: dict, engine_presets: bool = True, requests_per_client: int 
         pool["dp_attention"] = True
     if engine_presets:
         pool["engine"] = r["engine"]
+        pool.update(harness_engine_config(r))
         if step_overhead and r["engine"] in step_overhead:     # fitted overhead (calibration) over the preset's
             pool["step_overhead"] = step_overhead[r["engine"]]
         if frontend_ms is not None:

@@ -42,6 +42,7 @@ class Request:
     fault_hits: int = 0                     # times a failure took its KV cache or its place in a queue
     instance: str = ""                      # where it prefilled / ran
     decode_instance: str = ""
+    rank: int = -1                          # its attention rank under a DP-balanced pool (-1: none)
     decode_first_s: float = float("nan")    # first token streamed by a decode instance (disaggregated)
     token_s: list | None = None             # time of every output token (client.itl), None: not recorded
     # --- prefix (kvcache.PrefixKVCache) -------------------------------------

@@ -487,3 +487,21 @@ def test_an_mla_verify_step_with_a_prompt_chunk_prices_the_two_kernels_by_hand()
     assert c.time_s == pytest.approx(two.time_s + spec.draft_time_s, rel=1e-9)
     assert spec.draft_time_s < 1e-6 * two.time_s + 1e-9
     assert abs(cost.step(T, A, K, S, B).time_s - two.time_s) > 1e-4
+
+
+def test_a_draft_model_equal_to_its_target_warns_by_name():
+    """A draft model that is the target itself costs a whole target step per draft: a warning names the key
+    and the model (a smaller draft gives none)."""
+    import warnings
+    from pdsim import config
+    from pdsim.simulation import simulate
+    raw = {"model": "llama-3.1-8b", "workload": {"rate": 1, "num_requests": 2, "prompt_tokens": 50,
+                                                  "output_tokens": 5},
+           "topologies": {"t": {"kind": "colocated", "speculative": {"method": "draft",
+                                                                     "draft_model": "llama-3.1-8b"}}}}
+    with pytest.warns(UserWarning, match=r"topologies\.t.*draft_model is the target model itself \(llama-3\.1-8b\)"):
+        simulate(config.parse(raw, "s.yaml"))
+    raw["topologies"]["t"]["speculative"]["draft_model"] = "llama-3.2-1b"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        simulate(config.parse(raw, "s.yaml"))

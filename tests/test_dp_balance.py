@@ -1,0 +1,257 @@
+"""TensorRT-LLM's attention-DP balance (a DP-attention pool's ``attention_dp_balance``, scheduler.BalancedDP):
+requests keep the rank they joined, each rank schedules its own token budget, and new prompts wait until every
+rank has one or ``timeout_iters`` steps have passed (the count runs on every step and restarts when prompts
+go), plus ``batching_wait_iters`` steps once every rank has one while all decode.
+
+Oracles: exact timelines worked by hand with a constant cost model (every step 1 s, so a step's end is
+the number of steps so far), TensorRT-LLM's rules as its ``_balance_adp_requests`` states them; the rank
+placement rule by hand; per-rank step parts by hand; conservation (every request finishes, every block
+comes back) on random streams.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from pdsim import config, metrics
+from pdsim.costmodel import ranked_parts
+from pdsim.errors import ConfigError
+from pdsim.scheduler import assign_rank
+from pdsim.simulation import simulate
+from pdsim.validate import harness_engine_config
+
+
+def _run(tmp_path, rows, balance, budget=200, scheduler="inflight", tp=2):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
+    pool = {"kind": "colocated", "tp": tp, "ep": tp, "dp_attention": True, "kv_blocks": 1000,
+            "cost_model": {"kind": "constant", "step_s": 1.0}, "scheduler": scheduler, "max_batched_tokens": budget}
+    if balance is not None:
+        pool["attention_dp_balance"] = balance
+    sc = config.parse({"model": "qwen3-30b-a3b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "topologies": {"t": pool}}, "t.yaml")
+    (res,) = simulate(sc)
+    return sorted(res.requests, key=lambda r: r.id), res
+
+
+def test_a_prompt_on_one_rank_waits_for_the_step_count_by_hand(tmp_path):
+    """Two requests at t=0 go to ranks 0 and 1 (no rank has a decode: no hold) and prefill in step 1; the
+    count then runs 1 (t=1), 2 (t=2), 3 = timeout (t=3: restart).  A prompt arriving at 3.5 joins rank 0
+    (ranks tie on tokens and requests); at t=4 and t=5 only rank 0 has a prompt (count 1, 2): held; at t=6
+    the count reaches 3 and it goes: first token at 7, TTFT 3.5 s (without the balance: admitted at 4,
+    TTFT 1.5 s).  Its 3 tokens: 7, 8, 9."""
+    rows = ["0,10,20", "0,10,20", "3.5,10,3"]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 3, "batching_wait_iters": 0})
+    assert [r.rank for r in reqs] == [0, 1, 0]
+    assert [r.first_token_s for r in reqs] == [1.0, 1.0, 7.0]
+    assert reqs[2].finish_s == 9.0 and reqs[0].finish_s == 20.0
+    plain, _ = _run(tmp_path, rows, None)
+    assert plain[2].first_token_s == 5.0
+
+
+def test_once_every_rank_has_a_prompt_they_wait_the_batching_steps_by_hand(tmp_path):
+    """Two prompts at 3.5 join ranks 0 and 1; every rank has one and every rank decodes, so with
+    batching_wait_iters 2 they wait the steps at t=4 and t=5 and go at t=6 (first token 7); with 0 they go
+    at t=4 (first token 5): the timeout plays no part once every rank has a prompt."""
+    rows = ["0,10,20", "0,10,20", "3.5,10,3", "3.5,10,3"]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 3, "batching_wait_iters": 2})
+    assert [r.rank for r in reqs] == [0, 1, 0, 1]
+    assert [r.first_token_s for r in reqs[2:]] == [7.0, 7.0]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 100, "batching_wait_iters": 0})
+    assert [r.first_token_s for r in reqs[2:]] == [5.0, 5.0]
+
+
+def test_prompts_on_every_rank_restart_the_step_count_by_hand(tmp_path):
+    """Timeout 3: the count is 1 at t=1; two prompts arriving at 1.5 (ranks 0, 1) go at t=2 and restart it
+    (0), so it runs 1, 2, 3 at t=3, 4, 5: a prompt arriving at 3.5 on rank 0 goes at t=5 (first token 6).
+    Had the count not restarted it would have reached 3 at t=4."""
+    rows = ["0,10,30", "0,10,30", "1.5,10,20", "1.5,10,20", "3.5,10,3"]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 3, "batching_wait_iters": 0})
+    assert [r.rank for r in reqs] == [0, 1, 0, 1, 0]
+    assert [r.first_token_s for r in reqs] == [1.0, 1.0, 3.0, 3.0, 6.0]
+
+
+def test_a_prompt_part_way_counts_as_its_ranks_prompt_by_hand(tmp_path):
+    """Chunked, 100 tokens per rank, timeout 100.  C (250 tokens, rank 0) and D (10, rank 1) arrive at 1.5:
+    every rank has a prompt, they go at t=2 (C computes 99 beside A's decode).  E (rank 1: fewer tokens)
+    arrives at 2.5; at t=3 rank 0 is still part-way through C, so every rank has a prompt and E goes at
+    once (first token 4), while C takes 99 then 52 (first token 5).  Were C counted as a decode, E would
+    wait for the count to reach 100."""
+    rows = ["0,10,30", "0,10,30", "1.5,250,3", "1.5,10,20", "2.5,10,3"]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 100, "batching_wait_iters": 0}, scheduler="chunked")
+    assert [r.rank for r in reqs] == [0, 1, 0, 1, 1]
+    assert [r.first_token_s for r in reqs] == [1.0, 1.0, 5.0, 3.0, 4.0]
+
+
+def test_a_rank_with_no_decode_lets_prompts_go_at_once(tmp_path):
+    """A lone request: no rank decodes, so nothing is held however long the timeout (TensorRT-LLM lets
+    prompts through when some rank has no generation request)."""
+    reqs, _ = _run(tmp_path, ["0,10,4"], {"timeout_iters": 1000, "batching_wait_iters": 1000})
+    assert reqs[0].first_token_s == 1.0 and reqs[0].finish_s == 4.0
+
+
+def test_each_rank_schedules_its_own_budget_by_hand(tmp_path):
+    """Budget 200 over 2 ranks: 100 tokens per rank.  80 -> rank 0, 10 -> rank 1, then 95 -> rank 1 (the rank
+    with fewer tokens): 10 + 95 > 100, so it waits a step though the instance's 200 would hold all three
+    (timeout 0: nothing held by the balance).  Without the balance all three prefill in step 1."""
+    rows = ["0,80,5", "0,10,5", "0,95,5"]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 0, "batching_wait_iters": 0})
+    assert [r.rank for r in reqs] == [0, 1, 1]
+    assert [r.first_token_s for r in reqs] == [1.0, 1.0, 2.0]
+    plain, _ = _run(tmp_path, rows, None)
+    assert [r.first_token_s for r in plain] == [1.0, 1.0, 1.0]
+
+
+def test_a_prompt_larger_than_its_ranks_budget_runs_alone_there(tmp_path):
+    """A 150-token prompt on a 100-token rank: whole (inflight), alone on its rank; with chunked prefill it
+    takes 100 then 50 tokens (first token at the end of step 2)."""
+    reqs, _ = _run(tmp_path, ["0,150,3"], {"timeout_iters": 0, "batching_wait_iters": 0})
+    assert reqs[0].first_token_s == 1.0
+    reqs, _ = _run(tmp_path, ["0,150,3"], {"timeout_iters": 0, "batching_wait_iters": 0}, scheduler="chunked")
+    assert reqs[0].first_token_s == 2.0 and reqs[0].finish_s == 4.0
+
+
+def test_assign_rank_by_hand():
+    """Among ranks with fewer requests than the even share max(ceil((n + 1) / R), most held), the fewest
+    tokens (prompt + generated), then fewest requests, then the lowest rank; queued requests count."""
+    r = lambda rank, p, g=0: NS(rank=rank, prompt_tokens=p, generated=g)    # noqa: E731
+    new = NS(rank=-1)
+    # share = max(ceil(4 / 2), 2) = 2: only rank 1 (one request) is below it, though it holds more tokens
+    assert assign_rank(new, [r(0, 10), r(0, 10), r(1, 500)], [], 2) == 1
+    # share 2: ranks 1 and 2 (one each) qualify; rank 2 holds fewer tokens (100 + 50 < 120 + 40)
+    assert assign_rank(new, [r(0, 1), r(0, 1), r(1, 120, 40)], [r(2, 100, 50)], 3) == 2
+    # all equal: the lowest rank
+    assert assign_rank(new, [r(0, 7), r(1, 7)], [], 2) == 0
+    # a waiting request with no rank yet (-1) is not counted
+    assert assign_rank(new, [r(0, 7)], [NS(rank=-1, prompt_tokens=5, generated=0)], 2) == 1
+
+
+def test_ranked_parts_keep_each_request_on_its_rank_by_hand():
+    """Rank 0: two decodes at context 100 and 300; rank 1: a 50-token chunk after 20 cached tokens.  Each
+    rank's (tokens, attention work, KV read, sampled, requests, decodes part), by hand; a decode-only step
+    is None (the proportional share prices it)."""
+    d1 = NS(rank=0, computed=100, prompt_tokens=80, generated=21)
+    d2 = NS(rank=0, computed=300, prompt_tokens=290, generated=11)
+    ch = NS(rank=1, computed=20, prompt_tokens=200, generated=0)
+    parts = ranked_parts([(d1, 1), (ch, 50), (d2, 1)], 3)
+    assert parts == [(2, 100.5 + 300.5, 101 + 301, 2, 2, (2, 401.0, 402, 2)),
+                     (50, 50 * (20 + 25), 70, 0, 1, (0, 0.0, 0, 0))]
+    assert ranked_parts([(d1, 1), (d2, 1)], 2) is None
+
+
+def test_a_balanced_step_is_priced_on_the_ranks_requests_hold():
+    """On a roofline cost, a chunk on the rank that already holds decodes costs more than the same chunk
+    on an idle rank (the least-loaded placement an unbalanced pool would choose)."""
+    from pdsim.costmodel import RooflineCost
+    from pdsim.devices import get_device
+    from pdsim.models import get_model
+    cost = RooflineCost(get_model("deepseek-v3"), get_device("h200"), 8, "fp8", "fp8", 8, 0.0, 1, True)
+    decs = [NS(rank=0, computed=4000, prompt_tokens=3990, generated=11) for _ in range(6)]
+    for j in (0, 1):
+        ch = NS(rank=j, computed=0, prompt_tokens=2000, generated=0)
+        items = [(d, 1) for d in decs] + [(ch, 2000)]
+        t = sum(n for _, n in items)
+        attn = sum(n * (r.computed + 0.5 * n) for r, n in items)
+        kvr = sum(r.computed + n for r, n in items)
+        cost_j = cost.step(t, attn, kvr, 6, 7, rank=ranked_parts(items, 8)).time_s
+        if j == 0:
+            same = cost_j
+        else:
+            apart = cost_j
+    assert same > apart
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=12)
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 30), rate=st.floats(0.5, 50),
+       timeout=st.integers(0, 8), batching=st.integers(0, 4), chunked=st.booleans())
+def test_nothing_lost_under_the_balance(seed, n, rate, timeout, batching, chunked):
+    """Random streams through a balanced DeepSeek instance with a small KV pool (preemption happens): every
+    request finishes exactly once with all its tokens, each on one rank, and every KV block comes back."""
+    pool = {"kind": "colocated", "device": "h200", "tp": 4, "ep": 4, "dp_attention": True, "kv_blocks": 120,
+            "max_running": 10, "attention_dp_balance": {"timeout_iters": timeout, "batching_wait_iters": batching}}
+    pool.update({"chunked_prefill": {"token_budget": 256}} if chunked else {"scheduler": "inflight",
+                                                                           "max_batched_tokens": 1024})
+    sc = config.parse({"seed": seed, "model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                       "workload": {"rate": rate, "num_requests": n,
+                                    "prompt_tokens": {"dist": "uniform", "low": 1, "high": 600},
+                                    "output_tokens": {"dist": "uniform", "low": 1, "high": 80}},
+                       "topologies": {"t": pool}})
+    (res,) = simulate(sc)
+    df = metrics.requests_frame([res])
+    assert len(df) == n == (df.status == "finished").sum()
+    assert all(r.generated == r.output_tokens and 0 <= r.rank < 4 for r in res.requests)
+    inst = res.topology.instances[0]
+    assert inst.kv.free_blocks == inst.kv.total_blocks
+
+
+@pytest.mark.parametrize("pool,words", [
+    ({"tp": 2, "ep": 2, "attention_dp_balance": {}}, "needs dp_attention: true"),
+    ({"tp": 2, "ep": 2, "dp_attention": True, "scheduler": "fcfs", "attention_dp_balance": {}}, "not fcfs"),
+    ({"tp": 2, "ep": 2, "dp_attention": True, "scheduler": "inflight",
+      "attention_dp_balance": {"timeout_iters": -1}}, "timeout_iters"),
+    ({"tp": 2, "ep": 2, "dp_attention": True, "scheduler": "inflight", "attention_dp_balance": {"timout_iters": 5}},
+     "timout_iters"),
+])
+def test_bad_balance_settings_are_one_clear_error(pool, words):
+    with pytest.raises(ConfigError, match=words):
+        config.parse({"model": "qwen3-30b-a3b", "workload": {"rate": 1, "num_requests": 2},
+                      "topologies": {"t": {"kind": "colocated", **pool}}}, "b.yaml")
+
+
+def test_balance_with_speculative_decoding_is_refused(tmp_path):
+    sc = config.parse({"model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                       "workload": {"rate": 1, "num_requests": 2},
+                       "topologies": {"t": {"kind": "colocated", "device": "h200", "tp": 8, "ep": 8,
+                                            "dp_attention": True, "scheduler": "inflight",
+                                            "attention_dp_balance": {},
+                                            "speculative": {"method": "mtp", "k": 1, "acceptance": 0.8}}}},
+                      "s.yaml")
+    with pytest.raises(ConfigError, match="speculative decoding is not modelled"):
+        simulate(sc)
+
+
+def test_the_harness_config_of_inferencemax_trtllm_dp_rows():
+    """InferenceMAX's TensorRT-LLM DP launch: balance at timeout 60 / batching 0, chunked prefill off, and
+    max_num_tokens per rank = max(8192, conc + ISL + 64 rounded up to 64); no other row gets anything."""
+    row = {"dp_attention": True, "engine": "trtllm", "harness": "inferencemax", "concurrency": 256, "isl": 8192,
+           "tp": 8}
+    cfg = harness_engine_config(row)
+    assert cfg == {"attention_dp_balance": {"timeout_iters": 60, "batching_wait_iters": 0},
+                   "scheduler": "inflight", "max_batched_tokens": 8 * 8512}    # 256 + 8192 + 64 = 8512 = 133 x 64
+    assert harness_engine_config({**row, "concurrency": 257})["max_batched_tokens"] == 8 * 8576  # 8513 -> 8576
+    assert harness_engine_config({**row, "isl": 1024})["max_batched_tokens"] == 8 * 8192
+    assert harness_engine_config({**row, "engine": "sglang"}) == {}
+    assert harness_engine_config({**row, "harness": "unknown"}) == {}
+    assert harness_engine_config({**row, "dp_attention": False}) == {}
+
+
+def test_a_balanced_instance_prices_a_step_by_its_requests_ranks(tmp_path, monkeypatch):
+    """A, B, C at t=0 join ranks 0, 1, 0; B (one output token) leaves after the first step, so A and C
+    decode on rank 0 when D arrives at 0.5 s and joins rank 1.  D's prefill step is priced with rank 0
+    holding the two decodes and rank 1 D's whole prompt alone (the unbalanced pool's placement would have
+    spread the decodes one per rank and put D beside one)."""
+    from pdsim.costmodel import RooflineCost
+    calls = []
+    orig = RooflineCost.step
+
+    def spy(self, *a, **kw):
+        calls.append(kw.get("rank"))
+        return orig(self, *a, **kw)
+    monkeypatch.setattr(RooflineCost, "step", spy)
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,16,50\n0,16,1\n0,16,50\n0.5,900,2\n")
+    sc = config.parse({"model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                       "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "topologies": {"t": {"kind": "colocated", "device": "h200", "tp": 2, "ep": 2,
+                                            "dp_attention": True, "kv_blocks": 1000, "scheduler": "inflight",
+                                            "attention_dp_balance": {"timeout_iters": 0,
+                                                                     "batching_wait_iters": 0}}}}, "p.yaml")
+    (res,) = simulate(sc)
+    assert [r.rank for r in sorted(res.requests, key=lambda r: r.id)] == [0, 1, 0, 1]
+    with_d = [c for c in calls if c is not None and any(p[0] == 900 for p in c)]
+    assert len(with_d) == 1
+    (r0, r1) = with_d[0]
+    assert (r0[0], r0[4], r0[5][3]) == (2, 2, 2)          # rank 0: two decodes, nothing else
+    assert (r1[0], r1[4], r1[5][3]) == (900, 1, 0)        # rank 1: D's prompt alone
