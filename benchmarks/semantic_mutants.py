@@ -293,7 +293,7 @@ MUTANTS: list[Mutant] = [
            (EN + "test_busy_energy_uses_the_busier_unit_and_fast_path_agrees",),
            "fast-path windows' utilisation not capped at 1"),
     Mutant("window-last-step-energy-left-out", "pdsim/instance.py",
-           "self.active_s += min(dur, max(float(w.flops[j]) * self.power[0], float(w.bytes[j]) * self.power[1]))",
+           "self.active_s += min(dur, max(fj * self.power[0], bj * self.power[1]))",
            "self.active_s += 0.0",
            (EN + "test_busy_energy_uses_the_busier_unit_and_fast_path_agrees",),
            "a fast-path window's last step left out of the active energy"),

@@ -225,3 +225,24 @@ def test_release_drops_the_requests_only_where_nothing_reads_them_after(tmp_path
     assert all(len(r.requests) == 120 for r in kept)
     assert all(len(r.requests) == (0 if itl == "off" else 120) for r in freed)
     assert metrics.releasable(kept) == (itl == "off")
+
+
+def test_window_sums_in_python_are_numpys():
+    """instance._sum (Python for fewer than 8 values) is float(a.sum()) bit for bit, and instance._growth
+    is the numpy expression the window used, over many sizes, magnitudes and slices (issue 19)."""
+    from pdsim.instance import _growth, _sum
+    rng = np.random.default_rng(19)
+    for _ in range(3000):
+        n = int(rng.integers(0, 40))
+        a = rng.random(n + 5) * 10.0 ** rng.integers(-9, 9, n + 5)
+        lo = int(rng.integers(0, 5))
+        v = a[lo:lo + n]
+        assert _sum(v) == float(v.sum()) and type(_sum(v)) is float
+    assert _sum(np.array([-0.0])) == float(np.array([-0.0]).sum()) and str(_sum(np.array([-0.0]))) == "0.0"
+    for _ in range(2000):
+        B, bs = int(rng.integers(1, 30)), int(rng.choice([1, 16, 32]))
+        c0 = rng.integers(0, 5000, B)
+        blk1 = -(-(c0 + 1) // bs) + rng.integers(0, 3, B)
+        j = int(rng.integers(1, 300))
+        want = int(np.maximum(0, -(-(c0 + j) // bs) - blk1).sum())
+        assert _growth(c0.tolist(), blk1.tolist(), j, bs) == want
