@@ -529,11 +529,14 @@ def itl_summary(res, d, client) -> dict | None:
     g = itl_gaps(rs, k0, keep)
     if len(g) == 0:
         return None
-    q = np.percentile(g, [50, 90, 99])
+    # percentiles are order statistics (and their lerp): the same from sorted gaps, where numpy's selection
+    # of 204 ranks is ~5x faster than on the gaps as they come; the mean is summed in the original order
+    s = np.sort(g)
+    q = np.percentile(s, [50, 90, 99])
     return {"mean": float(g.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
             "gaps": int(len(g)),
             # the whole distribution for the report's ITL CDF: the gap at every half percent, 0..100
-            "quantiles": [float(v) for v in np.percentile(g, ITL_QUANTILE_LEVELS)]}
+            "quantiles": [float(v) for v in np.percentile(s, ITL_QUANTILE_LEVELS)]}
 
 
 def kv_capacity(pool, d) -> dict:
