@@ -155,7 +155,7 @@ class Series:
 class _Window:
     """k pure-decode steps of one batch, planned at once (see the module docstring)."""
     __slots__ = ("plan", "reqs", "c0", "blk1", "k", "t0", "ends", "times", "flops", "bytes", "used",
-                 "extra", "applied", "event", "gen", "grown", "blk1_sum", "need")
+                 "extra", "applied", "event", "gen", "grown", "need")
 
 
 def _growth(c0: list, blk1: list, j: int, bs: int) -> int:
@@ -524,7 +524,6 @@ class Instance:
         w.applied = 0
         w.gen = 0
         w.grown = 1                      # step 1's blocks were grown by the policy
-        w.blk1_sum = sum(blk1)
         w.need = need_k                  # blocks the window grows by its last step
         self.windows += 1
         return w
@@ -602,11 +601,12 @@ class Instance:
         # the step in flight (j + 1) has grown its blocks
         w.grown = j + 1
         g = j + 1
-        target = [b if b >= (t := -(-(c + g) // bs)) else t for c, b in zip(w.c0, w.blk1)]
-        extra = sum(target) - w.blk1_sum
+        # each request's growth only increases with the step, so an unchanged total means unchanged blocks
+        extra = _growth(w.c0, w.blk1, g, bs)
         if extra != w.extra:
-            for r, b in zip(w.reqs, target):
-                r.blocks = b
+            for r, c, b in zip(w.reqs, w.c0, w.blk1):
+                t = -(-(c + g) // bs)
+                r.blocks = b if b >= t else t
             self.kv.free_blocks -= extra - w.extra
             w.extra = extra
             if self.kv.prefix_on:
