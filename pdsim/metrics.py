@@ -80,7 +80,11 @@ def itl_columns(rs, k0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     mean[rows] = np.fromiter((red(g[a:a + k]) for a, k in zip(o.tolist(), m.tolist())), np.float64, len(m)) / m
     mx[rows] = np.maximum.reduceat(g, o)
     # p99 as numpy's linear method: sorted within each request, index (m - 1) * 0.99, numpy's lerp
-    s = g[np.lexsort((g, np.repeat(np.arange(len(m)), m)))]
+    # (each request's gaps sorted in place, stable as the lexsort by (request, gap) this replaces, which took
+    # ~25x longer on the quickstart's 300k gaps)
+    s = g.copy()
+    for a0, k in zip(o.tolist(), m.tolist()):
+        s[a0:a0 + k].sort(kind="stable")
     v = (m - 1) * 0.99
     prev = np.floor(v)
     gamma = v - prev
