@@ -90,11 +90,11 @@ class Series:
         its last step's value and only those are asked for.
         """
         n = len(starts)
-        ends = starts + durs
-        if ends[-1] >= self.bin_s * self.MAX_BINS:
-            self._fit(float(ends[-1]))
+        end = starts[-1] + durs[-1]         # the last step's end (the whole ends array only when bins differ)
+        if end >= self.bin_s * self.MAX_BINS:
+            self._fit(float(end))
         b = self.bin_s
-        lo, hi = int(starts[0] / b), int(ends[-1] / b)
+        lo, hi = int(starts[0] / b), int(end / b)
         self._grow(hi)
         if lo == hi:                        # the usual case: the whole window in one bin
             self.steps[lo] += n
@@ -110,6 +110,7 @@ class Series:
             self.flops[lo] += sums[1]
             self.bytes[lo] += sums[2]
             return
+        ends = starts + durs
         i0 = (starts / b).astype(np.int64)
         i1 = (ends / b).astype(np.int64)
         counts = np.bincount(i0 - lo)
@@ -154,7 +155,29 @@ class Series:
 class _Window:
     """k pure-decode steps of one batch, planned at once (see the module docstring)."""
     __slots__ = ("plan", "reqs", "c0", "blk1", "k", "t0", "ends", "times", "flops", "bytes", "used",
-                 "extra", "applied", "event", "gen", "grown", "blk1_sum", "need")
+                 "extra", "applied", "event", "gen", "grown", "need")
+
+
+def _growth(c0: list, blk1: list, j: int, bs: int) -> int:
+    """Blocks a window's batch grows by its step j (1-based): ceil((c0 + j) / bs) beyond what each holds
+    after step 1 (Python integers: exact, as numpy's were)."""
+    n = 0
+    for c, b in zip(c0, blk1):
+        g = -(-(c + j) // bs) - b
+        if g > 0:
+            n += g
+    return n
+
+
+def _sum(a: np.ndarray) -> float:
+    """``float(a.sum())`` of a 1-D float64 array, bit for bit: numpy adds fewer than 8 values one by one
+    from 0.0 (its pairwise summation starts with blocks of 8), which Python does faster than numpy's call."""
+    if len(a) < 8:
+        s = 0.0
+        for v in a.tolist():
+            s += v
+        return s
+    return float(a.sum())
 
 
 def _exact_delay(now: float, target: float) -> float:
@@ -463,8 +486,10 @@ class Instance:
         if k < 2:
             return None
         bs = self.kv.block_size
-        c0 = np.fromiter((r.computed for r in reqs), np.int64, len(reqs))
-        blk1 = np.fromiter((r.blocks for r in reqs), np.int64, len(reqs))
+        # integers, so Python's sums are numpy's; a batch is a few to a few hundred requests, where numpy's
+        # per-call cost outweighs its loops (issue 19)
+        c0 = [r.computed for r in reqs]
+        blk1 = [r.blocks for r in reqs]
         free1 = self.kv.free_blocks
         if self.kv.prefix_on and self.waiting:
             # The queue's head did not fit, but evicting a cached page can make it fit under a token
@@ -473,26 +498,26 @@ class Instance:
             # blocks beyond the free ones); the next plan does that growth and retries the head.
             free1 -= self.kv.lru_blocks
         # blocks the batch needs by step j (1-based): ceil((c0 + j) / bs) beyond what it holds after step 1
-        need_k = int(np.maximum(0, -(-(c0 + k) // bs) - blk1).sum())
+        need_k = _growth(c0, blk1, k, bs)
         if need_k > free1:
             lo, hi = 1, k            # largest j with need(j) <= free1; need(1) == 0
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if np.maximum(0, -(-(c0 + mid) // bs) - blk1).sum() <= free1:
+                if _growth(c0, blk1, mid, bs) <= free1:
                     lo = mid
                 else:
                     hi = mid - 1
             k = lo
             if k < 2:
                 return None
-            need_k = int(np.maximum(0, -(-(c0 + k) // bs) - blk1).sum())
+            need_k = _growth(c0, blk1, k, bs)
         B = len(reqs)
         if self.window is None:
             times, flops, bytes_ = self.cost.decode_steps(B, plan.attn_work, plan.kv_read_tokens, k)
         else:
             # sliding layers: step j's positions sum_i min(c0_i + 1 + j, W) (integers), the very sums the
             # step-by-step plans add up (SlidingStepPlan), so the k step costs are the loop's bit for bit
-            pos = window_sums(c0, k, self.window)
+            pos = window_sums(np.array(c0, np.int64), k, self.window)
             times, flops, bytes_ = self.cost.decode_steps(B, plan.attn_work, plan.kv_read_tokens, k,
                                                           swa=(pos - 0.5 * B, pos))
         w = _Window()
@@ -506,7 +531,6 @@ class Instance:
         w.applied = 0
         w.gen = 0
         w.grown = 1                      # step 1's blocks were grown by the policy
-        w.blk1_sum = int(blk1.sum())
         w.need = need_k                  # blocks the window grows by its last step
         self.windows += 1
         return w
@@ -522,14 +546,14 @@ class Instance:
         self._win = None
         j = w.k - 1
         t0, dur = float(w.ends[j]), float(w.times[j])
+        fj, bj = float(w.flops[j]), float(w.bytes[j])
         self.busy_s += dur
-        self.flops += float(w.flops[j])
-        self.bytes += float(w.bytes[j])
+        self.flops += fj
+        self.bytes += bj
         if self.power is not None:
-            self.active_s += min(dur, max(float(w.flops[j]) * self.power[0], float(w.bytes[j]) * self.power[1]))
+            self.active_s += min(dur, max(fj * self.power[0], bj * self.power[1]))
         self.steps += 1
-        self.series.record(t0, dur, float(w.flops[j]), float(w.bytes[j]), len(w.reqs), len(self.waiting),
-                           self.kv.used_blocks)
+        self.series.record(t0, dur, fj, bj, len(w.reqs), len(self.waiting), self.kv.used_blocks)
         self._apply(w.plan, t0)
 
     def _arm(self, w: _Window) -> None:
@@ -546,6 +570,7 @@ class Instance:
         if d > 0:
             a = w.applied
             times = None
+            decode = self.role == "decode"
             for r in w.reqs:
                 r.computed += d
                 r.generated += d
@@ -553,13 +578,13 @@ class Instance:
                     if times is None:
                         times = w.ends[a + 1:j + 1].tolist()
                     r.token_s.extend(times)
-                if self.role == "decode" and r.decode_first_s != r.decode_first_s:
+                if decode and r.decode_first_s != r.decode_first_s:
                     r.decode_first_s = float(w.ends[a + 1])
             B = len(w.reqs)
             self.outstanding_tokens -= B * d
             self.decode_work -= B * d
             durs, fl, by = w.times[a:j], w.flops[a:j], w.bytes[a:j]
-            sums = (float(durs.sum()), float(fl.sum()), float(by.sum()))
+            sums = (_sum(durs), _sum(fl), _sum(by))
             self.busy_s += sums[0]
             self.flops += sums[1]
             self.bytes += sums[2]
@@ -571,9 +596,10 @@ class Instance:
 
             def used_at(pos):   # KV in use during step a + 1 + pos: after that step's growth
                 if len(pos) == 1:
-                    return np.array([base + int(np.maximum(0, -(-(c0 + (a + 1 + int(pos[0]))) // bs) - blk1).sum())])
+                    return np.array([base + _growth(c0, blk1, a + 1 + int(pos[0]), bs)])
                 steps = (a + 1 + pos)[None, :]
-                return base + np.maximum(0, -(-(c0[:, None] + steps) // bs) - blk1[:, None]).sum(axis=0)
+                c0a, blk1a = np.array(c0, np.int64), np.array(blk1, np.int64)
+                return base + np.maximum(0, -(-(c0a[:, None] + steps) // bs) - blk1a[:, None]).sum(axis=0)
 
             self.series.record_many(w.ends[a:j], durs, fl, by, B, len(self.waiting), used_at, sums)
             w.applied = j
@@ -581,11 +607,13 @@ class Instance:
             return
         # the step in flight (j + 1) has grown its blocks
         w.grown = j + 1
-        target = np.maximum(w.blk1, -(-(w.c0 + (j + 1)) // bs))
-        extra = int(target.sum()) - w.blk1_sum
+        g = j + 1
+        # each request's growth only increases with the step, so an unchanged total means unchanged blocks
+        extra = _growth(w.c0, w.blk1, g, bs)
         if extra != w.extra:
-            for r, b in zip(w.reqs, target.tolist()):
-                r.blocks = b
+            for r, c, b in zip(w.reqs, w.c0, w.blk1):
+                t = -(-(c + g) // bs)
+                r.blocks = b if b >= t else t
             self.kv.free_blocks -= extra - w.extra
             w.extra = extra
             if self.kv.prefix_on:

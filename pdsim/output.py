@@ -26,6 +26,7 @@ from pathlib import Path
 
 from . import __version__, metrics
 from .errors import ConfigError
+from .table import Table
 
 LOCK_NAME = ".pdsim.lock"
 STAGING_PREFIX = ".pdsim-staging-"
@@ -202,13 +203,14 @@ def write_outputs(results, sc, out: Path, wall_s: float = 0.0, progress: bool = 
 def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: bool,
                  release: bool = False, requests_format: str = "csv") -> dict:
     check_requests_format(requests_format)
-    df = metrics.requests_frame(results, sc.client, release=release and metrics.releasable(results))
+    # numpy tables (pdsim.table.Table): no pandas unless the report or Parquet needs a DataFrame
+    df = metrics.requests_table(results, sc.client, release=release and metrics.releasable(results))
     req_name = REQUESTS_FILES[requests_format]
     if requests_format == "parquet":
-        write_parquet(df, out / req_name)
+        write_parquet(df.to_pandas(metrics.REQUEST_COLUMNS), out / req_name)
     else:
         write_csv(df, out / req_name, "%.9g")
-    ts = metrics.timeseries_frame(results)
+    ts = metrics.timeseries_table(results)
     write_csv(ts, out / "timeseries.csv", "%.6g")
     topologies = metrics.summarize(results, df, sc)
     for t in topologies.values():
@@ -228,18 +230,22 @@ def _write_files(results, sc, out: Path, wall_s: float, progress: bool, report: 
         return summary
     if progress:
         print("pdsim: building report.html...", file=sys.stderr, flush=True)
-    build_report(out, progress=False, df=df, summary=summary, ts=ts)   # in memory: no re-reading the CSVs
+    build_report(out, progress=False, df=df.to_pandas(metrics.REQUEST_COLUMNS), summary=summary,
+                 ts=ts.to_pandas())   # in memory: no re-reading the CSVs
     return summary
 
 
-def _column_text(a, float_format: str) -> list[str]:
+def _column_text(a, float_format: str, plain: bool = False) -> list[str]:
     """One column as the strings ``DataFrame.to_csv(float_format=...)`` writes: floats through the format,
-    NaN / None as empty fields, everything else ``str``."""
+    NaN / None as empty fields, everything else ``str``.  ``plain``: a text column of a pdsim Table (str or
+    None, no pandas missing values), read without importing pandas."""
     kind = a.dtype.kind
     if kind == "f":
         return [float_format % v if v == v else "" for v in a.tolist()]
     if kind in "iub":
         return list(map(str, a.tolist()))
+    if plain:
+        return ["" if v is None or v != v else str(v) for v in a.tolist()]
     from pandas import isna       # None, NaN, pd.NA, NaT: empty fields, as pandas writes them
     return ["" if m else str(v) for v, m in zip(a.tolist(), isna(a).tolist())]
 
@@ -253,7 +259,8 @@ def write_parquet(df, path: Path) -> None:
 
 
 def write_csv(df, path: Path, float_format: str, chunk_rows: int = CSV_CHUNK_ROWS) -> None:
-    """``df.to_csv(path, index=False, float_format=float_format)``, byte for byte, column-wise.
+    """``df.to_csv(path, index=False, float_format=float_format)``, byte for byte, column-wise; ``df`` a
+    pandas DataFrame or a :class:`pdsim.table.Table` (its pandas frame's bytes, without pandas).
 
     pandas formats cell by cell through several layers; here each column becomes a list of strings
     in one comprehension and the csv module (what pandas itself writes with, same dialect: minimal
@@ -263,13 +270,14 @@ def write_csv(df, path: Path, float_format: str, chunk_rows: int = CSV_CHUNK_ROW
     # each chunk's slice is turned into numpy there: a text column (pandas' str dtype) made into Python
     # strings all at once would be a million new str objects per column
     series = [df[c] for c in df.columns]
+    plain = isinstance(df, Table)      # numpy columns already (text: str or None)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(header)
         for lo in range(0, len(df), chunk_rows):
-            arrays = [s.iloc[lo:lo + chunk_rows].to_numpy() for s in series]
+            arrays = [s[lo:lo + chunk_rows] if plain else s.iloc[lo:lo + chunk_rows].to_numpy() for s in series]
             text_cols = [a.dtype.kind == "O" for a in arrays]
-            cols = [_column_text(a, float_format) for a in arrays]
+            cols = [_column_text(a, float_format, plain) for a in arrays]
             del arrays
             # no field that needs quoting (only text columns can hold , " or a line break): plain joins, the
             # bytes the csv module would write; else the csv module (minimal quoting, field by field)

@@ -225,3 +225,46 @@ def test_release_drops_the_requests_only_where_nothing_reads_them_after(tmp_path
     assert all(len(r.requests) == 120 for r in kept)
     assert all(len(r.requests) == (0 if itl == "off" else 120) for r in freed)
     assert metrics.releasable(kept) == (itl == "off")
+
+
+def test_window_sums_in_python_are_numpys():
+    """instance._sum (Python for fewer than 8 values) is float(a.sum()) bit for bit, and instance._growth
+    is the numpy expression the window used, over many sizes, magnitudes and slices (issue 19)."""
+    from pdsim.instance import _growth, _sum
+    rng = np.random.default_rng(19)
+    for _ in range(3000):
+        n = int(rng.integers(0, 40))
+        a = rng.random(n + 5) * 10.0 ** rng.integers(-9, 9, n + 5)
+        lo = int(rng.integers(0, 5))
+        v = a[lo:lo + n]
+        assert _sum(v) == float(v.sum()) and type(_sum(v)) is float
+    assert _sum(np.array([-0.0])) == float(np.array([-0.0]).sum()) and str(_sum(np.array([-0.0]))) == "0.0"
+    for _ in range(2000):
+        B, bs = int(rng.integers(1, 30)), int(rng.choice([1, 16, 32]))
+        c0 = rng.integers(0, 5000, B)
+        blk1 = -(-(c0 + 1) // bs) + rng.integers(0, 3, B)
+        j = int(rng.integers(1, 300))
+        want = int(np.maximum(0, -(-(c0 + j) // bs) - blk1).sum())
+        assert _growth(c0.tolist(), blk1.tolist(), j, bs) == want
+
+
+def test_itl_percentiles_from_sorted_gaps_are_numpys():
+    """metrics.itl_summary takes its percentiles of the sorted gaps: bit for bit np.percentile of the gaps
+    as they come (order statistics and their lerp), ties and NaN-free heavy tails included (issue 19)."""
+    from types import SimpleNamespace as NS
+    from pdsim import config
+    rng = np.random.default_rng(7)
+    for trial in range(20):
+        rs = []
+        for i in range(int(rng.integers(1, 60))):
+            t = np.cumsum(np.round(rng.lognormal(-3, 1.5, int(rng.integers(1, 40))), int(rng.integers(2, 6))))
+            rs.append(NS(id=i, first_token_s=float(t[0]), decode_first_s=float("nan"), token_s=t.tolist()))
+        d = {"request_id": np.arange(len(rs)), "status": np.array(["finished"] * len(rs), dtype=object)}
+        s = metrics.itl_summary(NS(requests=rs, topology=NS(kind="colocated")), d, config.ClientSpec())
+        g = np.concatenate([np.diff(np.asarray(r.token_s)) for r in rs])
+        if len(g) == 0:
+            assert s is None
+            continue
+        q = np.percentile(g, [50, 90, 99])
+        assert (s["p50"], s["p90"], s["p99"], s["mean"]) == (q[0], q[1], q[2], g.mean())
+        assert s["quantiles"] == [float(v) for v in np.percentile(g, metrics.ITL_QUANTILE_LEVELS)]
