@@ -257,6 +257,9 @@ class PoolSpec(_Strict):
             if self.scheduler_name == "fcfs":
                 raise ValueError("attention_dp_balance holds prompts beside decodes: use scheduler chunked or "
                                  "inflight (TensorRT-LLM's), not fcfs")
+            if self.prefix_on:
+                raise ValueError("prefix caching on a DP-balanced pool is not modelled (each attention rank caches "
+                                 "its own requests' prefixes); set prefix_cache.enabled: false")
         return self
 
     @model_validator(mode="after")

@@ -149,6 +149,8 @@ def engine_prefix_cache(pool, model) -> bool:
     can cache for (no sliding-window layers)."""
     if pool.engine is None or pool.prefix_cache is not None:
         return False
+    if getattr(pool, "attention_dp_balance", None) is not None:
+        return False        # per-rank caches are not modelled (config refuses an explicit cache there)
     return PRESETS[pool.engine].prefix_caching and not model.has_sliding
 
 

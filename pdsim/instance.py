@@ -358,6 +358,8 @@ class Instance:
         self.failed = True
         self.set_down()
         self.epoch += 1
+        if self.balanced:
+            self.policy.reset()      # the engine restarts with its balance counts at 0
         lost = []
         for r in self.running:
             if r.status == UNFINISHED:

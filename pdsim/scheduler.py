@@ -173,10 +173,11 @@ def _admit(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: Ste
 
 
 def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, budget: int | None,
-                    max_chunk: int | None = None) -> int:
+                    max_chunk: int | None = None, rank_cap: list | None = None) -> int:
     """One step's tokens for every running request (a decode's one, a chunked prompt's next chunk) in batch
     order, within ``budget`` tokens (None: no budget), preempting when a request cannot grow; returns the
-    budget left.  This loop runs for every request of every step, so a plain ``StepPlan``'s sums are kept
+    budget left (``rank_cap``: a DP-balanced instance's tokens left per rank after its decodes, which caps each
+    part-way prompt's chunk on its rank).  This loop runs for every request of every step, so a plain ``StepPlan``'s sums are kept
     in local variables (``StepPlan.add`` inlined: the same additions in the same order, so the same floats);
     a sliding plan adds through its own ``add``."""
     prefix = kv.prefix_on
@@ -199,6 +200,12 @@ def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, 
             n = left
         if n > cap:
             n = cap
+        if rank_cap is not None and n > 1:   # a DP-balanced rank's part-way prompt: what its budget has left
+            if n > rank_cap[req.rank]:
+                n = rank_cap[req.rank]
+                if n <= 0:
+                    continue
+            rank_cap[req.rank] -= n
         if prefix:
             # a prefix pool's grow also trims its cache, so it always goes through
             if not _grow_running(req, n, kv, running, waiting, plan, scheduled):
@@ -259,17 +266,18 @@ SCHEDULERS = {"fcfs": fcfs, "chunked": chunked, "inflight": inflight}
 def assign_rank(req: Request, running: list, waiting, ranks: int) -> int:
     """The attention rank a request arriving at a DP-balanced instance joins, as TensorRT-LLM's request
     fetcher places it: among the ranks with fewer requests (running and queued) than the even share
-    max(ceil((all + 1) / ranks), the most any rank has), the one holding the fewest tokens (prompt and output
-    so far), then the fewest requests, then the lowest rank."""
+    max(ceil((all + 1) / ranks), the most any rank has), the one whose requests' prompts are shortest in sum
+    (TensorRT-LLM sums their original prompt lengths, not the tokens generated since), then the fewest
+    requests, then the lowest rank."""
     count = [0] * ranks
     toks = [0] * ranks
     for r in running:
         count[r.rank] += 1
-        toks[r.rank] += r.prompt_tokens + r.generated
+        toks[r.rank] += r.prompt_tokens
     for r in waiting:
         if r.rank >= 0:
             count[r.rank] += 1
-            toks[r.rank] += r.prompt_tokens + r.generated
+            toks[r.rank] += r.prompt_tokens
     share = max(-(-(sum(count) + 1) // ranks), max(count))
     return min((j for j in range(ranks) if count[j] < share), key=lambda j: (toks[j], count[j], j))
 
@@ -278,24 +286,32 @@ class BalancedDP:
     """A DP-attention instance's scheduler with TensorRT-LLM's attention-DP balance (one per instance: it counts
     steps).  Requests keep the rank :func:`assign_rank` gave them; a step carries every running request's next
     tokens (as ``chunked`` / ``inflight``), then, unless the balance holds new prompts, admits waiting ones
-    first-come first-served per rank within that rank's token budget (``limits.max_chunk`` = budget / ranks;
-    ``chunk``: a prompt larger than what its rank has left takes what is left, else it waits for the next
-    step, or runs alone on an otherwise empty rank).  The balance (TensorRT-LLM's ``_balance_adp_requests``):
-    when every rank has a prompt to start and a free batch slot, prompts go (after up to
-    ``batching_wait_iters`` steps while every rank also decodes); otherwise they are held and the step count
-    grows, until it reaches ``timeout_iters`` or some rank has no decode, when they go and the count restarts.
+    first-come first-served per rank within that rank's token budget (``limits.max_chunk`` = budget / ranks,
+    its decodes' tokens first, then its part-way prompts' chunks; ``chunk``: a prompt larger than what its rank
+    has left takes what is left, else it waits for the next step, or runs alone on an otherwise empty rank)
+    and batch slots (``slots`` = max_running / ranks, TensorRT-LLM's per-rank ``max_batch_size``).  The
+    balance (TensorRT-LLM's ``_balance_adp_requests``): when every rank has a prompt to start and fewer
+    decodes than its slots, prompts go (after up to ``batching_wait_iters`` steps while every rank also
+    decodes); otherwise they are held and the step count grows, until it reaches ``timeout_iters`` or some
+    rank has no decode, when they go and the count restarts.  Both counts run on every step (a step that
+    preempted, one with nothing waiting) and restart when the instance fails.
     SIMPLIFICATION: a rank "has a prompt" when one of its requests waits (or, chunked, is part-way through its
     prompt); the engine asks its own scheduler, which can also leave one out for lack of KV or budget; a
     prompt already part-way is never held."""
 
-    def __init__(self, ranks: int, chunk: bool, timeout_iters: int, batching_wait_iters: int):
+    def __init__(self, ranks: int, chunk: bool, timeout_iters: int, batching_wait_iters: int, max_running: int):
         self.ranks, self.chunk = ranks, chunk
         self.timeout, self.batching = timeout_iters, batching_wait_iters
+        self.slots = max(1, max_running // ranks)    # batch slots per rank
+        self.held = 0            # steps in which prompts were held (reported)
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh engine (the instance failed and came back): both counts at 0."""
         self.waited = 0          # steps held while some rank had no prompt (TensorRT-LLM's ctx waiting count)
         self.batched = 0         # steps held once every rank had one (its batching wait count)
-        self.held = 0            # steps in which prompts were held (reported)
 
-    def _release(self, running: list, waiting, limits: Limits) -> bool:
+    def _release(self, running: list, waiting) -> bool:
         R = self.ranks
         ctx = [False] * R
         gen = [0] * R
@@ -307,12 +323,13 @@ class BalancedDP:
             else:
                 gen[r.rank] += 1
         all_gen = min(gen) > 0
-        if all(ctx) and max(gen) < limits.max_running:
+        if all(ctx) and max(gen) < self.slots:
             self.waited = 0
-            if all_gen and self.batched < self.batching:
-                self.batched += 1
-                return False
-            self.batched = 0
+            if all_gen:
+                if self.batched < self.batching:
+                    self.batched += 1
+                    return False
+                self.batched = 0     # (TensorRT-LLM restarts it only here)
             return True
         self.waited += 1
         if self.waited >= self.timeout or not all_gen:
@@ -322,38 +339,51 @@ class BalancedDP:
 
     def __call__(self, running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
         plan = StepPlan()
-        budget = _decode_running(running, waiting, kv, plan, limits.max_batched_tokens,
-                                 limits.max_chunk if self.chunk else None)
+        per = limits.max_chunk if limits.max_chunk is not None else limits.max_batched_tokens
+        R = self.ranks
+        if self.chunk:
+            # a rank's decodes take its budget first, its part-way prompts' chunks what is left
+            cap = [per] * R
+            for r in running:
+                if r.prompt_tokens + r.generated - r.computed == 1:
+                    cap[r.rank] -= 1
+            _decode_running(running, waiting, kv, plan, limits.max_batched_tokens, None, cap)
+        else:
+            _decode_running(running, waiting, kv, plan, limits.max_batched_tokens)
+        go = self._release(running, waiting)        # the counts run on every step
         if plan.preempted or not waiting:
-            if not plan.preempted:
-                self._release(running, waiting, limits)     # the count runs on every step
             return plan
-        if not self._release(running, waiting, limits):
+        if not go:
             self.held += 1
             return plan
-        per = limits.max_chunk if limits.max_chunk is not None else limits.max_batched_tokens
-        left = [per] * self.ranks
-        busy = [False] * self.ranks
+        left = [per] * R
+        busy = [False] * R
         for req, n in plan.items:
             left[req.rank] -= n
             busy[req.rank] = True
-        _admit_ranked(waiting, running, kv, limits, plan, left, busy, self.chunk)
+        _admit_ranked(waiting, running, kv, limits, plan, left, busy, self.chunk, self.slots)
         return plan
 
 
 def _admit_ranked(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: StepPlan,
-                  left: list, busy: list, chunk: bool) -> None:
+                  left: list, busy: list, chunk: bool, slots: int) -> None:
     """:func:`_admit` rank by rank: the waiting requests in order, each within its own rank's tokens ``left``
-    (a rank stops at its first request that does not fit, as the engine's per-rank scheduler does; a
-    prompt larger than a whole empty rank's budget runs alone there); every rank stops when the KV pool or
-    the batch is full."""
+    and ``slots`` running requests (a rank stops at its first request that does not fit, as the engine's
+    per-rank scheduler does; a prompt larger than a whole empty rank's budget runs alone there); every rank
+    stops when the KV pool (shared here: one rank's shortage stops all) or the instance's batch is full."""
     stopped = [False] * len(left)
+    held = [0] * len(left)
+    for r in running:
+        held[r.rank] += 1
     taken = []
     for req in waiting:
         if len(running) >= limits.max_running:
             break
         j = req.rank
         if stopped[j]:
+            continue
+        if held[j] >= slots:
+            stopped[j] = True
             continue
         hit = kv.peek(req) if kv.prefix_on else 0
         n = req.known - req.computed - hit
@@ -367,6 +397,7 @@ def _admit_ranked(waiting: deque, running: list, kv: KVCache, limits: Limits, pl
             break
         taken.append(req)
         running.append(req)
+        held[j] += 1
         plan.add(req, n)
         left[j] -= n
         busy[j] = True

@@ -306,7 +306,8 @@ class Pool:
             from .scheduler import BalancedDP
             # one per instance (it counts steps); no multi-step windows: the count runs on every step
             policies = [BalancedDP(spec.tp, spec.scheduler_name == "chunked", bal.timeout_iters,
-                                   bal.batching_wait_iters) for _ in range(max(count, max_count or 0))]
+                                   bal.batching_wait_iters, spec.max_running)
+                        for _ in range(max(count, max_count or 0))]
         self.instances = [
             Instance(env, f"{name}-{i}", name, role, self.cost,
                      make_kv(), policy if bal is None else policies[i], limits, spec.gpus_per_instance, sink,

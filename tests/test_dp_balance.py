@@ -23,16 +23,18 @@ from pdsim.simulation import simulate
 from pdsim.validate import harness_engine_config
 
 
-def _run(tmp_path, rows, balance, budget=200, scheduler="inflight", tp=2):
+def _run(tmp_path, rows, balance, budget=200, scheduler="inflight", tp=2, **extra):
     trace = tmp_path / "t.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
     pool = {"kind": "colocated", "tp": tp, "ep": tp, "dp_attention": True, "kv_blocks": 1000,
             "cost_model": {"kind": "constant", "step_s": 1.0}, "scheduler": scheduler, "max_batched_tokens": budget}
     if balance is not None:
         pool["attention_dp_balance"] = balance
+    pool.update(extra)
     sc = config.parse({"model": "qwen3-30b-a3b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
                        "topologies": {"t": pool}}, "t.yaml")
     (res,) = simulate(sc)
+    res.scenario = sc
     return sorted(res.requests, key=lambda r: r.id), res
 
 
@@ -124,6 +126,10 @@ def test_assign_rank_by_hand():
     assert assign_rank(new, [r(0, 1), r(0, 1), r(1, 120, 40)], [r(2, 100, 50)], 3) == 2
     # all equal: the lowest rank
     assert assign_rank(new, [r(0, 7), r(1, 7)], [], 2) == 0
+    # two ranks below the share (3): the fewer prompt tokens wins over the fewer requests
+    assert assign_rank(new, [r(0, 1)] * 3 + [r(1, 900)] + [r(2, 10)] * 2, [], 3) == 2
+    # prompt tokens only: rank 0's request has generated 100 tokens, yet its prompt (10) is the shorter
+    assert assign_rank(new, [r(0, 10, 100), r(1, 50)], [], 2) == 0
     # a waiting request with no rank yet (-1) is not counted
     assert assign_rank(new, [r(0, 7)], [NS(rank=-1, prompt_tokens=5, generated=0)], 2) == 1
 
@@ -255,3 +261,96 @@ def test_a_balanced_instance_prices_a_step_by_its_requests_ranks(tmp_path, monke
     (r0, r1) = with_d[0]
     assert (r0[0], r0[4], r0[5][3]) == (2, 2, 2)          # rank 0: two decodes, nothing else
     assert (r1[0], r1[4], r1[5][3]) == (900, 1, 0)        # rank 1: D's prompt alone
+
+
+def test_ranks_balance_prompt_lengths_and_the_batching_count_runs_on_by_hand(tmp_path):
+    """Timeout 100, batching 2.  A, B at 0 -> ranks 0, 1 (no decode anywhere: they go).  C, D at 1.5 -> ranks
+    0, 1; at t=2 every rank has a prompt and decodes: batching count 1, held; B leaves at 3, so rank 1 has no
+    decode and C, D go at t=3 (first token 4) -- the batching count stays 1 (TensorRT-LLM restarts it only
+    when it lets prompts go while every rank decodes).  E, F at 4.5: E -> rank 1 (the only one below the even
+    share), F -> rank 0: the ranks' prompts sum to 20 tokens each (A + C, D + E; A has generated 4 tokens by
+    then, which TensorRT-LLM does not count), the tie goes to the lower rank.  At t=5 the batching count
+    reaches 2, at t=6 they go: first token 7."""
+    rows = ["0,10,30", "0,10,3", "1.5,10,30", "1.5,10,30", "4.5,10,5", "4.5,10,5"]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 100, "batching_wait_iters": 2})
+    assert [r.rank for r in reqs] == [0, 1, 0, 1, 1, 0]
+    assert [r.first_token_s for r in reqs] == [1.0, 1.0, 4.0, 4.0, 7.0, 7.0]
+
+
+def test_a_part_way_prompt_gets_what_its_ranks_decodes_leave_by_hand(tmp_path):
+    """Chunked, 100 tokens per rank, no hold (timeout 0).  40 two-token requests at 0 (20 a rank) decode when a
+    340-token prompt (rank 0) and a 10-token one (rank 1) arrive at 1.5: rank 0's 20 decodes leave 80 a step,
+    at its admission (t=2) and after, so the long prompt takes 80 at t=2, 3, 4, 5 and 20 at t=6: first token
+    7 (100 a step, or 100 at admission only, would end its prompt at t=6)."""
+    rows = ["0,2,40"] * 40 + ["1.5,340,3", "1.5,10,3"]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 0, "batching_wait_iters": 0}, scheduler="chunked")
+    assert (reqs[40].rank, reqs[41].rank) == (0, 1)
+    assert (reqs[40].first_token_s, reqs[41].first_token_s) == (7.0, 3.0)
+
+
+def test_a_rank_with_no_free_slot_holds_every_ranks_prompts_by_hand(tmp_path):
+    """max_running 4 over 2 ranks: 2 slots a rank.  A, B, C at 0 -> ranks 0, 1, 0 (all go: no decode yet).  E, F
+    at 2.5 -> rank 1 (the only one below the share), then rank 0 (equal prompts, the lower rank).  Every rank
+    has a prompt, but rank 0's two slots are full, so the count runs (1 at t=1 ... 5 at t=5 = timeout) and E
+    goes at t=5 (first token 6); F waits for a slot on rank 0 (A, C decode until 30).  Were a full rank not a
+    reason to hold, E would go at t=3."""
+    rows = ["0,10,30", "0,10,30", "0,10,30", "2.5,10,3", "2.5,10,3"]
+    reqs, res = _run(tmp_path, rows, {"timeout_iters": 5, "batching_wait_iters": 0}, max_running=4)
+    assert [r.rank for r in reqs] == [0, 1, 0, 1, 0]
+    assert reqs[3].first_token_s == 6.0
+    assert reqs[4].first_token_s > 30.0
+
+
+def test_admit_ranked_stops_a_rank_at_its_first_misfit_only_by_hand():
+    """Rank 0 already carries a decode and has 50 tokens left: its head (150 tokens) does not fit, so the
+    10-token request behind it waits too (the engine's per-rank FCFS); rank 1's request goes.  Chunked, the
+    head takes the 50 and rank 0 stops there.  A KV pool too small for rank 0's head stops every rank."""
+    from collections import deque
+    from pdsim.kvcache import KVCache
+    from pdsim.scheduler import Limits, StepPlan, _admit_ranked
+    from pdsim.workload import Request
+
+    def reqs():
+        out = []
+        for i, (rank, p) in enumerate([(0, 150), (0, 10), (1, 10)]):
+            r = Request(i, 0.0, p, 5)
+            r.rank = rank
+            out.append(r)
+        return out
+    for chunk, want in ((False, [(2, 10)]), (True, [(0, 50), (2, 10)])):
+        w = deque(reqs())
+        running, plan = [], StepPlan()
+        _admit_ranked(w, running, KVCache(1000, 16, 0.0), Limits(), plan, [50, 100], [True, False], chunk, 8)
+        assert [(r.id, n) for r, n in plan.items] == want
+        assert [r.id for r in w] == [i for i in (0, 1, 2) if i not in {r.id for r, _ in plan.items}]
+    w = deque(reqs())
+    plan = StepPlan()
+    _admit_ranked(w, [], KVCache(5, 16, 0.0), Limits(), plan, [200, 100], [False, False], False, 8)
+    assert plan.items == [] and len(w) == 3
+
+
+def test_prefix_caching_on_a_balanced_pool_is_refused_and_no_engine_default(tmp_path):
+    from pdsim.engines import engine_prefix_cache
+    from pdsim.models import get_model
+    with pytest.raises(ConfigError, match="prefix caching on a DP-balanced pool is not modelled"):
+        config.parse({"model": "qwen3-30b-a3b", "workload": {"rate": 1, "num_requests": 2},
+                      "topologies": {"t": {"kind": "colocated", "tp": 2, "ep": 2, "dp_attention": True,
+                                           "scheduler": "inflight", "attention_dp_balance": {},
+                                           "prefix_cache": {"enabled": True}}}}, "p.yaml")
+    pool = config.PoolSpec(tp=2, ep=2, dp_attention=True, engine="trtllm", attention_dp_balance={})
+    assert engine_prefix_cache(pool, get_model("qwen3-30b-a3b")) is False
+    assert engine_prefix_cache(config.PoolSpec(tp=2, ep=2, dp_attention=True, engine="trtllm"),
+                               get_model("qwen3-30b-a3b")) is True
+
+
+def test_a_failure_restarts_the_counts_and_the_summary_counts_held_steps(tmp_path):
+    """The policy's counts restart on a failure; summary.json's pool reports the steps that held prompts (the
+    first by-hand timeline: t=4 and t=5)."""
+    rows = ["0,10,20", "0,10,20", "3.5,10,3"]
+    reqs, res = _run(tmp_path, rows, {"timeout_iters": 3, "batching_wait_iters": 0})
+    inst = res.topology.instances[0]
+    pool = metrics.summarize([res], metrics.requests_frame([res]), res.scenario)["t"]["pools"]["replica"]
+    assert pool["attention_dp_balance"] == {"timeout_iters": 3, "batching_wait_iters": 0, "steps_held": 2}
+    inst.policy.waited, inst.policy.batched = 2, 1
+    inst.fail()
+    assert (inst.policy.waited, inst.policy.batched) == (0, 0)
