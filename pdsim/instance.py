@@ -299,7 +299,8 @@ class Instance:
                 self._wake = env.event()
                 yield self._wake
                 continue
-            plan = self.policy(self.running, self.waiting, self.kv, self.limits)
+            limits = self.limits if self.spec is None else self.spec.reserve(self.running, self.limits, self.policy)
+            plan = self.policy(self.running, self.waiting, self.kv, limits)
             # preempted KV must be computed again; a cached prefix need not be
             self.outstanding_tokens += plan.lost_tokens - plan.cached_tokens
             if not plan.items:

@@ -157,6 +157,7 @@ class Speculator:
         self.draft_overhead_s = float(getattr(getattr(draft, "device", None), "step_overhead_s", 0.0))
         self.seed = seed
         self._state: dict[int, list] = {}      # request id -> [acceptance, chunk index, leading counts, steps]
+        self._draft_room = None        # this step's token budget for drafts (None: no budget binds them)
         # totals for summary.json
         self.verify_steps = 0          # request-steps that verified at least one draft
         self.drafted = 0
@@ -229,6 +230,29 @@ class Speculator:
         return float(t + dt)
 
     # --- one step ------------------------------------------------------------------
+    def reserve(self, running: list, limits, policy):
+        """The limits the scheduler plans this step with: a budgeted policy (``chunked``, ``inflight``: decodes
+        and prompt chunks share ``max_batched_tokens``) counts each verifying request's drafts against the
+        budget before any waiting prompt gets a token, as vLLM charges a request's speculative tokens to
+        the step's budget (its running requests scheduled first); drafts beyond what the budget holds after
+        one token per running request are not proposed (:meth:`plan_step`).  ``fcfs`` runs prompts in steps
+        of their own, its decode steps unbudgeted: unchanged."""
+        from .scheduler import fcfs
+        self._draft_room = None
+        if policy is fcfs:
+            return limits
+        want = ones = 0
+        k = self.k
+        for r in running:
+            if r.generated >= 1 and r.computed + 1 == r.prompt_tokens + r.generated:
+                want += min(k, r.output_tokens - r.generated - 1)
+            ones += 1
+        room = max(0, min(want, limits.max_batched_tokens - ones))
+        self._draft_room = room
+        if not room:
+            return limits
+        return dataclasses.replace(limits, max_batched_tokens=limits.max_batched_tokens - room)
+
     def plan_step(self, plan, kv):
         """(StepCost, drafts per plan item: -1 for a prefill item, else d >= 0).  Grows the
         verifying requests' blocks for their lookahead slots."""
@@ -238,12 +262,17 @@ class Speculator:
         T, attn, kvr, S = plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled
         pure = True
         ds, cs = [], []
+        room = self._draft_room          # drafts the step's token budget still holds (None: unbounded)
         for req, n in plan.items:
             c = req.computed
             if n == 1 and req.generated >= 1 and c + 1 == req.known:
                 d = min(k, req.output_tokens - req.generated - 1)
+                if room is not None and d > room:
+                    d = room
                 while d > 0 and -(-(c + 1 + d) // bs) > req.blocks and not kv.grow(req, c + 1 + d):
                     d -= 1
+                if room is not None:
+                    room -= max(d, 0)
                 if d > 0:
                     T += d
                     S += d

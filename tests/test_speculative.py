@@ -505,3 +505,38 @@ def test_a_draft_model_equal_to_its_target_warns_by_name():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         simulate(config.parse(raw, "s.yaml"))
+
+
+def test_drafts_count_against_the_step_token_budget_by_hand():
+    """Chunked prefill with a 10-token budget, k=3, every draft accepted, constant target step 0.01 s and
+    drafts at 0.5 of it.  A (prompt 8, 13 out) and B (prompt 20, 2 out) arrive together.  Step 1: A's 8 and
+    B's first 2 (no one verifies yet).  From step 2 A verifies 3 drafts, which take 3 of the budget before
+    B's chunk does (vLLM charges a request's speculative tokens to the step): A 1 + 3, B 6 in steps 2, 3, 4,
+    so B's prompt ends in step 4: first token at 0.01 + 3 x (0.01 + 3 x 0.005) = 0.085 s.  Had the drafts
+    not counted, B would take 9 a step and be done in step 3 (0.06 s), 13 tokens in a 10-token step."""
+    topos = _colocated({"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.5},
+                       chunked_prefill={"token_budget": 10})
+    sc = scenario(topos, num_requests=2)
+    from pdsim.simulation import resolve_model, run_topology
+    from pdsim.workload import Request
+    r = run_topology(sc, "c", sc.topologies["c"], [Request(0, 0.0, 8, 13), Request(1, 0.0, 20, 2)],
+                     resolve_model(sc), 1.0)
+    a, b = r.requests
+    assert b.first_token_s == pytest.approx(0.01 + 3 * 0.025, abs=1e-12)
+    assert a.first_token_s == pytest.approx(0.01, abs=1e-12) and a.generated == 13
+
+
+def test_a_full_budget_leaves_no_room_for_drafts_and_fcfs_is_unbudgeted():
+    """Budget 2 with two decoding requests: one token each fills it, so no draft is proposed (every step
+    streams one token each); under fcfs (decode steps unbudgeted) the same pair with the same budget drafts
+    k=3."""
+    from pdsim.simulation import resolve_model, run_topology
+    from pdsim.workload import Request
+    for pool, groups in (({"chunked_prefill": {"token_budget": 2}}, [1] * 9),
+                         ({"scheduler": "fcfs", "max_batched_tokens": 2}, [1, 4, 4])):
+        topos = _colocated({"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.5}, **pool)
+        sc = scenario(topos, num_requests=2)
+        sc.client.itl = "on"
+        r = run_topology(sc, "c", sc.topologies["c"], [Request(0, 0.0, 1, 9), Request(1, 0.0, 1, 9)],
+                         resolve_model(sc), 1.0)
+        assert [_groups(q.token_s) for q in r.requests] == [groups, groups]
