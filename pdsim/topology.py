@@ -445,6 +445,7 @@ class KVLink:
         self.busy_s = 0.0
         self.bytes = 0.0
         self.transfers = 0
+        self.free_at = 0.0                 # when the last transfer left the link (layer-wise overlap)
         self.factor = 1.0                  # bandwidth fraction (faults.links); 0 = down
         self.restored = env.event()        # fires when a down link comes back
 
@@ -580,14 +581,13 @@ class Disaggregated(_Serving):
                 bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
                 if self.window is not None:     # (no prefix cache with sliding layers: hit is 0)
                     bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes
-                wire_s = xfer_s = link.latency_s + bytes_ / (link.bandwidth_Bps * link.factor)
-                if self.spec.kv_link.layerwise_overlap:
-                    # layer l's KV leaves while layers l+1.. compute: only the part that outlasts prefill shows
-                    L = self.model.layers
-                    compute_s = req.prefill_end_s - req.prefill_start_s
-                    xfer_s = max(xfer_s / L, xfer_s - compute_s * (L - 1) / L)
+                wire_s = bytes_ / (link.bandwidth_Bps * link.factor)
+                early_s = self._overlap_s(req, link, wire_s, t_start, t_ready)
+                xfer_s = link.latency_s + wire_s - early_s
                 yield env.timeout(xfer_s)
-                link.busy_s += wire_s      # overlapped layers were on the wire during prefill too
+                # the overlapped layers were on the wire during the prefill, while the link was idle
+                link.busy_s += link.latency_s + wire_s
+                link.free_at = env.now
                 link.bytes += bytes_
                 link.transfers += 1
                 if hit:
@@ -611,6 +611,21 @@ class Disaggregated(_Serving):
         req.status = UNFINISHED
         req.decode_start_s = env.now
         dec.accept(req)
+
+    def _overlap_s(self, req: Request, link, wire_s: float, t_start: float, t_ready: float) -> float:
+        """``kv_link.layerwise_overlap``: the wire seconds of this transfer sent while its prefill still ran.
+
+        Layer l's KV is ready at prefill start + compute x l / L, so layers 1..L-1 may leave during the
+        prefill, and only while the link was idle (since ``link.free_at``, its previous transfer's end).  A
+        transfer that does not start the moment its prefill ends (it queued behind the link, waited for
+        decode blocks or for a link that was down) overlaps nothing, nor does a prefill done again after
+        a failure (its compute window is not the first prefill's).  The latency is never overlapped."""
+        if not self.spec.kv_link.layerwise_overlap or t_start != t_ready or req.prefill_end_s != t_ready:
+            return 0.0
+        L = self.model.layers
+        compute_s = req.prefill_end_s - req.prefill_start_s
+        idle_s = req.prefill_end_s - max(req.prefill_start_s + compute_s / L, link.free_at)
+        return min(wire_s * (L - 1) / L, max(0.0, idle_s))
 
     def _unreserve(self, dec, dec_epoch: int, req: Request) -> None:
         """Give back a decode reservation (unless the decode instance lost it in a failure)."""
