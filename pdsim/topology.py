@@ -450,6 +450,7 @@ class KVLink:
         self.restored = env.event()        # fires when a down link comes back
 
     def degrade(self, env, fraction: float) -> None:
+        """Run at ``fraction`` of the bandwidth (faults.link_factor: the worst active link fault's)."""
         self.factor = fraction
         if fraction > 0 and not self.restored.triggered:
             self.restored.succeed()

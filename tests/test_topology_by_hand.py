@@ -281,17 +281,45 @@ def test_a_prefill_copy_lost_on_the_wire_bypasses_the_backlog_bound_by_hand():
     assert r0.finish_s == pytest.approx(0.968195872, abs=1e-9)
 
 
-def test_overlapping_link_outages_release_the_waiting_transfer_at_the_first_end_by_hand():
+def test_overlapping_link_outages_release_the_waiting_transfer_at_the_last_end_by_hand():
     # prefill 0.05 s steps, decode 0.01 s, 1 GB/s link.  The link goes down at 0.02 for 0.5 s and again at 0.1
-    # for 0.5 s (the two overlap); r0 (100 + 2) is prefilled by 0.05 and its KV waits for the link.  The first
-    # outage's end (0.52) sets the link back to full speed (the latest call wins: ASSUMPTION of faults.py), the
-    # waiting transfer goes: 0.52 + 100 x 131072 / 1e9 = 0.5331072, one decode step: 0.5431072
+    # for 0.5 s (the two overlap); r0 (100 + 2) is prefilled by 0.05 and its KV waits for the link.  The link
+    # is down while any outage is (faults compose by the minimum fraction): the first outage's end (0.52)
+    # leaves it down, the second's (0.6) brings it back; 0.6 + 100 x 131072 / 1e9 = 0.6131072, one decode
+    # step: 0.6231072
     topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
     res = _stream(topo, [(0.0, 100, 2)], faults={"links": [{"at_s": 0.02, "duration_s": 0.5},
                                                            {"at_s": 0.1, "duration_s": 0.5}]})
     (r,) = res.requests
-    assert r.status == "finished" and r.finish_s == pytest.approx(0.5431072, abs=1e-9)
-    assert r.kv_wait_s == pytest.approx(0.47, abs=1e-9)
+    assert r.status == "finished" and r.finish_s == pytest.approx(0.6231072, abs=1e-9)
+    assert r.kv_wait_s == pytest.approx(0.55, abs=1e-9)
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_back_to_back_link_faults_hand_over_at_the_shared_instant_by_hand(order):
+    # faults-link-down's pattern, scaled down: down 0.02 - 0.1, then 10% 0.1 - 1.1 (in either list order).
+    # r0 (100 + 2) is prefilled by 0.05 and waits for the link; at 0.1 the outage ends as the 10% fault
+    # begins: 100 x 131072 B at 1e8 B/s = 0.131072 s -> on decode at 0.231072, one decode step: 0.241072.
+    # (A restore that set the link back to full speed ran it at 1 GB/s: 0.1131072.)
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    links = [{"at_s": 0.02, "duration_s": 0.08, "bandwidth_fraction": 0.0},
+             {"at_s": 0.1, "duration_s": 1.0, "bandwidth_fraction": 0.1}][::order]
+    res = _stream(topo, [(0.0, 100, 2)], faults={"links": links})
+    (r,) = res.requests
+    assert r.kv_wait_s == pytest.approx(0.05, abs=1e-9)
+    assert r.kv_transfer_s == pytest.approx(0.131072, abs=1e-9)
+    assert r.finish_s == pytest.approx(0.241072, abs=1e-9)
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_overlapping_degraded_links_run_at_the_smallest_fraction_by_hand(order):
+    # two faults over 0 - 10 s at 50% and 25%: the link runs at 25% whichever is listed last:
+    # 100 x 131072 B / 2.5e8 B/s = 0.0524288 s
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    links = [{"at_s": 0.0, "duration_s": 10.0, "bandwidth_fraction": 0.5},
+             {"at_s": 0.0, "duration_s": 10.0, "bandwidth_fraction": 0.25}][::order]
+    (r,) = _stream(topo, [(0.0, 100, 2)], faults={"links": links}).requests
+    assert r.kv_transfer_s == pytest.approx(0.0524288, abs=1e-12)
 
 
 def test_a_link_that_goes_down_twice_holds_each_transfer_until_it_is_back_by_hand():
