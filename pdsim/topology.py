@@ -448,10 +448,15 @@ class KVLink:
         self.free_at = 0.0                 # when the last transfer left the link (layer-wise overlap)
         self.factor = 1.0                  # bandwidth fraction (faults.links); 0 = down
         self.restored = env.event()        # fires when a down link comes back
+        self.changed = env.event()         # fires when the speed changes (transfers in flight re-rate)
 
     def degrade(self, env, fraction: float) -> None:
         """Run at ``fraction`` of the bandwidth (faults.link_factor: the worst active link fault's)."""
+        if fraction == self.factor:
+            return
         self.factor = fraction
+        changed, self.changed = self.changed, env.event()
+        changed.succeed()
         if fraction > 0 and not self.restored.triggered:
             self.restored.succeed()
         elif fraction == 0 and self.restored.triggered:
@@ -582,13 +587,13 @@ class Disaggregated(_Serving):
                 bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
                 if self.window is not None:     # (no prefix cache with sliding layers: hit is 0)
                     bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes
-                wire_s = bytes_ / (link.bandwidth_Bps * link.factor)
-                early_s = self._overlap_s(req, link, wire_s, t_start, t_ready)
-                xfer_s = link.latency_s + wire_s - early_s
-                yield env.timeout(xfer_s)
+                rate = link.bandwidth_Bps * link.factor
+                early_s = self._overlap_s(req, link, bytes_ / rate, t_start, t_ready)
                 # the overlapped layers were on the wire during the prefill, while the link was idle
-                link.busy_s += link.latency_s + wire_s
+                busy_s = yield from self._send(link, bytes_ - early_s * rate)
+                link.busy_s += early_s + busy_s
                 link.free_at = env.now
+                xfer_s = env.now - t_start
                 link.bytes += bytes_
                 link.transfers += 1
                 if hit:
@@ -612,6 +617,25 @@ class Disaggregated(_Serving):
         req.status = UNFINISHED
         req.decode_start_s = env.now
         dec.accept(req)
+
+    def _send(self, link, left: float):
+        """Put ``left`` bytes on the link at its current speed, then its latency; returns the seconds it
+        was busy.  A fault that changes the speed mid-transfer applies at once to the bytes still to send
+        (bytes left / new rate); a link that goes down pauses the transfer until it is back."""
+        env = self.env
+        busy_s = 0.0
+        while left > 0.0:
+            if link.factor == 0.0:
+                yield link.restored
+                continue
+            rate = link.bandwidth_Bps * link.factor
+            t0 = env.now
+            done = env.timeout(left / rate)
+            yield done | link.changed
+            busy_s += env.now - t0
+            left = 0.0 if done.processed else left - rate * (env.now - t0)
+        yield env.timeout(link.latency_s)
+        return busy_s + link.latency_s
 
     def _overlap_s(self, req: Request, link, wire_s: float, t_start: float, t_ready: float) -> float:
         """``kv_link.layerwise_overlap``: the wire seconds of this transfer sent while its prefill still ran.

@@ -405,6 +405,38 @@ def test_a_degraded_link_moves_kv_at_its_fraction_of_the_bandwidth_by_hand():
     assert r.finish_s == pytest.approx(0.0862144, abs=1e-9)
 
 
+def test_a_link_that_goes_down_mid_transfer_pauses_it_until_it_is_back_by_hand():
+    # r0 (1000 + 2) prefilled 0 - 0.05; its KV goes at 0.05: W = 1000 x 131072 B / 1e9 = 0.131072 s + 100 us.
+    # The link goes down at 0.1 for 60 s: 0.05 s of W sent, 0.081072 s left, sent from 60.1: 60.181072,
+    # plus the latency: on decode at 60.181172, one decode step: 60.191172.  The link was busy 0.131172 s.
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 100})
+    res = _stream(topo, [(0.0, 1000, 2)], faults={"links": [{"at_s": 0.1, "duration_s": 60.0}]})
+    (r,) = res.requests
+    assert r.kv_wait_s == 0.0 and r.decode_start_s == pytest.approx(60.181172, abs=1e-9)
+    assert r.kv_transfer_s == pytest.approx(60.131172, abs=1e-9)
+    assert r.finish_s == pytest.approx(60.191172, abs=1e-9)
+    (link,) = res.topology.links
+    assert link.busy_s == pytest.approx(0.131172, abs=1e-9)
+
+
+@pytest.mark.parametrize("at_s, duration_s, end", [
+    # half speed from 0.1 for 1 s: 0.05 s at 1e9 B/s sent 50,000,000 B; 81,072,000 B left at 5e8 B/s =
+    # 0.162144 s: 0.262144, plus 100 us: 0.262244
+    (0.1, 1.0, 0.262244),
+    # half speed 0 - 0.1 s: 0.05 - 0.1 at 5e8 B/s sent 25,000,000 B; 106,072,000 B left at full speed from
+    # 0.1: 0.106072 s: 0.206072, plus 100 us: 0.206172
+    (0.0, 0.1, 0.206172)])
+def test_a_link_degraded_or_restored_mid_transfer_re_rates_the_bytes_left_by_hand(at_s, duration_s, end):
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 100})
+    res = _stream(topo, [(0.0, 1000, 2)], faults={"links": [{"at_s": at_s, "duration_s": duration_s,
+                                                             "bandwidth_fraction": 0.5}]})
+    (r,) = res.requests
+    assert r.decode_start_s == pytest.approx(end, abs=1e-9)
+    assert r.kv_transfer_s == pytest.approx(end - 0.05, abs=1e-9)
+    (link,) = res.topology.links
+    assert link.busy_s == pytest.approx(end - 0.05, abs=1e-9)     # sending all along, no pause
+
+
 def test_a_decode_failure_mid_transfer_forgets_its_reservation_by_hand():
     # decode max_running 1.  r0 (800 + 2): prefill 0 - 0.05, reserves decode-0 (1 of 1) and goes on the wire
     # (800 x 131072 B = 0.1048576 s at 1 GB/s).  decode-0 fails at 0.1 (down 0.2): its reservation vanished with
