@@ -176,6 +176,7 @@ class Instance:
     # draining (routers skip it; it finishes what it holds, then leaves) | off (not paid)
     state = "serving"
     draining = False
+    hold_first_decode = False   # a request's first decode step runs alone (client timeouts behind a PD proxy)
     switch_to = None    # draining to come back in the other pool's role (autoscaler policy mix)
     switched = None     # provisioning in its new role after a switch: the role_switches entry (autoscaler)
     alive_from_s = 0.0  # when the current paid period began (the scale-out decision)
@@ -450,6 +451,8 @@ class Instance:
         for r in reqs:
             if r.generated < 1:      # a one-token prompt's prefill: its first token is an event
                 return None
+            if self.hold_first_decode and r.decode_first_s != r.decode_first_s:
+                return None          # its first decode token may be abandoned for (Disaggregated.client_view)
             left = r.output_tokens - r.generated
             if left < k:
                 k = left   # the step that finishes the first request ends it

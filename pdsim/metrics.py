@@ -24,15 +24,18 @@ def client_first_token(rs, first: np.ndarray, kind: str, client) -> tuple[np.nda
 
     Colocated: the first token.  Disaggregated with ``ttft_at: first_decode_token`` (the default,
     what ``vllm bench serve`` measures behind a PD proxy): the first token the decode instance
-    streams; a one-token reply (nothing decoded) keeps the prefill's token.
+    streams; a one-token reply (nothing decoded) keeps the prefill's token.  A longer reply the decode side
+    never streamed a token of (abandoned, or unfinished at the horizon) has none: NaN, however far its
+    prefill got.
     """
     k0 = np.zeros(len(rs), np.int64)
     if kind != "disaggregated" or client.ttft_at == "prefill_end":
         return first, k0
     dfirst = np.fromiter((r.decode_first_s for r in rs), np.float64, len(rs))
+    one = np.fromiter((r.output_tokens == 1 for r in rs), bool, len(rs))
     use = ~np.isnan(dfirst)
     k0[use] = 1
-    return np.where(use, dfirst, first), k0
+    return np.where(use, dfirst, np.where(one, first, np.nan)), k0
 
 
 def _token_runs(rs, k0: np.ndarray, keep=None) -> tuple[list, np.ndarray, np.ndarray]:

@@ -186,6 +186,7 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
         for r in reqs:
             r.token_s = []
     timeout_s = sc.workload.timeout_s
+    topo.client_view(sc.client, timeout_s)
     if sc.workload.arrival == "closed":
         queue = list(reversed(reqs))
         for start_s in client_starts(sc):

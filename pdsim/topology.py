@@ -13,7 +13,7 @@ from .config import ColocatedSpec, DisaggregatedSpec, PoolSpec, PrefixRoutingSpe
 from .costmodel import ConstantCost, LinearCost, RooflineCost
 from .devices import GiB, get_device
 from .errors import ConfigError
-from .instance import Instance
+from .instance import HANDOFF, Instance
 from .kvcache import KVCache, PrefixKVCache, SlidingKVCache
 from .scheduler import SCHEDULERS, Limits, final_kv_tokens
 from .workload import ABANDONED, UNFINISHED, Request
@@ -386,20 +386,35 @@ class _Serving:
         for r in backlog:
             self._dispatch(r, admit=False)
 
+    def client_view(self, client, timeout_s) -> None:
+        """What the client counts as its first token (``client.ttft_at``; None: the default client)."""
+
+    def has_first_token(self, req: Request) -> bool:
+        """Whether the client has seen its first token (then a timeout no longer abandons the request)."""
+        return req.generated > 0
+
     def abandon(self, req: Request) -> None:
         """The client gave up (no first token by workload.timeout_s)."""
-        if req.status != UNFINISHED or req.generated > 0:
+        if req.status != UNFINISHED or self.has_first_token(req):
             return
         if req in self.backlog:
             self.backlog.remove(req)
+        elif req in getattr(self, "decode_backlog", ()):
+            self.decode_backlog.remove(req)
         elif not req.instance:
             pass                                        # still in the engine's front end: never routed
         else:
-            inst = self.by_name.get(req.instance)
-            if inst is None or not inst.drop(req):
-                return                                  # in a hand-off: it has its first token
+            # where it is queued or running: a decode instance that took its KV, or the instance it was sent to
+            here = [i for i in (self.by_name.get(req.decode_instance), self.by_name.get(req.instance))
+                    if i is not None and (req in i.running or req in i.waiting)]
+            if not here or not here[0].drop(req):
+                return
+            self._dropped(here[0])
         req.status, req.finish_s = ABANDONED, self.env.now
         self.sink.finished(req)
+
+    def _dropped(self, inst) -> None:
+        """An abandoned request left ``inst`` (its blocks are free again)."""
 
 
 class Colocated(_Serving):
@@ -508,6 +523,8 @@ class Disaggregated(_Serving):
         self.decode_up: list = []          # hand-offs waiting for any decode instance to come back
         self.decode_backlog: list = []     # failed-over requests to recompute on decode, none up
         self.xfer_hit: dict[int, int] = {}  # request id -> tokens the chosen decode instance holds already
+        self.handoffs: dict[int, object] = {}   # request id -> its hand-off process (a client may abandon it)
+        self.decode_first = True           # client.ttft_at: first_decode_token (client_view)
         self.transfer_bytes_saved = 0.0
         self._setup_common()
 
@@ -524,6 +541,38 @@ class Disaggregated(_Serving):
 
     def first_token(self, req):
         pass
+
+    def client_view(self, client, timeout_s) -> None:
+        """Behind a PD proxy (``ttft_at: first_decode_token``, the default) the client's first token is the
+        decode instance's first: a request prefilled but not yet decoded by ``timeout_s`` is abandoned, its
+        hand-off given up (decode reservation and prefill copy freed) or its decode slot dropped.  So that a
+        timeout lands between steps as it does step by step, a decode instance then runs a request's first
+        decode step on its own (no fast-path window holds a request that has no decode token yet)."""
+        self.decode_first = client is None or client.ttft_at == "first_decode_token"
+        if self.decode_first and timeout_s is not None:
+            for d in self.decode.instances:
+                d.hold_first_decode = True
+
+    def has_first_token(self, req: Request) -> bool:
+        if self.decode_first and req.output_tokens > 1:
+            return req.decode_first_s == req.decode_first_s        # not NaN: the decode side streamed one
+        return req.generated > 0
+
+    def abandon(self, req: Request) -> None:
+        if req.status == HANDOFF:
+            if self.has_first_token(req):
+                return
+            proc = self.handoffs.get(req.id)
+            if proc is None:      # its hand-off process was created at this instant and starts first
+                self.env.timeout(0).callbacks.append(lambda _ev: self.abandon(req))
+            else:
+                proc.interrupt("abandoned")
+            return
+        super().abandon(req)
+
+    def _dropped(self, inst) -> None:
+        if inst.role == "decode":
+            self.on_decode_freed(inst)
 
     def finished(self, req, inst):
         if inst.role == "decode":
@@ -556,57 +605,83 @@ class Disaggregated(_Serving):
 
     def _handoff(self, req: Request, src: Instance):
         env = self.env
+        self.handoffs[req.id] = env.active_process
         t_ready = env.now
         src_epoch = src.epoch
         src_blocks = req.blocks
         req.blocks = 0                     # the decode side's allocation starts from zero
         link = self.link_of[src.name]
         kv_tokens = req.computed
-        while True:
-            # back-pressure: wait for decode blocks while the prefill side keeps holding this KV
-            dec = self._pick_decode(req)
-            while dec is None or not self._reserve(dec, req):
-                ev = env.event()
-                (self.decode_up if dec is None else self.pending[dec.name]).append(ev)
-                yield ev
-                if src.epoch != src_epoch:
-                    return self._lost_on_prefill(req)
-                if dec is None or dec.down:
-                    dec = self._pick_decode(req)
-            dec_epoch = dec.epoch
-            dec.reserved_count += 1
-            with link.res.request() as slot:
-                yield slot
-                while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
-                    yield link.restored
-                if src.epoch != src_epoch:    # the prefill copy died while it waited: nothing to send
+        dec, dec_epoch, reserved, sending = None, -1, False, False
+        try:
+            while True:
+                # back-pressure: wait for decode blocks while the prefill side keeps holding this KV
+                dec = self._pick_decode(req)
+                while dec is None or not self._reserve(dec, req):
+                    ev = env.event()
+                    (self.decode_up if dec is None else self.pending[dec.name]).append(ev)
+                    yield ev
+                    if src.epoch != src_epoch:
+                        return self._lost_on_prefill(req)
+                    if dec is None or dec.down:
+                        dec = self._pick_decode(req)
+                dec_epoch = dec.epoch
+                dec.reserved_count += 1
+                reserved = True
+                with link.res.request() as slot:
+                    yield slot
+                    while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
+                        yield link.restored
+                    if src.epoch != src_epoch:    # the prefill copy died while it waited: nothing to send
+                        reserved = False
+                        self._unreserve(dec, dec_epoch, req)
+                        return self._lost_on_prefill(req)
+                    t_start = env.now
+                    hit = self.xfer_hit.pop(req.id, 0)
+                    bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
+                    if self.window is not None:     # (no prefix cache with sliding layers: hit is 0)
+                        bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes
+                    rate = link.bandwidth_Bps * link.factor
+                    early_s = self._overlap_s(req, link, bytes_ / rate, t_start, t_ready)
+                    # the overlapped layers were on the wire during the prefill, while the link was idle
+                    link.busy_s += early_s
+                    sending = True
+                    yield from self._send(link, bytes_ - early_s * rate)
+                    sending = False
+                    link.free_at = env.now
+                    xfer_s = env.now - t_start
+                    link.bytes += bytes_
+                    link.transfers += 1
+                    if hit:
+                        self.transfer_bytes_saved += hit * self.kv_bytes_per_token
+                req.kv_transfer_s = xfer_s
+                req.kv_wait_s = t_start - t_ready
+                if src.epoch != src_epoch:     # the prefill instance failed: its copy is gone
+                    reserved = False
                     self._unreserve(dec, dec_epoch, req)
                     return self._lost_on_prefill(req)
-                t_start = env.now
-                hit = self.xfer_hit.pop(req.id, 0)
-                bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
-                if self.window is not None:     # (no prefix cache with sliding layers: hit is 0)
-                    bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes
-                rate = link.bandwidth_Bps * link.factor
-                early_s = self._overlap_s(req, link, bytes_ / rate, t_start, t_ready)
-                # the overlapped layers were on the wire during the prefill, while the link was idle
-                busy_s = yield from self._send(link, bytes_ - early_s * rate)
-                link.busy_s += early_s + busy_s
+                if dec.epoch != dec_epoch:     # the decode instance failed meanwhile: send the KV elsewhere
+                    req.blocks = 0
+                    reserved = False
+                    continue
+                break
+        except simpy.Interrupt:
+            # the client gave up before its first decode token (abandon): nothing of this hand-off stays
+            if sending:                      # a transfer cut off mid-way: the link is free from now
                 link.free_at = env.now
-                xfer_s = env.now - t_start
-                link.bytes += bytes_
-                link.transfers += 1
-                if hit:
-                    self.transfer_bytes_saved += hit * self.kv_bytes_per_token
-            req.kv_transfer_s = xfer_s
-            req.kv_wait_s = t_start - t_ready
-            if src.epoch != src_epoch:     # the prefill instance failed: its copy is gone
+            self.xfer_hit.pop(req.id, None)
+            if reserved:
                 self._unreserve(dec, dec_epoch, req)
-                return self._lost_on_prefill(req)
-            if dec.epoch != dec_epoch:     # the decode instance failed meanwhile: send the KV elsewhere
-                req.blocks = 0
-                continue
-            break
+            if src.epoch == src_epoch:       # the prefill side frees its copy
+                req.blocks = src_blocks
+                src.kv.release(req)
+                src.wake()
+            req.blocks = 0
+            req.status, req.finish_s = ABANDONED, env.now
+            self.sink.finished(req)
+            return
+        finally:
+            self.handoffs.pop(req.id, None)
         # the prefill side frees its copy; the decode side starts
         held = req.blocks
         req.blocks = src_blocks
@@ -619,11 +694,10 @@ class Disaggregated(_Serving):
         dec.accept(req)
 
     def _send(self, link, left: float):
-        """Put ``left`` bytes on the link at its current speed, then its latency; returns the seconds it
-        was busy.  A fault that changes the speed mid-transfer applies at once to the bytes still to send
+        """Put ``left`` bytes on the link at its current speed, then its latency (both count in the link's
+        busy time).  A fault that changes the speed mid-transfer applies at once to the bytes still to send
         (bytes left / new rate); a link that goes down pauses the transfer until it is back."""
         env = self.env
-        busy_s = 0.0
         while left > 0.0:
             if link.factor == 0.0:
                 yield link.restored
@@ -631,11 +705,13 @@ class Disaggregated(_Serving):
             rate = link.bandwidth_Bps * link.factor
             t0 = env.now
             done = env.timeout(left / rate)
-            yield done | link.changed
-            busy_s += env.now - t0
+            try:
+                yield done | link.changed
+            finally:                 # (an abandoned hand-off is interrupted here: what it sent counts)
+                link.busy_s += env.now - t0
             left = 0.0 if done.processed else left - rate * (env.now - t0)
+        link.busy_s += link.latency_s
         yield env.timeout(link.latency_s)
-        return busy_s + link.latency_s
 
     def _overlap_s(self, req: Request, link, wire_s: float, t_start: float, t_ready: float) -> float:
         """``kv_link.layerwise_overlap``: the wire seconds of this transfer sent while its prefill still ran.

@@ -128,10 +128,14 @@ def test_p99_of_many_gaps_interpolates_by_hand():
 
 
 def test_client_first_token_by_hand():
-    first = np.array([1.0, 2.0, 3.0])
-    rs = [_tok(None, 1.5), _tok(None, float("nan")), _tok(None, 3.25)]   # r1: a one-token reply, no decode
+    first = np.array([1.0, 2.0, 3.0, 4.0])
+    # r1: a one-token reply, no decode; r3: a 5-token reply prefilled (4.0) but never decoded (abandoned)
+    rs = [_tok(None, 1.5), _tok(None, float("nan")), _tok(None, 3.25), _tok(None, float("nan"))]
+    for r, out in zip(rs, (5, 1, 5, 5)):
+        r.output_tokens = out
     seen, k0 = metrics.client_first_token(rs, first, "disaggregated", config.ClientSpec())
-    assert list(seen) == [1.5, 2.0, 3.25] and list(k0) == [1, 0, 1]
+    assert list(seen[:3]) == [1.5, 2.0, 3.25] and np.isnan(seen[3]) and list(k0) == [1, 0, 1, 0]
+    rs, first = rs[:3], first[:3]
     for kind, client in (("colocated", config.ClientSpec()),
                          ("disaggregated", config.ClientSpec(ttft_at="prefill_end"))):
         seen, k0 = metrics.client_first_token(rs, first, kind, client)

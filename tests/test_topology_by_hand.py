@@ -5,6 +5,7 @@ requests); none compares pdsim with itself.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from conftest import scenario
@@ -1254,3 +1255,89 @@ def test_make_router_hands_the_cache_aware_routers_their_configuration_by_hand()
     # the other two take no configuration: least_outstanding picks a (0 < 40), round robin a then b
     assert make_router(NS(router="least_outstanding", prefix_routing=None))([b, a], _req()) is a
     assert _names(make_router(NS(router="round_robin", prefix_routing=None)), [a, b], 3, _req()) == ["a", "b", "a"]
+
+
+# --- client timeouts behind a PD proxy (client.ttft_at: first_decode_token) ----------------------------
+def _no_kv_left(res):
+    """Every KV block back in its pool, no decode reservation left, nothing in flight."""
+    topo = res.topology
+    assert all(i.kv.used_blocks == 0 for i in topo.instances)
+    assert all(d.reserved_count == 0 for d in topo.decode.instances)
+    assert not topo.handoffs and not any(topo.pending.values())
+
+
+def test_a_timeout_abandons_a_hand_off_waiting_for_a_link_that_is_down_by_hand():
+    # r0 (1000 + 3), timeout 1 s; the link is down 0 - 10 s.  Prefill 0 - 0.05 (the prefill's token is not the
+    # client's: behind a PD proxy its first token is the decode instance's); the KV waits on the prefill side
+    # with 63 decode blocks reserved (1000 / 16 = 62.5).  At 1.0 no decode token has come: abandoned at 1.0,
+    # the reservation and the prefill copy freed, nothing sent.  (Before: skipped as it had "generated" the
+    # prefill's token, it finished at ~10.16 s with a client TTFT past 10 s.)
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 1000, 3)], faults={"links": [{"at_s": 0.0, "duration_s": 10.0}]}, timeout_s=1.0)
+    (r,) = res.requests
+    assert r.status == "abandoned" and r.finish_s == 1.0
+    assert res.topology.links[0].transfers == 0
+    _no_kv_left(res)
+    from pdsim import metrics
+    df = metrics.requests_frame([res])
+    assert np.isnan(df.ttft_s[0])         # the client saw no token
+
+
+def test_a_timeout_cuts_off_a_transfer_in_flight_and_frees_the_link_by_hand():
+    # 1 GB/s, no latency, timeout 0.1 s.  r0 (1000 + 3) at 0: prefill 0 - 0.05, its KV on the wire from 0.05
+    # (0.131072 s); at 0.1 abandoned mid-transfer: the link was busy 0.05 s and is free again.  r1 (100 + 2)
+    # at 0.12: prefill 0.12 - 0.17, 100 x 131072 B = 0.0131072 s: on decode at 0.1831072, one decode step:
+    # first decode token (and last) at 0.1931072, 0.0731072 after it arrived: within its timeout.
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 1000, 3), (0.12, 100, 2)], timeout_s=0.1)
+    r0, r1 = res.requests
+    assert r0.status == "abandoned" and r0.finish_s == pytest.approx(0.1, abs=1e-12)
+    assert r1.status == "finished" and r1.finish_s == pytest.approx(0.1931072, abs=1e-9)
+    (link,) = res.topology.links
+    assert link.transfers == 1 and link.busy_s == pytest.approx(0.05 + 0.0131072, abs=1e-9)
+    _no_kv_left(res)
+
+
+def test_a_timeout_abandons_a_hand_off_waiting_for_decode_blocks_by_hand():
+    # decode 70 blocks, watermark 0; 1 GB/s, no latency; timeout 0.3 s.  r0 (1000 + 50) and r1 (120 + 2) at 0,
+    # prefilled in one step 0 - 0.05.  r0 reserves 63 blocks (1000 tokens), r1 needs 8 (120 / 16 = 7.5): 71 > 70,
+    # it waits for decode blocks.  r0 is on decode at 0.05 + 0.131072 = 0.181072, first decode token 0.191072,
+    # its 49th and last at 0.181072 + 0.49 = 0.671072.  At 0.3 r1 is abandoned (its prefill copy freed).
+    topo = _dis(decode={"kv_blocks": 70, "watermark": 0.0}, kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 1000, 50), (0.0, 120, 2)], timeout_s=0.3)
+    r0, r1 = res.requests
+    assert r1.status == "abandoned" and r1.finish_s == pytest.approx(0.3, abs=1e-12)
+    assert r0.status == "finished" and r0.decode_first_s == pytest.approx(0.191072, abs=1e-9)
+    assert r0.finish_s == pytest.approx(0.671072, abs=1e-9)
+    assert res.topology.links[0].transfers == 1
+    _no_kv_left(res)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_timeout_drops_a_request_before_its_first_decode_step_ends_by_hand(fast):
+    # decode steps of 0.5 s, a link fast enough to be ~0 s; timeout 0.2 s.  r0 (100 + 3): prefill 0 - 0.05, on
+    # decode at ~0.05, its first decode step runs 0.05 - 0.55: at 0.2 the client gives up, the decode instance
+    # drops it (its blocks freed; the run ends there, every request settled).
+    topo = _dis(decode={"cost_model": CONST(0.5)}, kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    sc = scenario({"t": topo}, timeout_s=0.2)
+    reqs = [Request(0, 0.0, 100, 3)]
+    res = run_topology(sc, "t", sc.topologies["t"], reqs, resolve_model(sc), 0.1, fast=fast)
+    (r,) = res.requests
+    assert r.status == "abandoned" and r.finish_s == pytest.approx(0.2, abs=1e-12) and r.generated == 1
+    assert r.decode_first_s != r.decode_first_s       # NaN: no decode token
+    _no_kv_left(res)
+    (d,) = res.topology.decode.instances
+    assert not d.running and d.outstanding_tokens == 0 and d.decode_work == 0
+
+
+def test_a_prefill_end_client_keeps_a_prefilled_request_past_its_timeout_by_hand():
+    # client.ttft_at: prefill_end: the prefill's token (0.05) is the client's first, so the link outage
+    # (0 - 10 s) no longer abandons it at 1 s: on the wire at 10 (1000 x 131072 B: 0.131072 s), decoded
+    # 10.141072 and 10.151072
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    sc = scenario({"t": topo}, timeout_s=1.0)
+    sc = sc.model_copy(update={"client": config.ClientSpec(ttft_at="prefill_end"),
+                               "faults": config.FaultsSpec(links=[{"at_s": 0.0, "duration_s": 10.0}])})
+    res = run_topology(sc, "t", sc.topologies["t"], [Request(0, 0.0, 1000, 3)], resolve_model(sc), 0.1)
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(10.151072, abs=1e-9)
