@@ -75,8 +75,9 @@ def test_nothing_lost_under_random_faults(topo, seed, n, rate, data, timeout, fa
             assert r.generated == r.output_tokens and r.first_token_s >= r.arrival_s
             if r.decode_instance:
                 assert r.decode_start_s >= r.prefill_end_s
-        if r.status == "abandoned":
-            assert r.finish_s == pytest.approx(r.arrival_s + timeout) and r.generated == 0
+        if r.status == "abandoned":      # no token for the client: behind a PD proxy, none from decode
+            assert r.finish_s == pytest.approx(r.arrival_s + timeout)
+            assert r.generated == 0 or r.decode_first_s != r.decode_first_s
     for inst in res.topology.instances:
         if not inst.down:
             assert inst.kv.free_blocks == inst.kv.total_blocks
