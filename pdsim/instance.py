@@ -333,6 +333,7 @@ class Instance:
         for r in self.running:
             if r.status == UNFINISHED:
                 r.recomputed_tokens += r.computed
+                r.fault_recomputed_tokens += r.computed
                 r.computed = 0
                 r.blocks = 0
                 r.fault_hits += 1

@@ -741,6 +741,7 @@ class Disaggregated(_Serving):
     def _lost_on_prefill(self, req: Request) -> None:
         """KV lost with a failed instance before it reached decode: prefill again (recompute)."""
         req.recomputed_tokens += req.computed
+        req.fault_recomputed_tokens += req.computed
         req.computed = 0
         req.blocks = 0
         req.fault_hits += 1
