@@ -619,11 +619,13 @@ class Instance:
                 self._settle(w, j)
 
     def blocks_taken(self) -> None:
-        """Blocks of this pool were taken from outside (a KV reservation): cut only if the window needs them."""
+        """Blocks of this pool were taken from outside (a KV reservation): cut only if the window needs them,
+        or if the reservation found a prefix on the host tier: its copy (``kv.load_s``) is paid before the
+        next step, as step by step, not after the window."""
         w = self._win
         if w is not None:
             self.sync()
-            if w.need - w.extra > self.kv.free_blocks or (self.kv.prefix_on and self.waiting):
+            if w.need - w.extra > self.kv.free_blocks or (self.kv.prefix_on and (self.waiting or self.kv.load_s)):
                 self.cut()      # (a reservation may have evicted cached pages: the queue's head may fit now)
 
     def cut(self) -> None:

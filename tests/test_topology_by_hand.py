@@ -1341,3 +1341,35 @@ def test_a_prefill_end_client_keeps_a_prefilled_request_past_its_timeout_by_hand
     res = run_topology(sc, "t", sc.topologies["t"], [Request(0, 0.0, 1000, 3)], resolve_model(sc), 0.1)
     (r,) = res.requests
     assert r.status == "finished" and r.finish_s == pytest.approx(10.151072, abs=1e-9)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_decode_side_host_tier_hit_is_copied_before_the_next_step_by_hand(fast):
+    # prefill linear 0.01 s + 1e-4 s/token; decode 0.01 s steps with a prefix cache holding 1 unreferenced GPU block
+    # and a host tier (1 GiB, 1 GB/s); link 1 GB/s, 100 us.  Pages of 512 tokens (hash ids), 131072 B a token.
+    #   r0 (1024 + 2, ids 1 2) at 0: prefill 0.1124, on the wire 134,217,728 B: 0.134317728 -> decode 0.246717728,
+    #      done 0.256717728; its two pages leave the GPU cache (capacity 1 block) for the host tier.
+    #   r1 (1024 + 300, ids 9 10) at 1: on decode at 1.246717728; decode steps end at 1.246717728 + 0.01 k.
+    #   r2 (1024 + 5, ids 1 3) at 2: prefilled at 2.1124; the decode reservation finds page 1 on the host tier:
+    #      its copy (67,108,864 B at 1 GB/s = 0.067108864 s) is paid by the next decode step; only page 3 goes
+    #      on the wire (0.067208864 s): on decode at 2.179608864.  The step in flight ends at 2.116717728
+    #      (k = 87); the next one pays the copy: 2.116717728 + 0.01 + 0.067108864 = 2.193826592; r2 joins the
+    #      one after: first decode token 2.203826592, its 4 decode tokens done 2.233826592.  The fast path
+    #      must cut its window there too (it paid the copy after the window: 2.263826592).
+    topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4}},
+                decode={"prefix_cache": {"enabled": True, "capacity_blocks": 1,
+                                         "host": {"capacity_GiB": 1, "bandwidth_GBps": 1}}},
+                kv_link={"bandwidth_GBps": 1, "latency_us": 100})
+    sc = scenario({"t": topo})
+    reqs = [Request(0, 0.0, 1024, 2, hash_ids=[1, 2], hash_block_tokens=512),
+            Request(1, 1.0, 1024, 300, hash_ids=[9, 10], hash_block_tokens=512),
+            Request(2, 2.0, 1024, 5, hash_ids=[1, 3], hash_block_tokens=512)]
+    res = run_topology(sc, "t", sc.topologies["t"], reqs, resolve_model(sc), 0.1, fast=fast)
+    r0, r1, r2 = res.requests
+    assert r0.finish_s == pytest.approx(0.256717728, abs=1e-9)
+    assert r2.kv_transfer_s == pytest.approx(0.067208864, abs=1e-9)
+    assert r2.decode_start_s == pytest.approx(2.179608864, abs=1e-9)
+    assert r2.decode_first_s == pytest.approx(2.203826592, abs=1e-9)
+    assert r2.finish_s == pytest.approx(2.233826592, abs=1e-9)
+    # r1: 299 decode steps and the one that paid the copy
+    assert r1.finish_s == pytest.approx(1.246717728 + 2.99 + 0.067108864, abs=1e-9)
