@@ -739,14 +739,19 @@ class Disaggregated(_Serving):
         req.blocks = 0
 
     def _lost_on_prefill(self, req: Request) -> None:
-        """KV lost with a failed instance before it reached decode: prefill again (recompute)."""
+        """KV lost with a failed instance before it reached decode: prefill again (recompute) the prompt
+        and the token it generated; as for a request lost on decode, one too long for a prefill instance
+        now (the prompt filled its pool to the last block: prompt + 1 needs one more) recomputes on decode."""
         req.recomputed_tokens += req.computed
         req.fault_recomputed_tokens += req.computed
         req.computed = 0
         req.blocks = 0
         req.fault_hits += 1
         req.status = UNFINISHED
-        self._dispatch(req, admit=False)
+        if not self.prefill.instances[0].kv.fits_ever(req.known):
+            self._recompute_on_decode(req)
+        else:
+            self._dispatch(req, admit=False)
 
     def _after_failure(self, inst, lost) -> None:
         if inst.role == "decode":

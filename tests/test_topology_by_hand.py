@@ -1373,3 +1373,22 @@ def test_a_decode_side_host_tier_hit_is_copied_before_the_next_step_by_hand(fast
     assert r2.finish_s == pytest.approx(2.233826592, abs=1e-9)
     # r1: 299 decode steps and the one that paid the copy
     assert r1.finish_s == pytest.approx(1.246717728 + 2.99 + 0.067108864, abs=1e-9)
+
+
+def test_a_prefill_copy_lost_that_no_longer_fits_a_prefill_instance_recomputes_on_decode_by_hand():
+    # prefill x2, 63 blocks of 16 (watermark 0): 1008 tokens, exactly r0's prompt (1008 + 5).  prefill-0
+    # prefills it 0 - 0.05 (token 1); its KV goes on the wire at 0.05 (1008 x 131072 B = 0.132120576 s + 100 us:
+    # until 0.182220576).  prefill-0 fails at 0.1: the copy is gone.  Prefilled again r0 would be prompt +
+    # 1 token = 1009 = 64 blocks: no prefill instance can ever hold it (it deadlocked waiting on prefill-1).
+    # As a request lost on decode it recomputes on decode: at 0.182220576 (when the dead transfer ends) one
+    # step computes 1009 tokens and samples token 2 (0.192220576), three more: done 0.222220576.
+    topo = _dis(prefill={"instances": 2, "kv_blocks": 63, "watermark": 0.0},
+                kv_link={"bandwidth_GBps": 1, "latency_us": 100})
+    res = _stream(topo, [(0.0, 1008, 5)], faults={"instances": [{"at_s": 0.1, "instance": "prefill-0",
+                                                                 "down_s": 10.0}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.recomputed_tokens == 1008 and r.fault_hits == 1
+    assert r.instance == "decode-0"
+    assert r.decode_first_s == pytest.approx(0.192220576, abs=1e-9)
+    assert r.finish_s == pytest.approx(0.222220576, abs=1e-9)
+    assert all(i.kv.used_blocks == 0 for i in res.topology.instances)
