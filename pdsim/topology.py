@@ -365,14 +365,18 @@ class _Serving:
         self.autoscaler.drained(inst)
 
     def fail_instance(self, inst, until_s: float) -> None:
+        handing_off = len(self._in_handoff(inst))     # prefilled, KV held here for a hand-off: lost too
         lost = inst.fail()
         self.fault_log.append({"instance": inst.name, "at_s": self.env.now, "until_s": until_s,
-                               "requests_lost": len(lost)})
+                               "requests_lost": len(lost) + handing_off})
         self._after_failure(inst, lost)
         if inst.draining:        # scaled in and now holding nothing: the drain is complete, it leaves
             self.autoscaler.drained(inst)
         elif self.autoscaler is not None:       # the pool's timeline: one fewer serving
             self.autoscaler.by_pool[inst.pool].record(self.env.now)
+
+    def _in_handoff(self, inst) -> list:
+        return []
 
     def _after_failure(self, inst, lost) -> None:
         for r in lost:
@@ -523,7 +527,9 @@ class Disaggregated(_Serving):
         self.decode_up: list = []          # hand-offs waiting for any decode instance to come back
         self.decode_backlog: list = []     # failed-over requests to recompute on decode, none up
         self.xfer_hit: dict[int, int] = {}  # request id -> tokens the chosen decode instance holds already
-        self.handoffs: dict[int, object] = {}   # request id -> its hand-off process (a client may abandon it)
+        # request id -> (its hand-off process, the prefill instance holding its KV): interrupted when the client
+        # abandons it or when that instance fails (its copy is gone at once)
+        self.handoffs: dict[int, tuple] = {}
         self.decode_first = True           # client.ttft_at: first_decode_token (client_view)
         self.transfer_bytes_saved = 0.0
         self._setup_common()
@@ -562,11 +568,11 @@ class Disaggregated(_Serving):
         if req.status == HANDOFF:
             if self.has_first_token(req):
                 return
-            proc = self.handoffs.get(req.id)
-            if proc is None:      # its hand-off process was created at this instant and starts first
+            h = self.handoffs.get(req.id)
+            if h is None:         # its hand-off process was created at this instant and starts first
                 self.env.timeout(0).callbacks.append(lambda _ev: self.abandon(req))
             else:
-                proc.interrupt("abandoned")
+                h[0].interrupt("abandoned")
             return
         super().abandon(req)
 
@@ -605,7 +611,7 @@ class Disaggregated(_Serving):
 
     def _handoff(self, req: Request, src: Instance):
         env = self.env
-        self.handoffs[req.id] = env.active_process
+        self.handoffs[req.id] = (env.active_process, src)
         t_ready = env.now
         src_epoch = src.epoch
         src_blocks = req.blocks
@@ -665,13 +671,17 @@ class Disaggregated(_Serving):
                     reserved = False
                     continue
                 break
-        except simpy.Interrupt:
-            # the client gave up before its first decode token (abandon): nothing of this hand-off stays
+        except simpy.Interrupt as stop:
+            # the client gave up before its first decode token (abandon), or the prefill instance holding the
+            # KV failed (_after_failure): nothing of this hand-off stays
             if sending:                      # a transfer cut off mid-way: the link is free from now
                 link.free_at = env.now
             self.xfer_hit.pop(req.id, None)
             if reserved:
                 self._unreserve(dec, dec_epoch, req)
+            if stop.cause == "lost":          # the copy went with the instance's memory: prefill again
+                req.blocks = 0
+                return self._lost_on_prefill(req)
             if src.epoch == src_epoch:       # the prefill side frees its copy
                 req.blocks = src_blocks
                 src.kv.release(req)
@@ -753,17 +763,20 @@ class Disaggregated(_Serving):
         else:
             self._dispatch(req, admit=False)
 
+    def _in_handoff(self, inst) -> list:
+        """Requests whose KV ``inst`` holds for a hand-off (waiting for decode blocks or the link, or on
+        the wire)."""
+        return [rid for rid, (_, src) in self.handoffs.items() if src is inst]
+
     def _after_failure(self, inst, lost) -> None:
         if inst.role == "decode":
             inst.reserved_count = 0          # reservations vanished with its memory
             self.on_decode_freed(inst)                       # waiting hand-offs pick another instance
         else:
-            # hand-offs from this instance waiting for decode blocks: wake them to see their KV is gone
-            for d in self.decode.instances:
-                self.on_decode_freed(d)
-            waiters, self.decode_up = self.decode_up, []
-            for ev in waiters:
-                ev.succeed()
+            # hand-offs from this instance lost their KV: they stop now (a transfer in flight is cut off,
+            # a decode reservation given back) and prefill again (_lost_on_prefill)
+            for rid in self._in_handoff(inst):
+                self.handoffs[rid][0].interrupt("lost")
         pkv = self.prefill.instances[0].kv
         for r in lost:   # prefill: restart; decode: its KV is gone, prefill prompt + generated again
             if inst.role == "decode" and not pkv.fits_ever(r.known):

@@ -128,13 +128,16 @@ def test_decode_assignment_policies_by_hand(assignment, r2_on):
 def test_prefill_lost_twice_during_its_kv_transfer_by_hand():
     # 1 prefill instance, linear cost 0.05 s + 1e-4 s per token; 1 GB/s link, no latency; 1 request of 800 + 3.
     #   0 - 0.13       prefill 800 tokens (0.05 + 0.08); token 1
-    #   0.13 - 0.2348576  KV of 800 tokens on the wire: 104,857,600 B / 1e9; decode holds 50 blocks reserved
-    #   0.2  prefill-0 fails (down 0.5 s): when the transfer ends its source copy is gone -> the decode
-    #        reservation is given back; recomputed 800, fault hit 1; no prefill up: the request waits (backlog)
+    #   0.13 -         KV of 800 tokens on the wire (104,857,600 B / 1e9 would end at 0.2348576); decode holds 50
+    #                  blocks reserved
+    #   0.2  prefill-0 fails (down 0.5 s): its copy is gone at once -> the transfer is cut off after 0.07 s, the
+    #        decode reservation given back; recomputed 800, fault hit 1; no prefill up: the request waits (backlog)
     #   0.7 - 0.8301   recovered: prefill prompt + 1 generated = 801 tokens (0.05 + 0.0801); token 2
-    #   0.8301 - 0.935088672  801 tokens on the wire (104,988,672 B)
-    #   0.9  prefill-0 fails again (down 0.5 s) -> lost again: recomputed 800 + 801 = 1601, fault hits 2
+    #   0.8301 -       801 tokens on the wire (104,988,672 B: it would end at 0.935088672)
+    #   0.9  prefill-0 fails again (down 0.5 s) -> cut off after 0.0699 s, lost again: recomputed 800 + 801 = 1601,
+    #        fault hits 2
     #   1.4 - 1.5302   prefill 802 tokens (0.05 + 0.0802); token 3 = the last: it finishes on the prefill side
+    #   No transfer completed; the link was busy 0.07 + 0.0699 s
     topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.05, "per_token_s": 1e-4}},
                 kv_link={"bandwidth_GBps": 1, "latency_us": 0})
     res = _stream(topo, [(0.0, 800, 3)], faults={"instances": [
@@ -144,8 +147,10 @@ def test_prefill_lost_twice_during_its_kv_transfer_by_hand():
     assert r.token_s == pytest.approx([0.13, 0.8301, 1.5302], abs=1e-12)
     assert r.recomputed_tokens == 1601 and r.fault_hits == 2
     (link,) = res.topology.links
-    assert link.transfers == 2 and link.bytes == (800 + 801) * KV_BYTES_PER_TOKEN
-    assert link.busy_s == pytest.approx((800 + 801) * KV_BYTES_PER_TOKEN / 1e9)
+    assert link.transfers == 0 and link.bytes == 0
+    assert link.busy_s == pytest.approx(0.07 + 0.0699, abs=1e-12)
+    # each failure logged the request it took (its KV, held for the hand-off)
+    assert [e["requests_lost"] for e in res.topology.fault_log] == [1, 1]
     # both reservations were given back: nothing reserved, nothing held on the decode side
     (d,) = res.topology.decode.instances
     assert (d.reserved_count, d.kv.used_blocks) == (0, 0)
@@ -265,19 +270,21 @@ def test_abandonment_from_the_queue_and_from_the_backlog_by_hand():
 
 def test_a_prefill_copy_lost_on_the_wire_bypasses_the_backlog_bound_by_hand():
     # prefill: linear 0.05 s + 1e-4 s per token, max_queue 1; 1 GB/s link, no latency; decode 0.01 s steps.
-    #   r0 (800 + 3) at 0: prefill 0 - 0.13, its KV on the wire 0.13 - 0.2348576 (800 x 131072 B / 1e9)
-    #   0.2: prefill-0 fails for 0.5 s; r1 (100 + 2) arrives at 0.21: backlog 0 < 1 x 1: it waits there
-    #   0.2348576: r0's copy is gone (recomputed 800, fault hit 1): back in the backlog past its bound (1 >= 1)
+    #   r0 (800 + 3) at 0: prefill 0 - 0.13, its KV on the wire from 0.13 (800 x 131072 B / 1e9 to 0.2348576)
+    #   r1 (100 + 2) at 0.15: prefill-0's step 0.15 - 0.21
+    #   0.2: prefill-0 fails for 0.5 s: r1's step is lost (fault hit 1, nothing computed yet): the backlog;
+    #        r0's copy is gone at once (recomputed 800, fault hit 1): the backlog too, past its bound (1 >= 1)
     #   0.7: both to prefill-0 (r1 then r0, past the queue bound of 1); one step prefills 100 + 801 tokens
     #        (0.05 + 0.0901 = 0.1401 s): 0.8401.  On the link r1 first: 13,107,200 B = 0.0131072 s, decode one
     #        step: 0.8632072; r0 after it: 801 x 131072 = 104,988,672 B = 0.104988672 s, one step: 0.968195872
     topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.05, "per_token_s": 1e-4}, "max_queue": 1},
                 kv_link={"bandwidth_GBps": 1, "latency_us": 0})
-    res = _stream(topo, [(0.0, 800, 3), (0.21, 100, 2)],
+    res = _stream(topo, [(0.0, 800, 3), (0.15, 100, 2)],
                   faults={"instances": [{"at_s": 0.2, "instance": "prefill-0", "down_s": 0.5}]})
     r0, r1 = res.requests
     assert (r0.status, r1.status) == ("finished", "finished")
-    assert (r0.recomputed_tokens, r0.fault_hits, r1.fault_hits) == (800, 1, 0)
+    assert (r0.recomputed_tokens, r0.fault_hits, r1.fault_hits) == (800, 1, 1)
+    assert res.topology.fault_log[0]["requests_lost"] == 2
     assert r1.finish_s == pytest.approx(0.8632072, abs=1e-9)
     assert r0.finish_s == pytest.approx(0.968195872, abs=1e-9)
 
@@ -1380,8 +1387,8 @@ def test_a_prefill_copy_lost_that_no_longer_fits_a_prefill_instance_recomputes_o
     # prefills it 0 - 0.05 (token 1); its KV goes on the wire at 0.05 (1008 x 131072 B = 0.132120576 s + 100 us:
     # until 0.182220576).  prefill-0 fails at 0.1: the copy is gone.  Prefilled again r0 would be prompt +
     # 1 token = 1009 = 64 blocks: no prefill instance can ever hold it (it deadlocked waiting on prefill-1).
-    # As a request lost on decode it recomputes on decode: at 0.182220576 (when the dead transfer ends) one
-    # step computes 1009 tokens and samples token 2 (0.192220576), three more: done 0.222220576.
+    # As a request lost on decode it recomputes on decode: at 0.1 (the transfer is cut off as the copy goes)
+    # one step computes 1009 tokens and samples token 2 (0.11), three more: done 0.14.
     topo = _dis(prefill={"instances": 2, "kv_blocks": 63, "watermark": 0.0},
                 kv_link={"bandwidth_GBps": 1, "latency_us": 100})
     res = _stream(topo, [(0.0, 1008, 5)], faults={"instances": [{"at_s": 0.1, "instance": "prefill-0",
@@ -1389,6 +1396,22 @@ def test_a_prefill_copy_lost_that_no_longer_fits_a_prefill_instance_recomputes_o
     (r,) = res.requests
     assert r.status == "finished" and r.recomputed_tokens == 1008 and r.fault_hits == 1
     assert r.instance == "decode-0"
-    assert r.decode_first_s == pytest.approx(0.192220576, abs=1e-9)
-    assert r.finish_s == pytest.approx(0.222220576, abs=1e-9)
+    assert r.decode_first_s == pytest.approx(0.11, abs=1e-9)
+    assert r.finish_s == pytest.approx(0.14, abs=1e-9)
     assert all(i.kv.used_blocks == 0 for i in res.topology.instances)
+
+
+def test_a_hand_off_waiting_for_the_link_is_lost_the_moment_its_prefill_instance_fails_by_hand():
+    # 1P1D: prefill 0.05 s steps, decode 0.01 s, 1 GB/s link with no latency, down 0 - 1.0 s.  r0 (100 + 3)
+    # at 0: prefilled 0 - 0.05 (token 1), its KV waits for the link.  prefill-0 fails at 0.2 for 0.1 s: the
+    # copy is gone at once (recomputed 100, logged as lost); at 0.3 it prefills 101 tokens 0.3 - 0.35 (token
+    # 2) and waits for the link again; at 1.0: 101 x 131072 B = 0.013238272 s, one decode step: 1.023238272.
+    # (Noticed only when the link came back at 1.0, it was prefilled 1.0 - 1.05 and done 1.073238272.)
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 3)], faults={"links": [{"at_s": 0.0, "duration_s": 1.0}],
+                                                 "instances": [{"at_s": 0.2, "instance": "prefill-0",
+                                                                "down_s": 0.1}]})
+    (r,) = res.requests
+    assert r.token_s == pytest.approx([0.05, 0.35, 1.023238272], abs=1e-9)
+    assert r.recomputed_tokens == 100 and r.fault_hits == 1
+    assert next(e for e in res.topology.fault_log if "instance" in e)["requests_lost"] == 1
