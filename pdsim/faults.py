@@ -57,16 +57,43 @@ def _random_faults(env, topo, inst, rng, mtbf_s: float, mttr_s: float, warmup_s:
             yield env.timeout(max(inst.down_until - env.now, 1e-9))
 
 
-def _link_fault(env, topo, at_s: float, duration_s: float, fraction: float):
+def link_factor(topo, now: float) -> float:
+    """The links' bandwidth fraction at ``now``: the smallest fraction of the link faults whose window
+    [start, end) holds ``now`` (1.0 when none does).  Overlapping and back-to-back faults compose by the
+    minimum (the worst fault active sets the speed), and since this reads the windows, not the order in
+    which faults started and ended, a fault ending at the instant another begins hands over directly."""
+    # [start, end, fraction, started, ended]: a fault's own start and end count whatever the float rounding
+    return min((w[2] for w in getattr(topo, "link_windows", ())
+                if (w[3] or w[0] <= now) and not (w[4] or w[1] <= now)), default=1.0)
+
+
+def _link_window(env, topo, at_s: float, duration_s: float, fraction: float) -> list:
+    """Register a link fault's window [start, end) with the topology (``link_windows``) and return it."""
+    start = at_s if at_s > env.now else env.now
+    window = [start, start + duration_s, fraction, False, False]
+    if getattr(topo, "link_windows", None) is None:
+        topo.link_windows = []
+    topo.link_windows.append(window)
+    return window
+
+
+def _link_fault(env, topo, at_s: float, duration_s: float, fraction: float, window=None):
+    """One link fault: at its start and its end every link takes :func:`link_factor` (``window``: its
+    span, registered up front by :func:`schedule_faults`, so that every fault's window is known at any
+    instant; a fault run on its own registers itself)."""
+    if window is None:
+        window = _link_window(env, topo, at_s, duration_s, fraction)
     if at_s > env.now:
         yield env.timeout(at_s - env.now)
     topo.fault_log.append({"link": "all", "at_s": env.now, "until_s": env.now + duration_s,
                            "bandwidth_fraction": fraction})
+    window[3] = True
     for link in topo.links:
-        link.degrade(env, fraction)
+        link.degrade(env, link_factor(topo, env.now))
     yield env.timeout(duration_s)
+    window[4] = True
     for link in topo.links:
-        link.degrade(env, 1.0)
+        link.degrade(env, link_factor(topo, env.now))
 
 
 def schedule_faults(env, sc, name: str, topo) -> None:
@@ -83,9 +110,10 @@ def schedule_faults(env, sc, name: str, topo) -> None:
                 rng = np.random.default_rng([sc.seed, zlib.crc32(name.encode()), idx])
                 env.process(_random_faults(env, topo, inst, rng, r.mtbf_s, r.mttr_s, r.warmup_s))
     if topo.links:
-        for spec in f.links:
-            if spec.topology in (None, name):
-                env.process(_link_fault(env, topo, spec.at_s, spec.duration_s, spec.bandwidth_fraction))
+        mine = [spec for spec in f.links if spec.topology in (None, name)]
+        windows = [_link_window(env, topo, s.at_s, s.duration_s, s.bandwidth_fraction) for s in mine]
+        for spec, window in zip(mine, windows):
+            env.process(_link_fault(env, topo, spec.at_s, spec.duration_s, spec.bandwidth_fraction, window))
 
 
 def fault_windows(topo) -> list[tuple[float, float]]:

@@ -199,6 +199,7 @@ class Instance:
     # draining (routers skip it; it finishes what it holds, then leaves) | off (not paid)
     state = "serving"
     draining = False
+    hold_first_decode = False   # a request's first decode step runs alone (client timeouts behind a PD proxy)
     switch_to = None    # draining to come back in the other pool's role (autoscaler policy mix)
     switched = None     # provisioning in its new role after a switch: the role_switches entry (autoscaler)
     alive_from_s = 0.0  # when the current paid period began (the scale-out decision)
@@ -365,6 +366,7 @@ class Instance:
         for r in self.running:
             if r.status == UNFINISHED:
                 r.recomputed_tokens += r.computed
+                r.fault_recomputed_tokens += r.computed
                 r.computed = 0
                 r.blocks = 0
                 r.fault_hits += 1
@@ -483,6 +485,8 @@ class Instance:
         for r in reqs:
             if r.generated < 1:      # a one-token prompt's prefill: its first token is an event
                 return None
+            if self.hold_first_decode and r.decode_first_s != r.decode_first_s:
+                return None          # its first decode token may be abandoned for (Disaggregated.client_view)
             left = r.output_tokens - r.generated
             if left < k:
                 k = left   # the step that finishes the first request ends it
@@ -653,11 +657,13 @@ class Instance:
                 self._settle(w, j)
 
     def blocks_taken(self) -> None:
-        """Blocks of this pool were taken from outside (a KV reservation): cut only if the window needs them."""
+        """Blocks of this pool were taken from outside (a KV reservation): cut only if the window needs them,
+        or if the reservation found a prefix on the host tier: its copy (``kv.load_s``) is paid before the
+        next step, as step by step, not after the window."""
         w = self._win
         if w is not None:
             self.sync()
-            if w.need - w.extra > self.kv.free_blocks or (self.kv.prefix_on and self.waiting):
+            if w.need - w.extra > self.kv.free_blocks or (self.kv.prefix_on and (self.waiting or self.kv.load_s)):
                 self.cut()      # (a reservation may have evicted cached pages: the queue's head may fit now)
 
     def cut(self) -> None:

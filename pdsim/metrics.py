@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 REQUEST_COLUMNS = ["topology", "request_id", "arrival_s", "prompt_tokens", "output_tokens", "status",
                    "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s",
                    "kv_wait_s", "kv_transfer_s", "decode_queue_s", "preemptions", "recomputed_tokens",
-                   "instance", "decode_instance", "reject_reason", "fault_hits",
+                   "fault_recomputed_tokens", "instance", "decode_instance", "reject_reason", "fault_hits",
                    # client view (Scenario.client): server-side TTFT, inter-token latency, warm-up flag
                    "ttft_prefill_end_s", "itl_mean_s", "itl_p99_s", "itl_max_s", "warmup"]
 
@@ -29,15 +29,18 @@ def client_first_token(rs, first: np.ndarray, kind: str, client) -> tuple[np.nda
 
     Colocated: the first token.  Disaggregated with ``ttft_at: first_decode_token`` (the default,
     what ``vllm bench serve`` measures behind a PD proxy): the first token the decode instance
-    streams; a one-token reply (nothing decoded) keeps the prefill's token.
+    streams; a one-token reply (nothing decoded) keeps the prefill's token.  A longer reply the decode side
+    never streamed a token of (abandoned, or unfinished at the horizon) has none: NaN, however far its
+    prefill got.
     """
     k0 = np.zeros(len(rs), np.int64)
     if kind != "disaggregated" or client.ttft_at == "prefill_end":
         return first, k0
     dfirst = np.fromiter((r.decode_first_s for r in rs), np.float64, len(rs))
+    one = np.fromiter((r.output_tokens == 1 for r in rs), bool, len(rs))
     use = ~np.isnan(dfirst)
     k0[use] = 1
-    return np.where(use, dfirst, first), k0
+    return np.where(use, dfirst, np.where(one, first, np.nan)), k0
 
 
 def _token_runs(rs, k0: np.ndarray, keep=None) -> tuple[list, np.ndarray, np.ndarray]:
@@ -112,7 +115,8 @@ def warmup_mask(finish: np.ndarray, status: np.ndarray, n_warm: int) -> np.ndarr
 FRAME_CHUNK = 16_384   # requests turned into columns at a time (release=True drops their objects after each)
 _FLOAT_FIELDS = ("arrival_s", "first_token_s", "finish_s", "prefill_start_s", "prefill_end_s", "decode_start_s",
                  "kv_wait_s", "kv_transfer_s")
-_INT_FIELDS = ("id", "prompt_tokens", "output_tokens", "preemptions", "recomputed_tokens", "fault_hits")
+_INT_FIELDS = ("id", "prompt_tokens", "output_tokens", "preemptions", "recomputed_tokens", "fault_recomputed_tokens",
+               "fault_hits")
 _TEXT_FIELDS = ("status", "instance", "decode_instance", "reject_reason")
 
 
@@ -201,6 +205,7 @@ def requests_table(results, client=None, release: bool = False) -> Table:
             "e2e_s": np.where(fin, finish - arrival + rtt, np.nan), "queue_s": pstart - arrival,
             "prefill_s": pend - pstart, "kv_wait_s": kv_wait, "kv_transfer_s": kv_xfer, "decode_queue_s": dq,
             "preemptions": icols["preemptions"], "recomputed_tokens": icols["recomputed_tokens"],
+            "fault_recomputed_tokens": icols["fault_recomputed_tokens"],
             "instance": tcols["instance"], "decode_instance": tcols["decode_instance"],
             "reject_reason": tcols["reject_reason"], "fault_hits": icols["fault_hits"],
             "ttft_prefill_end_s": server_first - arrival, "itl_mean_s": itl_mean, "itl_p99_s": itl_p99,
@@ -733,7 +738,8 @@ def fault_summary(topo, d, slo, end_s: float, window_s: float = 30.0) -> dict:
     return {
         "events": topo.fault_log,
         "requests_affected": int(hit.sum()),
-        "recomputed_tokens": int(_c(d, "recomputed_tokens").sum()),
+        # tokens computed again because a fault took their KV (a preemption's recompute is not a fault's)
+        "recomputed_tokens": int(_c(d, "fault_recomputed_tokens").sum()),
         "extra_e2e_s_affected": (mean(hit) - mean(~hit)) if mean(hit) is not None and mean(~hit) is not None
         else None,
         "slo_attainment_inside_fault_windows": slo_attainment(d[inside], slo) if inside.any() else None,

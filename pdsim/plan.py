@@ -772,6 +772,7 @@ def evaluate(task: dict) -> dict:
     topo = build(name, spec, env, Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir),
                                           default_bin_s(sc, stream), seed=sc.seed), sink)
     topo.sink = sink
+    topo.client_view(sc.client, sc.workload.timeout_s)
     env.process(_open_loop(env, topo, stream, model, sc.workload.timeout_s))
     if early:
         env.process(sink.sweep(topo, stream, SWEEP_FRACTION * sc.slo.ttft_s))

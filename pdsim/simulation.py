@@ -162,6 +162,8 @@ def _progress(env, sink, bar, span_s: float):
     """Requests settled so far on ``bar`` (pdsim.progress: a bar on a terminal, a line every 30 s in a log)."""
     step = max(span_s / 500, 1e-3)
     while sink.done < sink.expected:
+        if env.peek() == float("inf"):
+            return         # nothing else will ever happen (a deadlock, reported after the run): no spinning
         yield env.timeout(step)
         if sink.done > bar.done:
             bar.update(sink.done - bar.done)
@@ -186,6 +188,7 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
         for r in reqs:
             r.token_s = []
     timeout_s = sc.workload.timeout_s
+    topo.client_view(sc.client, timeout_s)
     if sc.workload.arrival == "closed":
         queue = list(reversed(reqs))
         for start_s in client_starts(sc):

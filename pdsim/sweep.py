@@ -89,8 +89,10 @@ def run_point(task: dict) -> dict:
     out = []
     for name, t in summary.items():
         row = {**task["point"], "topology": name, "slo_attainment": t["slo_attainment"], "slo_met": t["slo_met"],
+               "slo_mode": sc.slo.mode,       # what slo_met judges: attainment >= target, or the percentiles
                # judged at the bounds / pdsim's p90 measured/simulated ratios (None: no measured band)
                "slo_attainment_at_p90_error": (t.get("slo_at_error") or {}).get("attainment"),
+               "slo_met_at_p90_error": (t.get("slo_at_error") or {}).get("met"),
                "gpus": t["gpus"], "cost_per_hour_usd": t["cost_per_hour_usd"],
                "cost_per_million_output_tokens_usd": t["cost_per_million_output_tokens_usd"],
                "requests": t["requests"]["total"], "finished": t["requests"]["finished"],
@@ -102,9 +104,10 @@ def run_point(task: dict) -> dict:
     return {"point": task["point"], "rows": out, "wall_s": time.perf_counter() - t0}
 
 
-def goodput(xs: list[float], att: list[float], target: float) -> dict:
+def goodput(xs: list[float], att: list[float], target: float, interpolate: bool = True) -> dict:
     """Highest x whose attainment, and that of every lower x, is >= target; the crossing interpolated
-    between that x and the next (first failing) one.  ``status``: within / above / below the swept range."""
+    between that x and the next (first failing) one (``interpolate`` False: the last passing x).
+    ``status``: within / above / below the swept range."""
     pts = sorted((x, a) for x, a in zip(xs, att) if a is not None and not math.isnan(a))
     last, nxt = None, None
     for i, (x, a) in enumerate(pts):
@@ -119,7 +122,7 @@ def goodput(xs: list[float], att: list[float], target: float) -> dict:
     if nxt is None:
         return {"status": "above the swept range", "last_pass": last[0], "first_fail": None, "estimate": last[0]}
     (x0, a0), (x1, a1) = last, nxt
-    est = x0 + (x1 - x0) * (a0 - target) / (a0 - a1) if a0 > a1 else x0
+    est = x0 + (x1 - x0) * (a0 - target) / (a0 - a1) if a0 > a1 and interpolate else x0
     return {"status": "within the swept range", "last_pass": x0, "first_fail": x1, "estimate": est}
 
 
@@ -138,10 +141,30 @@ def axis_topology(key: str, names) -> str | None:
     return rest.split(".", 1)[0]
 
 
-def _margins(rs: list, key: str) -> list:
-    """Each row's attainment less its own point's target (an axis may set the target): >= 0 meets it; with one
-    target for the whole series the goodput's interpolation is the same as on the attainments."""
-    return [None if r.get(key) is None else r[key] - r["attainment_target"] for r in rs]
+def _margins(rs: list, error: bool = False) -> tuple[list, bool]:
+    """(each row's margin, whether to interpolate): >= 0 where the run's own verdict (``slo_met``, as
+    ``pdsim run`` and ``plan`` judge by ``slo.mode``) meets the SLO.  Under ``mode: attainment`` the margin
+    is the attainment less its own point's target (an axis may set the target; with one target for the
+    whole series the goodput's interpolation is the same as on the attainments); under ``mode:
+    percentile`` it is +1 or -1 by the verdict, and the goodput is the last passing point, not
+    interpolated.  ``error``: judged at pdsim's p90 error (``slo_at_error``)."""
+    att_key, met_key = ("slo_attainment_at_p90_error", "slo_met_at_p90_error") if error else \
+        ("slo_attainment", "slo_met")
+    out, interpolate = [], True
+    for r in rs:
+        if r.get("slo_mode", "attainment") == "percentile":
+            interpolate = False
+            met = r.get(met_key)
+            out.append(None if met is None else (1.0 if met else -1.0))
+        else:
+            out.append(None if r.get(att_key) is None else r[att_key] - r["attainment_target"])
+    return out, interpolate
+
+
+def _goodput_args(rs: list, error: bool = False) -> tuple:
+    """goodput's (margins, target 0, interpolate) for a series' rows."""
+    margins, interpolate = _margins(rs, error)
+    return margins, 0.0, interpolate
 
 
 def passes_and_fails(xs: list, att: list, target: float) -> dict:
@@ -218,12 +241,12 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
         if only is not None and rs[0]["topology"] != only:
             untouched.append(label)         # the x axis sets another topology: nothing to judge over it here
         elif numeric and load:
-            gp[label] = goodput([r[xkey] for r in rs], _margins(rs, "slo_attainment"), 0.0)
+            gp[label] = goodput([r[xkey] for r in rs], *_goodput_args(rs))
             # the same at pdsim's p90 error (metrics.slo_at_error): the low end of the goodput's band
-            if all(r.get("slo_attainment_at_p90_error") is not None for r in rs):
-                gp_err[label] = goodput([r[xkey] for r in rs], _margins(rs, "slo_attainment_at_p90_error"), 0.0)
+            if all(m is not None for m in _margins(rs, error=True)[0]):
+                gp_err[label] = goodput([r[xkey] for r in rs], *_goodput_args(rs, error=True))
         elif numeric:                       # not a load: a bigger value need not be harder, so no goodput
-            verdicts[label] = passes_and_fails([r[xkey] for r in rs], _margins(rs, "slo_attainment"), 0.0)
+            verdicts[label] = passes_and_fails([r[xkey] for r in rs], _margins(rs)[0], 0.0)
     return {"scenario": str(scenario), "name": sc.name, "axes": [{"key": k, "values": v} for k, v in axes],
             "fixed": fixed, "x": xkey, "numeric_x": numeric, "load_x": load, "slo": sc.slo.model_dump(), "rows": rows,
             "series": {k: [r for r in v] for k, v in series.items()}, "goodput": gp, "goodput_at_p90_error": gp_err,
@@ -269,6 +292,16 @@ def _passes_text(v: dict) -> str:
     p, f = v["passes_at"], v["fails_at"]
     return "; ".join(([f"meets the SLO at {', '.join(num(x) for x in p)}"] if p else []) +
                      ([f"misses it at {', '.join(num(x) for x in f)}"] if f else [])) or "no point judged"
+
+
+def _rule_text(slo: dict) -> str:
+    """The SLO rule every point is judged by (``slo.mode``), in words."""
+    from .charts import num, pct, seconds
+    if slo.get("mode", "attainment") == "percentile":
+        return (f"the p{num(slo.get('ttft_percentile', 90))} TTFT ≤ {seconds(slo['ttft_s'])} and the "
+                f"p{num(slo.get('tpot_percentile', 90))} TPOT ≤ {seconds(slo['tpot_s'])}")
+    return (f"at least {pct(slo['attainment_target'])} of requests meet TTFT ≤ {seconds(slo['ttft_s'])} and TPOT ≤ "
+            f"{seconds(slo['tpot_s'])}")
 
 
 def build_sweep_report(result: dict, out: Path) -> Path:
@@ -332,16 +365,15 @@ def build_sweep_report(result: dict, out: Path) -> Path:
             verdict[-1] += f"; at pdsim's p90 error {_estimate(e)}"
     if verdict:
         swept = [a["key"] for a in result["axes"] if a["key"].startswith("slo.")]
-        rule = (f"each series at its own {', '.join(swept)}" if swept else
-                f"at least {pct(tgt)} of requests meet TTFT ≤ {seconds(slo['ttft_s'])} and TPOT ≤ "
-                f"{seconds(slo['tpot_s'])}")
-        text = (f"Goodput over {x} (the highest value at which {rule}, interpolated between grid points): "
+        rule = (f"each series at its own {', '.join(swept)}" if swept else _rule_text(slo))
+        how = ("interpolated between grid points" if slo.get("mode", "attainment") == "attainment" or swept else
+               "a percentile verdict is not interpolated: the last passing point")
+        text = (f"Goodput over {x} (the highest value at which {rule}, {how}): "
                 + "; ".join(verdict) + ".")
     elif result.get("verdicts"):
         text = (f"{x} is not a load (rate, rate_scale, rate_curve.scale or clients), so a larger value need not be "
                 f"harder and no "
-                f"goodput is computed. At least {pct(tgt)} of requests meet TTFT ≤ {seconds(slo['ttft_s'])} and "
-                f"TPOT ≤ {seconds(slo['tpot_s'])}: "
+                f"goodput is computed. {_rule_text(slo)[0].upper() + _rule_text(slo)[1:]}: "
                 + "; ".join(f"{label} {_passes_text(v)}" for label, v in result["verdicts"].items()) + ".")
     else:
         text = f"{x} is not numeric: no goodput is computed."

@@ -13,7 +13,7 @@ from .config import ColocatedSpec, DisaggregatedSpec, PoolSpec, PrefixRoutingSpe
 from .costmodel import ConstantCost, LinearCost, RooflineCost
 from .devices import GiB, get_device
 from .errors import ConfigError
-from .instance import Instance
+from .instance import HANDOFF, Instance
 from .kvcache import KVCache, PrefixKVCache, SlidingKVCache
 from .scheduler import SCHEDULERS, Limits, final_kv_tokens
 from .workload import ABANDONED, UNFINISHED, Request
@@ -381,14 +381,18 @@ class _Serving:
         self.autoscaler.drained(inst)
 
     def fail_instance(self, inst, until_s: float) -> None:
+        handing_off = len(self._in_handoff(inst))     # prefilled, KV held here for a hand-off: lost too
         lost = inst.fail()
         self.fault_log.append({"instance": inst.name, "at_s": self.env.now, "until_s": until_s,
-                               "requests_lost": len(lost)})
+                               "requests_lost": len(lost) + handing_off})
         self._after_failure(inst, lost)
         if inst.draining:        # scaled in and now holding nothing: the drain is complete, it leaves
             self.autoscaler.drained(inst)
         elif self.autoscaler is not None:       # the pool's timeline: one fewer serving
             self.autoscaler.by_pool[inst.pool].record(self.env.now)
+
+    def _in_handoff(self, inst) -> list:
+        return []
 
     def _after_failure(self, inst, lost) -> None:
         for r in lost:
@@ -402,20 +406,35 @@ class _Serving:
         for r in backlog:
             self._dispatch(r, admit=False)
 
+    def client_view(self, client, timeout_s) -> None:
+        """What the client counts as its first token (``client.ttft_at``; None: the default client)."""
+
+    def has_first_token(self, req: Request) -> bool:
+        """Whether the client has seen its first token (then a timeout no longer abandons the request)."""
+        return req.generated > 0
+
     def abandon(self, req: Request) -> None:
         """The client gave up (no first token by workload.timeout_s)."""
-        if req.status != UNFINISHED or req.generated > 0:
+        if req.status != UNFINISHED or self.has_first_token(req):
             return
         if req in self.backlog:
             self.backlog.remove(req)
+        elif req in getattr(self, "decode_backlog", ()):
+            self.decode_backlog.remove(req)
         elif not req.instance:
             pass                                        # still in the engine's front end: never routed
         else:
-            inst = self.by_name.get(req.instance)
-            if inst is None or not inst.drop(req):
-                return                                  # in a hand-off: it has its first token
+            # where it is queued or running: a decode instance that took its KV, or the instance it was sent to
+            here = [i for i in (self.by_name.get(req.decode_instance), self.by_name.get(req.instance))
+                    if i is not None and (req in i.running or req in i.waiting)]
+            if not here or not here[0].drop(req):
+                return
+            self._dropped(here[0])
         req.status, req.finish_s = ABANDONED, self.env.now
         self.sink.finished(req)
+
+    def _dropped(self, inst) -> None:
+        """An abandoned request left ``inst`` (its blocks are free again)."""
 
 
 class Colocated(_Serving):
@@ -461,11 +480,18 @@ class KVLink:
         self.busy_s = 0.0
         self.bytes = 0.0
         self.transfers = 0
+        self.free_at = 0.0                 # when the last transfer left the link (layer-wise overlap)
         self.factor = 1.0                  # bandwidth fraction (faults.links); 0 = down
         self.restored = env.event()        # fires when a down link comes back
+        self.changed = env.event()         # fires when the speed changes (transfers in flight re-rate)
 
     def degrade(self, env, fraction: float) -> None:
+        """Run at ``fraction`` of the bandwidth (faults.link_factor: the worst active link fault's)."""
+        if fraction == self.factor:
+            return
         self.factor = fraction
+        changed, self.changed = self.changed, env.event()
+        changed.succeed()
         if fraction > 0 and not self.restored.triggered:
             self.restored.succeed()
         elif fraction == 0 and self.restored.triggered:
@@ -517,6 +543,10 @@ class Disaggregated(_Serving):
         self.decode_up: list = []          # hand-offs waiting for any decode instance to come back
         self.decode_backlog: list = []     # failed-over requests to recompute on decode, none up
         self.xfer_hit: dict[int, int] = {}  # request id -> tokens the chosen decode instance holds already
+        # request id -> (its hand-off process, the prefill instance holding its KV): interrupted when the client
+        # abandons it or when that instance fails (its copy is gone at once)
+        self.handoffs: dict[int, tuple] = {}
+        self.decode_first = True           # client.ttft_at: first_decode_token (client_view)
         self.transfer_bytes_saved = 0.0
         self._setup_common()
 
@@ -533,6 +563,38 @@ class Disaggregated(_Serving):
 
     def first_token(self, req):
         pass
+
+    def client_view(self, client, timeout_s) -> None:
+        """Behind a PD proxy (``ttft_at: first_decode_token``, the default) the client's first token is the
+        decode instance's first: a request prefilled but not yet decoded by ``timeout_s`` is abandoned, its
+        hand-off given up (decode reservation and prefill copy freed) or its decode slot dropped.  So that a
+        timeout lands between steps as it does step by step, a decode instance then runs a request's first
+        decode step on its own (no fast-path window holds a request that has no decode token yet)."""
+        self.decode_first = client is None or client.ttft_at == "first_decode_token"
+        if self.decode_first and timeout_s is not None:
+            for d in self.decode.instances:
+                d.hold_first_decode = True
+
+    def has_first_token(self, req: Request) -> bool:
+        if self.decode_first and req.output_tokens > 1:
+            return req.decode_first_s == req.decode_first_s        # not NaN: the decode side streamed one
+        return req.generated > 0
+
+    def abandon(self, req: Request) -> None:
+        if req.status == HANDOFF:
+            if self.has_first_token(req):
+                return
+            h = self.handoffs.get(req.id)
+            if h is None:         # its hand-off process was created at this instant and starts first
+                self.env.timeout(0).callbacks.append(lambda _ev: self.abandon(req))
+            else:
+                h[0].interrupt("abandoned")
+            return
+        super().abandon(req)
+
+    def _dropped(self, inst) -> None:
+        if inst.role == "decode":
+            self.on_decode_freed(inst)
 
     def finished(self, req, inst):
         if inst.role == "decode":
@@ -565,58 +627,87 @@ class Disaggregated(_Serving):
 
     def _handoff(self, req: Request, src: Instance):
         env = self.env
+        self.handoffs[req.id] = (env.active_process, src)
         t_ready = env.now
         src_epoch = src.epoch
         src_blocks = req.blocks
         req.blocks = 0                     # the decode side's allocation starts from zero
         link = self.link_of[src.name]
         kv_tokens = req.computed
-        while True:
-            # back-pressure: wait for decode blocks while the prefill side keeps holding this KV
-            dec = self._pick_decode(req)
-            while dec is None or not self._reserve(dec, req):
-                ev = env.event()
-                (self.decode_up if dec is None else self.pending[dec.name]).append(ev)
-                yield ev
-                if src.epoch != src_epoch:
-                    return self._lost_on_prefill(req)
-                if dec is None or dec.down:
-                    dec = self._pick_decode(req)
-            dec_epoch = dec.epoch
-            dec.reserved_count += 1
-            with link.res.request() as slot:
-                yield slot
-                while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
-                    yield link.restored
-                if src.epoch != src_epoch:    # the prefill copy died while it waited: nothing to send
+        dec, dec_epoch, reserved, sending = None, -1, False, False
+        try:
+            while True:
+                # back-pressure: wait for decode blocks while the prefill side keeps holding this KV
+                dec = self._pick_decode(req)
+                while dec is None or not self._reserve(dec, req):
+                    ev = env.event()
+                    (self.decode_up if dec is None else self.pending[dec.name]).append(ev)
+                    yield ev
+                    if src.epoch != src_epoch:
+                        return self._lost_on_prefill(req)
+                    if dec is None or dec.down:
+                        dec = self._pick_decode(req)
+                dec_epoch = dec.epoch
+                dec.reserved_count += 1
+                reserved = True
+                with link.res.request() as slot:
+                    yield slot
+                    while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
+                        yield link.restored
+                    if src.epoch != src_epoch:    # the prefill copy died while it waited: nothing to send
+                        reserved = False
+                        self._unreserve(dec, dec_epoch, req)
+                        return self._lost_on_prefill(req)
+                    t_start = env.now
+                    hit = self.xfer_hit.pop(req.id, 0)
+                    bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
+                    if self.window is not None:     # (no prefix cache with sliding layers: hit is 0)
+                        bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes
+                    rate = link.bandwidth_Bps * link.factor
+                    early_s = self._overlap_s(req, link, bytes_ / rate, t_start, t_ready)
+                    # the overlapped layers were on the wire during the prefill, while the link was idle
+                    link.busy_s += early_s
+                    sending = True
+                    yield from self._send(link, bytes_ - early_s * rate)
+                    sending = False
+                    link.free_at = env.now
+                    xfer_s = env.now - t_start
+                    link.bytes += bytes_
+                    link.transfers += 1
+                    if hit:
+                        self.transfer_bytes_saved += hit * self.kv_bytes_per_token
+                req.kv_transfer_s = xfer_s
+                req.kv_wait_s = t_start - t_ready
+                if src.epoch != src_epoch:     # the prefill instance failed: its copy is gone
+                    reserved = False
                     self._unreserve(dec, dec_epoch, req)
                     return self._lost_on_prefill(req)
-                t_start = env.now
-                hit = self.xfer_hit.pop(req.id, 0)
-                bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
-                if self.window is not None:     # (no prefix cache with sliding layers: hit is 0)
-                    bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes
-                wire_s = xfer_s = link.latency_s + bytes_ / (link.bandwidth_Bps * link.factor)
-                if self.spec.kv_link.layerwise_overlap:
-                    # layer l's KV leaves while layers l+1.. compute: only the part that outlasts prefill shows
-                    L = self.model.layers
-                    compute_s = req.prefill_end_s - req.prefill_start_s
-                    xfer_s = max(xfer_s / L, xfer_s - compute_s * (L - 1) / L)
-                yield env.timeout(xfer_s)
-                link.busy_s += wire_s      # overlapped layers were on the wire during prefill too
-                link.bytes += bytes_
-                link.transfers += 1
-                if hit:
-                    self.transfer_bytes_saved += hit * self.kv_bytes_per_token
-            req.kv_transfer_s = xfer_s
-            req.kv_wait_s = t_start - t_ready
-            if src.epoch != src_epoch:     # the prefill instance failed: its copy is gone
+                if dec.epoch != dec_epoch:     # the decode instance failed meanwhile: send the KV elsewhere
+                    req.blocks = 0
+                    reserved = False
+                    continue
+                break
+        except simpy.Interrupt as stop:
+            # the client gave up before its first decode token (abandon), or the prefill instance holding the
+            # KV failed (_after_failure): nothing of this hand-off stays
+            if sending:                      # a transfer cut off mid-way: the link is free from now
+                link.free_at = env.now
+            self.xfer_hit.pop(req.id, None)
+            if reserved:
                 self._unreserve(dec, dec_epoch, req)
-                return self._lost_on_prefill(req)
-            if dec.epoch != dec_epoch:     # the decode instance failed meanwhile: send the KV elsewhere
+            if stop.cause == "lost":          # the copy went with the instance's memory: prefill again
                 req.blocks = 0
-                continue
-            break
+                return self._lost_on_prefill(req)
+            if src.epoch == src_epoch:       # the prefill side frees its copy
+                req.blocks = src_blocks
+                src.kv.release(req)
+                src.wake()
+            req.blocks = 0
+            req.status, req.finish_s = ABANDONED, env.now
+            self.sink.finished(req)
+            return
+        finally:
+            self.handoffs.pop(req.id, None)
         # the prefill side frees its copy; the decode side starts
         held = req.blocks
         req.blocks = src_blocks
@@ -627,6 +718,41 @@ class Disaggregated(_Serving):
         req.status = UNFINISHED
         req.decode_start_s = env.now
         dec.accept(req)
+
+    def _send(self, link, left: float):
+        """Put ``left`` bytes on the link at its current speed, then its latency (both count in the link's
+        busy time).  A fault that changes the speed mid-transfer applies at once to the bytes still to send
+        (bytes left / new rate); a link that goes down pauses the transfer until it is back."""
+        env = self.env
+        while left > 0.0:
+            if link.factor == 0.0:
+                yield link.restored
+                continue
+            rate = link.bandwidth_Bps * link.factor
+            t0 = env.now
+            done = env.timeout(left / rate)
+            try:
+                yield done | link.changed
+            finally:                 # (an abandoned hand-off is interrupted here: what it sent counts)
+                link.busy_s += env.now - t0
+            left = 0.0 if done.processed else left - rate * (env.now - t0)
+        link.busy_s += link.latency_s
+        yield env.timeout(link.latency_s)
+
+    def _overlap_s(self, req: Request, link, wire_s: float, t_start: float, t_ready: float) -> float:
+        """``kv_link.layerwise_overlap``: the wire seconds of this transfer sent while its prefill still ran.
+
+        Layer l's KV is ready at prefill start + compute x l / L, so layers 1..L-1 may leave during the
+        prefill, and only while the link was idle (since ``link.free_at``, its previous transfer's end).  A
+        transfer that does not start the moment its prefill ends (it queued behind the link, waited for
+        decode blocks or for a link that was down) overlaps nothing, nor does a prefill done again after
+        a failure (its compute window is not the first prefill's).  The latency is never overlapped."""
+        if not self.spec.kv_link.layerwise_overlap or t_start != t_ready or req.prefill_end_s != t_ready:
+            return 0.0
+        L = self.model.layers
+        compute_s = req.prefill_end_s - req.prefill_start_s
+        idle_s = req.prefill_end_s - max(req.prefill_start_s + compute_s / L, link.free_at)
+        return min(wire_s * (L - 1) / L, max(0.0, idle_s))
 
     def _unreserve(self, dec, dec_epoch: int, req: Request) -> None:
         """Give back a decode reservation (unless the decode instance lost it in a failure)."""
@@ -639,25 +765,34 @@ class Disaggregated(_Serving):
         req.blocks = 0
 
     def _lost_on_prefill(self, req: Request) -> None:
-        """KV lost with a failed instance before it reached decode: prefill again (recompute)."""
+        """KV lost with a failed instance before it reached decode: prefill again (recompute) the prompt
+        and the token it generated; as for a request lost on decode, one too long for a prefill instance
+        now (the prompt filled its pool to the last block: prompt + 1 needs one more) recomputes on decode."""
         req.recomputed_tokens += req.computed
+        req.fault_recomputed_tokens += req.computed
         req.computed = 0
         req.blocks = 0
         req.fault_hits += 1
         req.status = UNFINISHED
-        self._dispatch(req, admit=False)
+        if not self.prefill.instances[0].kv.fits_ever(req.known):
+            self._recompute_on_decode(req)
+        else:
+            self._dispatch(req, admit=False)
+
+    def _in_handoff(self, inst) -> list:
+        """Requests whose KV ``inst`` holds for a hand-off (waiting for decode blocks or the link, or on
+        the wire)."""
+        return [rid for rid, (_, src) in self.handoffs.items() if src is inst]
 
     def _after_failure(self, inst, lost) -> None:
         if inst.role == "decode":
             inst.reserved_count = 0          # reservations vanished with its memory
             self.on_decode_freed(inst)                       # waiting hand-offs pick another instance
         else:
-            # hand-offs from this instance waiting for decode blocks: wake them to see their KV is gone
-            for d in self.decode.instances:
-                self.on_decode_freed(d)
-            waiters, self.decode_up = self.decode_up, []
-            for ev in waiters:
-                ev.succeed()
+            # hand-offs from this instance lost their KV: they stop now (a transfer in flight is cut off,
+            # a decode reservation given back) and prefill again (_lost_on_prefill)
+            for rid in self._in_handoff(inst):
+                self.handoffs[rid][0].interrupt("lost")
         pkv = self.prefill.instances[0].kv
         for r in lost:   # prefill: restart; decode: its KV is gone, prefill prompt + generated again
             if inst.role == "decode" and not pkv.fits_ever(r.known):

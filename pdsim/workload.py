@@ -38,7 +38,8 @@ class Request:
     kv_transfer_s: float = 0.0              # time on the KV link, queueing on it excluded
     kv_wait_s: float = 0.0                  # held on the prefill side for link or decode blocks
     preemptions: int = 0
-    recomputed_tokens: int = 0
+    recomputed_tokens: int = 0              # computed again: after a preemption or a fault
+    fault_recomputed_tokens: int = 0        # of those, computed again because a fault took the KV
     fault_hits: int = 0                     # times a failure took its KV cache or its place in a queue
     instance: str = ""                      # where it prefilled / ran
     decode_instance: str = ""

@@ -159,6 +159,18 @@ def test_link_fault_degrades_every_link_for_its_window():
     assert topo.links[0].factors == [(4.0, 0.5), (6.0, 1.0)]
 
 
+@pytest.mark.parametrize("order", [1, -1])
+def test_back_to_back_link_faults_compose_whatever_their_order(order):
+    # scenarios/faults-link-down.yaml: down 40 - 60, then 10% 60 - 100.  At 60 the first fault's end and the
+    # second's start both set the link to the smallest active fraction, 0.1 (never a blind 1.0 restore);
+    # at 100 nothing is active: 1.0
+    lk = _Link()
+    f = _fspec(links=[{"topology": None, "at_s": 40.0, "duration_s": 20.0, "bandwidth_fraction": 0.0},
+                      {"topology": None, "at_s": 60.0, "duration_s": 40.0, "bandwidth_fraction": 0.1}][::order])
+    _schedule("t", f, [], [lk], until=200.0)
+    assert lk.factors == [(40.0, 0.0), (60.0, 0.1), (60.0, 0.1), (100.0, 1.0)]
+
+
 def _fspec(instances=(), random=None, links=()):
     inst = [NS(**{"topology": None, "warmup_s": 0.0, **d}) for d in instances]
     return NS(instances=inst, random=random, links=[NS(**d) for d in links])

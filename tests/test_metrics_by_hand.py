@@ -128,10 +128,14 @@ def test_p99_of_many_gaps_interpolates_by_hand():
 
 
 def test_client_first_token_by_hand():
-    first = np.array([1.0, 2.0, 3.0])
-    rs = [_tok(None, 1.5), _tok(None, float("nan")), _tok(None, 3.25)]   # r1: a one-token reply, no decode
+    first = np.array([1.0, 2.0, 3.0, 4.0])
+    # r1: a one-token reply, no decode; r3: a 5-token reply prefilled (4.0) but never decoded (abandoned)
+    rs = [_tok(None, 1.5), _tok(None, float("nan")), _tok(None, 3.25), _tok(None, float("nan"))]
+    for r, out in zip(rs, (5, 1, 5, 5)):
+        r.output_tokens = out
     seen, k0 = metrics.client_first_token(rs, first, "disaggregated", config.ClientSpec())
-    assert list(seen) == [1.5, 2.0, 3.25] and list(k0) == [1, 0, 1]
+    assert list(seen[:3]) == [1.5, 2.0, 3.25] and np.isnan(seen[3]) and list(k0) == [1, 0, 1, 0]
+    rs, first = rs[:3], first[:3]
     for kind, client in (("colocated", config.ClientSpec()),
                          ("disaggregated", config.ClientSpec(ttft_at="prefill_end"))):
         seen, k0 = metrics.client_first_token(rs, first, kind, client)
@@ -328,7 +332,7 @@ def test_fault_summary_by_hand():
                                         NS(name="r-1", down_s=0.0, down=True, failed=True, down_since=95.0),
                                         NS(name="r-2", down_s=0.0, down=False, failed=False, down_since=0.0),
                                         NS(name="r-3", down_s=2.0, down=True, failed=True, down_since=99.5)])
-    # (arrival, TTFT, E2E, fault hits, recomputed tokens); the request at 5 was rejected
+    # (arrival, TTFT, E2E, fault hits, tokens recomputed after a fault); the request at 5 was rejected
     rows = [(0, 1, 2, 0, 0), (1, 1, 2, 0, 0), (2, 1, 2, 0, 0), (3, 1, 2, 0, 0), (5, None, None, 0, 0),
             (10, 5, 6, 1, 0), (12, 5, 6, 1, 100), (15, 5, 9, 1, 50),                 # inside [10, 20)
             (20, 4, 5, 0, 0), (22, 4, 5, 0, 0), (23, 4, 5, 0, 0), (24, 4, 5, 0, 0),   # slow after it
@@ -336,7 +340,10 @@ def test_fault_summary_by_hand():
     d = pd.DataFrame({"arrival_s": [float(r[0]) for r in rows],
                       "ttft_s": [np.nan if r[1] is None else float(r[1]) for r in rows],
                       "e2e_s": [np.nan if r[2] is None else float(r[2]) for r in rows],
-                      "tpot_s": np.nan, "fault_hits": [r[3] for r in rows], "recomputed_tokens": [r[4] for r in rows],
+                      "tpot_s": np.nan, "fault_hits": [r[3] for r in rows],
+                      "fault_recomputed_tokens": [r[4] for r in rows],
+                      # all recompute: r0 and r1 were also preempted (30 and 7 tokens): not a fault's doing
+                      "recomputed_tokens": [r[4] + (30, 7)[i] if i < 2 else r[4] for i, r in enumerate(rows)],
                       "status": ["rejected" if r[1] is None else "finished" for r in rows]})
     slo = config.SLOSpec(ttft_s=2.0, tpot_s=1.0)
     f = metrics.fault_summary(topo, d, slo, 100.0)
@@ -405,7 +412,7 @@ def _fault_frame(rows):
     """(arrival, TTFT) rows of finished requests, E2E = TTFT + 1, no fault hits."""
     return pd.DataFrame({"arrival_s": [float(a) for a, _ in rows], "ttft_s": [float(t) for _, t in rows],
                          "e2e_s": [t + 1.0 for _, t in rows], "tpot_s": np.nan, "fault_hits": 0,
-                         "recomputed_tokens": 0, "status": "finished"})
+                         "recomputed_tokens": 0, "fault_recomputed_tokens": 0, "status": "finished"})
 
 
 def test_fault_recovery_scan_edges_by_hand():

@@ -113,11 +113,34 @@ def test_layerwise_overlap_hides_the_prefill_time_once():
     x = 10e-6 + 1000 * KV_BYTES_PER_TOKEN / 1e9             # 131 ms on the wire
     assert r.kv_transfer_s == pytest.approx(x - 0.05 * 31 / 32, abs=1e-12)     # 131 ms - 48.4 ms visible
     assert r.decode_start_s - r.arrival_s == pytest.approx(0.05 + x - 0.05 * 31 / 32, abs=1e-12)
-    # a transfer shorter than the prefill still shows its last layer: X / 32
+    # a transfer shorter than the prefill still shows its last layer's bytes, W / 32, and the whole latency
+    # (paid once, after the prefill: never divided by the layers): 10 us + 13.1072 ms / 32 = 0.42 ms
     topo["kv_link"]["bandwidth_GBps"] = 10
     r, _ = _one(topo, prompt=1000, output=2)
-    x = 10e-6 + 1000 * KV_BYTES_PER_TOKEN / 10e9
-    assert r.kv_transfer_s == pytest.approx(x / 32, abs=1e-12)
+    w = 1000 * KV_BYTES_PER_TOKEN / 10e9
+    assert r.kv_transfer_s == pytest.approx(10e-6 + w / 32, abs=1e-12)
+
+
+def test_layerwise_overlap_credits_only_a_transfer_that_leaves_as_its_prefill_ends():
+    # 4 requests of 1000 + 2 at t=0 on 1P1D: one prefill step 0 - 0.05 s computes all four; one 1 GB/s link,
+    # 100 us latency.  W = 1000 x 131072 B / 1e9 = 0.131072 s on the wire each.
+    # r0 goes at 0.05: layers 1..31 could leave from 0.05/32 = 0.0015625 s (layer 1 ready) to 0.05 while the
+    # link was idle: 0.0484375 s of its W (< W x 31/32) -> visible 0.0001 + 0.131072 - 0.0484375 = 0.0827345 s.
+    # r1..r3 queue behind it: their prefill ended long before they go, nothing overlaps: 0.0001 + 0.131072
+    # = 0.131172 s each, starting at 0.1327345, 0.2639065, 0.3950785.  The link carried 4 x 0.131172 s of
+    # wire time (latency included) from 0.0015625 to 0.5262505: busy 0.524688 s, never above the wall time
+    # (the old credit gave every queued transfer the overlap too: 524 MB in ~0.38 s on a 1 GB/s link).
+    topo = {**DIS, "prefill": {**DIS["prefill"], "instances": 1},
+            "kv_link": {"bandwidth_GBps": 1, "latency_us": 100, "layerwise_overlap": True}}
+    res = _stream(scenario({"t": topo}), [(0.0, 1000, 2)] * 4)
+    r = sorted(res.requests, key=lambda q: q.kv_wait_s)
+    assert [q.prefill_end_s for q in r] == pytest.approx([0.05] * 4, abs=1e-12)
+    assert [q.kv_transfer_s for q in r] == pytest.approx([0.0827345] + [0.131172] * 3, abs=1e-9)
+    assert [q.kv_wait_s for q in r] == pytest.approx([0.0, 0.0827345, 0.2139065, 0.3450785], abs=1e-9)
+    assert max(q.decode_start_s for q in r) == pytest.approx(0.5262505, abs=1e-9)
+    (link,) = res.topology.links
+    assert link.busy_s == pytest.approx(0.524688, abs=1e-9)
+    assert link.busy_s <= 0.5262505 - 0.05 / 32 + 1e-12
 
 
 def test_transfers_on_a_link_never_overlap_in_time():

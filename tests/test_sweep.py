@@ -198,3 +198,33 @@ def test_goodput_only_over_a_load_and_only_for_the_topology_an_axis_sets(tmp_pat
     gp = res["goodput"]
     assert gp[f"a · attainment_target={lo}"]["status"] == "above the swept range"
     assert gp[f"a · attainment_target={hi}"]["last_pass"] == 1 and gp[f"a · attainment_target={hi}"]["first_fail"] == 100
+
+
+def test_percentile_mode_goodput_follows_each_runs_own_verdict_by_hand(tmp_path):
+    """slo.mode percentile: a point passes when the run's own verdict (slo_met) does, not its attainment.
+    One replica, one request at a time, every request one 10 ms step (prompt 100, output 1), 20 requests at
+    a constant rate R.  Request k arrives at k/R (+ a shift), starts when k-1 ends: TTFT_k = 0.01 + k (0.01 - 1/R)
+    while 1/R < 0.01, 0.01 otherwise.
+      R = 50: every TTFT 10 ms: p90 10 ms <= 30 ms, attainment 100%: passes either way.
+      R = 120: TTFT_k = 0.01 + k / 600: within 30 ms for k <= 12, 13 of 20 = 65% >= the 50% target (attainment
+      passes), but the p90 (nearest rank: the 18th smallest, k = 17) is 0.01 + 17 / 600 = 38.3 ms > 30 ms.
+    Judged by the run's verdict the goodput is 50 (the last passing point: a percentile verdict is not
+    interpolated); judged by attainment it was "above the swept range" at 120."""
+    from pdsim.sweep import run_sweep
+    sc = tmp_path / "p.yaml"
+    sc.write_text("name: p\nseed: 1\nmodel: llama-3.1-8b\n"
+                  "workload: {arrival: constant, rate: 1, num_requests: 20, prompt_tokens: 100, output_tokens: 1}\n"
+                  "slo: {ttft_s: 0.03, tpot_s: 1.0, attainment_target: 0.5, mode: percentile, ttft_percentile: 90}\n"
+                  "topologies:\n  c: {kind: colocated, kv_blocks: 1000, max_running: 1, scheduler: fcfs,\n"
+                  "      cost_model: {kind: constant, step_s: 0.01}}\n")
+    res = run_sweep(str(sc), ["workload.rate=50,120"], jobs=1, progress=False)
+    rows = {r["workload.rate"]: r for r in res["rows"]}
+    assert rows[50]["slo_met"] is True and rows[50]["slo_attainment"] == 1.0
+    assert rows[120]["slo_met"] is False and rows[120]["slo_attainment"] == pytest.approx(0.65)
+    # (the row's ttft_p90_s is the summary's, numpy's linear p90: index 0.9 x 19 = 17.1 -> 0.01 + 17.1 / 600)
+    assert rows[120]["ttft_p90_s"] == pytest.approx(0.01 + 17.1 / 600, abs=1e-9)
+    g = res["goodput"]["c"]
+    assert g == {"status": "within the swept range", "last_pass": 50, "first_fail": 120, "estimate": 50}
+    # the same scenario judged by attainment: 65% >= 50% at 120
+    res = run_sweep(str(sc), ["workload.rate=50,120", "slo.mode=attainment"], jobs=1, progress=False)
+    assert res["goodput"]["c"]["status"] == "above the swept range"

@@ -5,6 +5,7 @@ requests); none compares pdsim with itself.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from conftest import scenario
@@ -127,13 +128,16 @@ def test_decode_assignment_policies_by_hand(assignment, r2_on):
 def test_prefill_lost_twice_during_its_kv_transfer_by_hand():
     # 1 prefill instance, linear cost 0.05 s + 1e-4 s per token; 1 GB/s link, no latency; 1 request of 800 + 3.
     #   0 - 0.13       prefill 800 tokens (0.05 + 0.08); token 1
-    #   0.13 - 0.2348576  KV of 800 tokens on the wire: 104,857,600 B / 1e9; decode holds 50 blocks reserved
-    #   0.2  prefill-0 fails (down 0.5 s): when the transfer ends its source copy is gone -> the decode
-    #        reservation is given back; recomputed 800, fault hit 1; no prefill up: the request waits (backlog)
+    #   0.13 -         KV of 800 tokens on the wire (104,857,600 B / 1e9 would end at 0.2348576); decode holds 50
+    #                  blocks reserved
+    #   0.2  prefill-0 fails (down 0.5 s): its copy is gone at once -> the transfer is cut off after 0.07 s, the
+    #        decode reservation given back; recomputed 800, fault hit 1; no prefill up: the request waits (backlog)
     #   0.7 - 0.8301   recovered: prefill prompt + 1 generated = 801 tokens (0.05 + 0.0801); token 2
-    #   0.8301 - 0.935088672  801 tokens on the wire (104,988,672 B)
-    #   0.9  prefill-0 fails again (down 0.5 s) -> lost again: recomputed 800 + 801 = 1601, fault hits 2
+    #   0.8301 -       801 tokens on the wire (104,988,672 B: it would end at 0.935088672)
+    #   0.9  prefill-0 fails again (down 0.5 s) -> cut off after 0.0699 s, lost again: recomputed 800 + 801 = 1601,
+    #        fault hits 2
     #   1.4 - 1.5302   prefill 802 tokens (0.05 + 0.0802); token 3 = the last: it finishes on the prefill side
+    #   No transfer completed; the link was busy 0.07 + 0.0699 s
     topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.05, "per_token_s": 1e-4}},
                 kv_link={"bandwidth_GBps": 1, "latency_us": 0})
     res = _stream(topo, [(0.0, 800, 3)], faults={"instances": [
@@ -143,8 +147,10 @@ def test_prefill_lost_twice_during_its_kv_transfer_by_hand():
     assert r.token_s == pytest.approx([0.13, 0.8301, 1.5302], abs=1e-12)
     assert r.recomputed_tokens == 1601 and r.fault_hits == 2
     (link,) = res.topology.links
-    assert link.transfers == 2 and link.bytes == (800 + 801) * KV_BYTES_PER_TOKEN
-    assert link.busy_s == pytest.approx((800 + 801) * KV_BYTES_PER_TOKEN / 1e9)
+    assert link.transfers == 0 and link.bytes == 0
+    assert link.busy_s == pytest.approx(0.07 + 0.0699, abs=1e-12)
+    # each failure logged the request it took (its KV, held for the hand-off)
+    assert [e["requests_lost"] for e in res.topology.fault_log] == [1, 1]
     # both reservations were given back: nothing reserved, nothing held on the decode side
     (d,) = res.topology.decode.instances
     assert (d.reserved_count, d.kv.used_blocks) == (0, 0)
@@ -264,34 +270,64 @@ def test_abandonment_from_the_queue_and_from_the_backlog_by_hand():
 
 def test_a_prefill_copy_lost_on_the_wire_bypasses_the_backlog_bound_by_hand():
     # prefill: linear 0.05 s + 1e-4 s per token, max_queue 1; 1 GB/s link, no latency; decode 0.01 s steps.
-    #   r0 (800 + 3) at 0: prefill 0 - 0.13, its KV on the wire 0.13 - 0.2348576 (800 x 131072 B / 1e9)
-    #   0.2: prefill-0 fails for 0.5 s; r1 (100 + 2) arrives at 0.21: backlog 0 < 1 x 1: it waits there
-    #   0.2348576: r0's copy is gone (recomputed 800, fault hit 1): back in the backlog past its bound (1 >= 1)
+    #   r0 (800 + 3) at 0: prefill 0 - 0.13, its KV on the wire from 0.13 (800 x 131072 B / 1e9 to 0.2348576)
+    #   r1 (100 + 2) at 0.15: prefill-0's step 0.15 - 0.21
+    #   0.2: prefill-0 fails for 0.5 s: r1's step is lost (fault hit 1, nothing computed yet): the backlog;
+    #        r0's copy is gone at once (recomputed 800, fault hit 1): the backlog too, past its bound (1 >= 1)
     #   0.7: both to prefill-0 (r1 then r0, past the queue bound of 1); one step prefills 100 + 801 tokens
     #        (0.05 + 0.0901 = 0.1401 s): 0.8401.  On the link r1 first: 13,107,200 B = 0.0131072 s, decode one
     #        step: 0.8632072; r0 after it: 801 x 131072 = 104,988,672 B = 0.104988672 s, one step: 0.968195872
     topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.05, "per_token_s": 1e-4}, "max_queue": 1},
                 kv_link={"bandwidth_GBps": 1, "latency_us": 0})
-    res = _stream(topo, [(0.0, 800, 3), (0.21, 100, 2)],
+    res = _stream(topo, [(0.0, 800, 3), (0.15, 100, 2)],
                   faults={"instances": [{"at_s": 0.2, "instance": "prefill-0", "down_s": 0.5}]})
     r0, r1 = res.requests
     assert (r0.status, r1.status) == ("finished", "finished")
-    assert (r0.recomputed_tokens, r0.fault_hits, r1.fault_hits) == (800, 1, 0)
+    assert (r0.recomputed_tokens, r0.fault_hits, r1.fault_hits) == (800, 1, 1)
+    assert res.topology.fault_log[0]["requests_lost"] == 2
     assert r1.finish_s == pytest.approx(0.8632072, abs=1e-9)
     assert r0.finish_s == pytest.approx(0.968195872, abs=1e-9)
 
 
-def test_overlapping_link_outages_release_the_waiting_transfer_at_the_first_end_by_hand():
+def test_overlapping_link_outages_release_the_waiting_transfer_at_the_last_end_by_hand():
     # prefill 0.05 s steps, decode 0.01 s, 1 GB/s link.  The link goes down at 0.02 for 0.5 s and again at 0.1
-    # for 0.5 s (the two overlap); r0 (100 + 2) is prefilled by 0.05 and its KV waits for the link.  The first
-    # outage's end (0.52) sets the link back to full speed (the latest call wins: ASSUMPTION of faults.py), the
-    # waiting transfer goes: 0.52 + 100 x 131072 / 1e9 = 0.5331072, one decode step: 0.5431072
+    # for 0.5 s (the two overlap); r0 (100 + 2) is prefilled by 0.05 and its KV waits for the link.  The link
+    # is down while any outage is (faults compose by the minimum fraction): the first outage's end (0.52)
+    # leaves it down, the second's (0.6) brings it back; 0.6 + 100 x 131072 / 1e9 = 0.6131072, one decode
+    # step: 0.6231072
     topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
     res = _stream(topo, [(0.0, 100, 2)], faults={"links": [{"at_s": 0.02, "duration_s": 0.5},
                                                            {"at_s": 0.1, "duration_s": 0.5}]})
     (r,) = res.requests
-    assert r.status == "finished" and r.finish_s == pytest.approx(0.5431072, abs=1e-9)
-    assert r.kv_wait_s == pytest.approx(0.47, abs=1e-9)
+    assert r.status == "finished" and r.finish_s == pytest.approx(0.6231072, abs=1e-9)
+    assert r.kv_wait_s == pytest.approx(0.55, abs=1e-9)
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_back_to_back_link_faults_hand_over_at_the_shared_instant_by_hand(order):
+    # faults-link-down's pattern, scaled down: down 0.02 - 0.1, then 10% 0.1 - 1.1 (in either list order).
+    # r0 (100 + 2) is prefilled by 0.05 and waits for the link; at 0.1 the outage ends as the 10% fault
+    # begins: 100 x 131072 B at 1e8 B/s = 0.131072 s -> on decode at 0.231072, one decode step: 0.241072.
+    # (A restore that set the link back to full speed ran it at 1 GB/s: 0.1131072.)
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    links = [{"at_s": 0.02, "duration_s": 0.08, "bandwidth_fraction": 0.0},
+             {"at_s": 0.1, "duration_s": 1.0, "bandwidth_fraction": 0.1}][::order]
+    res = _stream(topo, [(0.0, 100, 2)], faults={"links": links})
+    (r,) = res.requests
+    assert r.kv_wait_s == pytest.approx(0.05, abs=1e-9)
+    assert r.kv_transfer_s == pytest.approx(0.131072, abs=1e-9)
+    assert r.finish_s == pytest.approx(0.241072, abs=1e-9)
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_overlapping_degraded_links_run_at_the_smallest_fraction_by_hand(order):
+    # two faults over 0 - 10 s at 50% and 25%: the link runs at 25% whichever is listed last:
+    # 100 x 131072 B / 2.5e8 B/s = 0.0524288 s
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    links = [{"at_s": 0.0, "duration_s": 10.0, "bandwidth_fraction": 0.5},
+             {"at_s": 0.0, "duration_s": 10.0, "bandwidth_fraction": 0.25}][::order]
+    (r,) = _stream(topo, [(0.0, 100, 2)], faults={"links": links}).requests
+    assert r.kv_transfer_s == pytest.approx(0.0524288, abs=1e-12)
 
 
 def test_a_link_that_goes_down_twice_holds_each_transfer_until_it_is_back_by_hand():
@@ -375,6 +411,38 @@ def test_a_degraded_link_moves_kv_at_its_fraction_of_the_bandwidth_by_hand():
     (r,) = res.requests
     assert r.kv_transfer_s == pytest.approx(0.0262144, abs=1e-12)
     assert r.finish_s == pytest.approx(0.0862144, abs=1e-9)
+
+
+def test_a_link_that_goes_down_mid_transfer_pauses_it_until_it_is_back_by_hand():
+    # r0 (1000 + 2) prefilled 0 - 0.05; its KV goes at 0.05: W = 1000 x 131072 B / 1e9 = 0.131072 s + 100 us.
+    # The link goes down at 0.1 for 60 s: 0.05 s of W sent, 0.081072 s left, sent from 60.1: 60.181072,
+    # plus the latency: on decode at 60.181172, one decode step: 60.191172.  The link was busy 0.131172 s.
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 100})
+    res = _stream(topo, [(0.0, 1000, 2)], faults={"links": [{"at_s": 0.1, "duration_s": 60.0}]})
+    (r,) = res.requests
+    assert r.kv_wait_s == 0.0 and r.decode_start_s == pytest.approx(60.181172, abs=1e-9)
+    assert r.kv_transfer_s == pytest.approx(60.131172, abs=1e-9)
+    assert r.finish_s == pytest.approx(60.191172, abs=1e-9)
+    (link,) = res.topology.links
+    assert link.busy_s == pytest.approx(0.131172, abs=1e-9)
+
+
+@pytest.mark.parametrize("at_s, duration_s, end", [
+    # half speed from 0.1 for 1 s: 0.05 s at 1e9 B/s sent 50,000,000 B; 81,072,000 B left at 5e8 B/s =
+    # 0.162144 s: 0.262144, plus 100 us: 0.262244
+    (0.1, 1.0, 0.262244),
+    # half speed 0 - 0.1 s: 0.05 - 0.1 at 5e8 B/s sent 25,000,000 B; 106,072,000 B left at full speed from
+    # 0.1: 0.106072 s: 0.206072, plus 100 us: 0.206172
+    (0.0, 0.1, 0.206172)])
+def test_a_link_degraded_or_restored_mid_transfer_re_rates_the_bytes_left_by_hand(at_s, duration_s, end):
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 100})
+    res = _stream(topo, [(0.0, 1000, 2)], faults={"links": [{"at_s": at_s, "duration_s": duration_s,
+                                                             "bandwidth_fraction": 0.5}]})
+    (r,) = res.requests
+    assert r.decode_start_s == pytest.approx(end, abs=1e-9)
+    assert r.kv_transfer_s == pytest.approx(end - 0.05, abs=1e-9)
+    (link,) = res.topology.links
+    assert link.busy_s == pytest.approx(end - 0.05, abs=1e-9)     # sending all along, no pause
 
 
 def test_a_decode_failure_mid_transfer_forgets_its_reservation_by_hand():
@@ -1194,3 +1262,156 @@ def test_make_router_hands_the_cache_aware_routers_their_configuration_by_hand()
     # the other two take no configuration: least_outstanding picks a (0 < 40), round robin a then b
     assert make_router(NS(router="least_outstanding", prefix_routing=None))([b, a], _req()) is a
     assert _names(make_router(NS(router="round_robin", prefix_routing=None)), [a, b], 3, _req()) == ["a", "b", "a"]
+
+
+# --- client timeouts behind a PD proxy (client.ttft_at: first_decode_token) ----------------------------
+def _no_kv_left(res):
+    """Every KV block back in its pool, no decode reservation left, nothing in flight."""
+    topo = res.topology
+    assert all(i.kv.used_blocks == 0 for i in topo.instances)
+    assert all(d.reserved_count == 0 for d in topo.decode.instances)
+    assert not topo.handoffs and not any(topo.pending.values())
+
+
+def test_a_timeout_abandons_a_hand_off_waiting_for_a_link_that_is_down_by_hand():
+    # r0 (1000 + 3), timeout 1 s; the link is down 0 - 10 s.  Prefill 0 - 0.05 (the prefill's token is not the
+    # client's: behind a PD proxy its first token is the decode instance's); the KV waits on the prefill side
+    # with 63 decode blocks reserved (1000 / 16 = 62.5).  At 1.0 no decode token has come: abandoned at 1.0,
+    # the reservation and the prefill copy freed, nothing sent.  (Before: skipped as it had "generated" the
+    # prefill's token, it finished at ~10.16 s with a client TTFT past 10 s.)
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 1000, 3)], faults={"links": [{"at_s": 0.0, "duration_s": 10.0}]}, timeout_s=1.0)
+    (r,) = res.requests
+    assert r.status == "abandoned" and r.finish_s == 1.0
+    assert res.topology.links[0].transfers == 0
+    _no_kv_left(res)
+    from pdsim import metrics
+    df = metrics.requests_frame([res])
+    assert np.isnan(df.ttft_s[0])         # the client saw no token
+
+
+def test_a_timeout_cuts_off_a_transfer_in_flight_and_frees_the_link_by_hand():
+    # 1 GB/s, no latency, timeout 0.1 s.  r0 (1000 + 3) at 0: prefill 0 - 0.05, its KV on the wire from 0.05
+    # (0.131072 s); at 0.1 abandoned mid-transfer: the link was busy 0.05 s and is free again.  r1 (100 + 2)
+    # at 0.12: prefill 0.12 - 0.17, 100 x 131072 B = 0.0131072 s: on decode at 0.1831072, one decode step:
+    # first decode token (and last) at 0.1931072, 0.0731072 after it arrived: within its timeout.
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 1000, 3), (0.12, 100, 2)], timeout_s=0.1)
+    r0, r1 = res.requests
+    assert r0.status == "abandoned" and r0.finish_s == pytest.approx(0.1, abs=1e-12)
+    assert r1.status == "finished" and r1.finish_s == pytest.approx(0.1931072, abs=1e-9)
+    (link,) = res.topology.links
+    assert link.transfers == 1 and link.busy_s == pytest.approx(0.05 + 0.0131072, abs=1e-9)
+    _no_kv_left(res)
+
+
+def test_a_timeout_abandons_a_hand_off_waiting_for_decode_blocks_by_hand():
+    # decode 70 blocks, watermark 0; 1 GB/s, no latency; timeout 0.3 s.  r0 (1000 + 50) and r1 (120 + 2) at 0,
+    # prefilled in one step 0 - 0.05.  r0 reserves 63 blocks (1000 tokens), r1 needs 8 (120 / 16 = 7.5): 71 > 70,
+    # it waits for decode blocks.  r0 is on decode at 0.05 + 0.131072 = 0.181072, first decode token 0.191072,
+    # its 49th and last at 0.181072 + 0.49 = 0.671072.  At 0.3 r1 is abandoned (its prefill copy freed).
+    topo = _dis(decode={"kv_blocks": 70, "watermark": 0.0}, kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 1000, 50), (0.0, 120, 2)], timeout_s=0.3)
+    r0, r1 = res.requests
+    assert r1.status == "abandoned" and r1.finish_s == pytest.approx(0.3, abs=1e-12)
+    assert r0.status == "finished" and r0.decode_first_s == pytest.approx(0.191072, abs=1e-9)
+    assert r0.finish_s == pytest.approx(0.671072, abs=1e-9)
+    assert res.topology.links[0].transfers == 1
+    _no_kv_left(res)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_timeout_drops_a_request_before_its_first_decode_step_ends_by_hand(fast):
+    # decode steps of 0.5 s, a link fast enough to be ~0 s; timeout 0.2 s.  r0 (100 + 3): prefill 0 - 0.05, on
+    # decode at ~0.05, its first decode step runs 0.05 - 0.55: at 0.2 the client gives up, the decode instance
+    # drops it (its blocks freed; the run ends there, every request settled).
+    topo = _dis(decode={"cost_model": CONST(0.5)}, kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    sc = scenario({"t": topo}, timeout_s=0.2)
+    reqs = [Request(0, 0.0, 100, 3)]
+    res = run_topology(sc, "t", sc.topologies["t"], reqs, resolve_model(sc), 0.1, fast=fast)
+    (r,) = res.requests
+    assert r.status == "abandoned" and r.finish_s == pytest.approx(0.2, abs=1e-12) and r.generated == 1
+    assert r.decode_first_s != r.decode_first_s       # NaN: no decode token
+    _no_kv_left(res)
+    (d,) = res.topology.decode.instances
+    assert not d.running and d.outstanding_tokens == 0 and d.decode_work == 0
+
+
+def test_a_prefill_end_client_keeps_a_prefilled_request_past_its_timeout_by_hand():
+    # client.ttft_at: prefill_end: the prefill's token (0.05) is the client's first, so the link outage
+    # (0 - 10 s) no longer abandons it at 1 s: on the wire at 10 (1000 x 131072 B: 0.131072 s), decoded
+    # 10.141072 and 10.151072
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    sc = scenario({"t": topo}, timeout_s=1.0)
+    sc = sc.model_copy(update={"client": config.ClientSpec(ttft_at="prefill_end"),
+                               "faults": config.FaultsSpec(links=[{"at_s": 0.0, "duration_s": 10.0}])})
+    res = run_topology(sc, "t", sc.topologies["t"], [Request(0, 0.0, 1000, 3)], resolve_model(sc), 0.1)
+    (r,) = res.requests
+    assert r.status == "finished" and r.finish_s == pytest.approx(10.151072, abs=1e-9)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_decode_side_host_tier_hit_is_copied_before_the_next_step_by_hand(fast):
+    # prefill linear 0.01 s + 1e-4 s/token; decode 0.01 s steps with a prefix cache holding 1 unreferenced GPU block
+    # and a host tier (1 GiB, 1 GB/s); link 1 GB/s, 100 us.  Pages of 512 tokens (hash ids), 131072 B a token.
+    #   r0 (1024 + 2, ids 1 2) at 0: prefill 0.1124, on the wire 134,217,728 B: 0.134317728 -> decode 0.246717728,
+    #      done 0.256717728; its two pages leave the GPU cache (capacity 1 block) for the host tier.
+    #   r1 (1024 + 300, ids 9 10) at 1: on decode at 1.246717728; decode steps end at 1.246717728 + 0.01 k.
+    #   r2 (1024 + 5, ids 1 3) at 2: prefilled at 2.1124; the decode reservation finds page 1 on the host tier:
+    #      its copy (67,108,864 B at 1 GB/s = 0.067108864 s) is paid by the next decode step; only page 3 goes
+    #      on the wire (0.067208864 s): on decode at 2.179608864.  The step in flight ends at 2.116717728
+    #      (k = 87); the next one pays the copy: 2.116717728 + 0.01 + 0.067108864 = 2.193826592; r2 joins the
+    #      one after: first decode token 2.203826592, its 4 decode tokens done 2.233826592.  The fast path
+    #      must cut its window there too (it paid the copy after the window: 2.263826592).
+    topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4}},
+                decode={"prefix_cache": {"enabled": True, "capacity_blocks": 1,
+                                         "host": {"capacity_GiB": 1, "bandwidth_GBps": 1}}},
+                kv_link={"bandwidth_GBps": 1, "latency_us": 100})
+    sc = scenario({"t": topo})
+    reqs = [Request(0, 0.0, 1024, 2, hash_ids=[1, 2], hash_block_tokens=512),
+            Request(1, 1.0, 1024, 300, hash_ids=[9, 10], hash_block_tokens=512),
+            Request(2, 2.0, 1024, 5, hash_ids=[1, 3], hash_block_tokens=512)]
+    res = run_topology(sc, "t", sc.topologies["t"], reqs, resolve_model(sc), 0.1, fast=fast)
+    r0, r1, r2 = res.requests
+    assert r0.finish_s == pytest.approx(0.256717728, abs=1e-9)
+    assert r2.kv_transfer_s == pytest.approx(0.067208864, abs=1e-9)
+    assert r2.decode_start_s == pytest.approx(2.179608864, abs=1e-9)
+    assert r2.decode_first_s == pytest.approx(2.203826592, abs=1e-9)
+    assert r2.finish_s == pytest.approx(2.233826592, abs=1e-9)
+    # r1: 299 decode steps and the one that paid the copy
+    assert r1.finish_s == pytest.approx(1.246717728 + 2.99 + 0.067108864, abs=1e-9)
+
+
+def test_a_prefill_copy_lost_that_no_longer_fits_a_prefill_instance_recomputes_on_decode_by_hand():
+    # prefill x2, 63 blocks of 16 (watermark 0): 1008 tokens, exactly r0's prompt (1008 + 5).  prefill-0
+    # prefills it 0 - 0.05 (token 1); its KV goes on the wire at 0.05 (1008 x 131072 B = 0.132120576 s + 100 us:
+    # until 0.182220576).  prefill-0 fails at 0.1: the copy is gone.  Prefilled again r0 would be prompt +
+    # 1 token = 1009 = 64 blocks: no prefill instance can ever hold it (it deadlocked waiting on prefill-1).
+    # As a request lost on decode it recomputes on decode: at 0.1 (the transfer is cut off as the copy goes)
+    # one step computes 1009 tokens and samples token 2 (0.11), three more: done 0.14.
+    topo = _dis(prefill={"instances": 2, "kv_blocks": 63, "watermark": 0.0},
+                kv_link={"bandwidth_GBps": 1, "latency_us": 100})
+    res = _stream(topo, [(0.0, 1008, 5)], faults={"instances": [{"at_s": 0.1, "instance": "prefill-0",
+                                                                 "down_s": 10.0}]})
+    (r,) = res.requests
+    assert r.status == "finished" and r.recomputed_tokens == 1008 and r.fault_hits == 1
+    assert r.instance == "decode-0"
+    assert r.decode_first_s == pytest.approx(0.11, abs=1e-9)
+    assert r.finish_s == pytest.approx(0.14, abs=1e-9)
+    assert all(i.kv.used_blocks == 0 for i in res.topology.instances)
+
+
+def test_a_hand_off_waiting_for_the_link_is_lost_the_moment_its_prefill_instance_fails_by_hand():
+    # 1P1D: prefill 0.05 s steps, decode 0.01 s, 1 GB/s link with no latency, down 0 - 1.0 s.  r0 (100 + 3)
+    # at 0: prefilled 0 - 0.05 (token 1), its KV waits for the link.  prefill-0 fails at 0.2 for 0.1 s: the
+    # copy is gone at once (recomputed 100, logged as lost); at 0.3 it prefills 101 tokens 0.3 - 0.35 (token
+    # 2) and waits for the link again; at 1.0: 101 x 131072 B = 0.013238272 s, one decode step: 1.023238272.
+    # (Noticed only when the link came back at 1.0, it was prefilled 1.0 - 1.05 and done 1.073238272.)
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 3)], faults={"links": [{"at_s": 0.0, "duration_s": 1.0}],
+                                                 "instances": [{"at_s": 0.2, "instance": "prefill-0",
+                                                                "down_s": 0.1}]})
+    (r,) = res.requests
+    assert r.token_s == pytest.approx([0.05, 0.35, 1.023238272], abs=1e-9)
+    assert r.recomputed_tokens == 100 and r.fault_hits == 1
+    assert next(e for e in res.topology.fault_log if "instance" in e)["requests_lost"] == 1
