@@ -117,6 +117,15 @@ class AttentionDPBalanceSpec(_Strict):
     batching_wait_iters: Annotated[int, Field(ge=0, le=1_000_000)] = 10
 
 
+class BatchWaitSpec(_Strict):
+    """TensorRT-LLM's batch waiting (``batch_wait_timeout_iters``, ``batch_wait_max_tokens_ratio``; TP pools only):
+    while decodes run, new prompts wait until the step would carry at least ``max_tokens_ratio`` x the token
+    budget (decodes plus the waiting prompts that fit, each prompt counted whole) or ``timeout_iters`` such
+    steps have passed.  Defaults 0 (TensorRT-LLM's: off)."""
+    timeout_iters: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    max_tokens_ratio: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+
+
 class StepOverheadSpec(_Strict):
     """Per-step engine CPU/scheduling overhead: base + per_seq x batch + per_token x tokens (+ tp_extra if tp > 1),
     plus, for a step holding prompt tokens, prefill_per_layer x layers + prefill_per_moe_layer x MoE layers.
@@ -217,6 +226,8 @@ class PoolSpec(_Strict):
     # with DP attention: each request keeps one rank (the one with fewest requests when it arrives), each rank
     # its own token budget, and new prompts held as TensorRT-LLM's balance holds them (pdsim/scheduler.py)
     attention_dp_balance: AttentionDPBalanceSpec | None = None
+    # TensorRT-LLM's batch waiting (scheduler.BatchWait): prompts held beside decodes until a step is full enough
+    batch_wait: BatchWaitSpec | None = None
     # expert popularity: Zipf exponent (0 = uniform routing); fewer distinct experts, a hotter EP rank
     expert_skew: float = Field(0.0, ge=0, le=4, allow_inf_nan=False)
     watermark: float = Field(0.01, ge=0, lt=1)
@@ -260,6 +271,13 @@ class PoolSpec(_Strict):
             if self.prefix_on:
                 raise ValueError("prefix caching on a DP-balanced pool is not modelled (each attention rank caches "
                                  "its own requests' prefixes); set prefix_cache.enabled: false")
+        if self.batch_wait is not None:
+            if self.dp_attention:
+                raise ValueError("batch_wait is TensorRT-LLM's batch waiting, which it applies only without attention "
+                                 "DP (use attention_dp_balance there)")
+            if self.scheduler_name == "fcfs":
+                raise ValueError("batch_wait holds prompts beside decodes: use scheduler chunked or inflight "
+                                 "(TensorRT-LLM's), not fcfs")
         return self
 
     @model_validator(mode="after")

@@ -360,8 +360,8 @@ class Instance:
         self.failed = True
         self.set_down()
         self.epoch += 1
-        if self.balanced:
-            self.policy.reset()      # the engine restarts with its balance counts at 0
+        if hasattr(self.policy, "reset"):
+            self.policy.reset()      # the engine restarts with its counts (DP balance, batch waiting) at 0
         lost = []
         for r in self.running:
             if r.status == UNFINISHED:

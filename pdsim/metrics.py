@@ -456,6 +456,10 @@ def summarize(results, df, sc: Scenario) -> dict:
                 "attention_dp_balance": None if p.spec.attention_dp_balance is None else {
                     **p.spec.attention_dp_balance.model_dump(),
                     "steps_held": sum(getattr(i.policy, "held", 0) for i in p.instances)},
+                # TensorRT-LLM's batch waiting: its settings and the steps in which it held new prompts
+                "batch_wait": None if p.spec.batch_wait is None else {
+                    **p.spec.batch_wait.model_dump(),
+                    "steps_held": sum(getattr(i.policy, "held", 0) for i in p.instances)},
                 "micro_batches": (p.spec.micro_batches or p.spec.pp) if p.spec.pp > 1 else None, "gpus": p.gpus,
                 "pp_layers": p.pp_layers,
                 "gpu_hours": p.spec.gpus_per_instance * alive[p.name] / 3600,

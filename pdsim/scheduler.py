@@ -408,3 +408,70 @@ def _admit_ranked(waiting: deque, running: list, kv: KVCache, limits: Limits, pl
         kept = [r for r in waiting if id(r) not in gone]
         waiting.clear()
         waiting.extend(kept)
+
+
+class BatchWait:
+    """TensorRT-LLM's batch waiting around ``chunked`` or ``inflight`` (one per instance: it counts steps), as its
+    ``_waiting_requests`` does: on a step that would carry decodes and new prompts, the prompts go only when the
+    step's tokens -- one per running request (a part-way prompt: its next chunk) plus every prompt that would be
+    admitted, each counted whole -- reach ``ratio`` x the token budget, or when ``timeout`` such steps have held
+    them; otherwise the step runs its running requests only and the count grows (it restarts when prompts
+    go, and when the instance fails).  A step with no decode, or no prompt that would be admitted, is the base
+    policy's.  SIMPLIFICATION: which prompts "would be admitted" is judged on the token budget and batch size
+    (FCFS, whole prompts for ``inflight``, a chunk of the first that does not fit for ``chunked``), not on
+    free KV blocks."""
+
+    def __init__(self, base, chunk: bool, timeout_iters: int, max_tokens_ratio: float):
+        self.base, self.chunk = base, chunk
+        self.timeout, self.ratio = timeout_iters, max_tokens_ratio
+        self.held = 0            # steps in which prompts were held (reported)
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh engine (the instance failed and came back): the count at 0."""
+        self.waited = 0
+
+    def _step_tokens(self, running: list, waiting, limits: Limits) -> tuple[int, int, int]:
+        """(decodes, prompts it would admit, tokens the step would carry: running requests' next tokens + those
+        prompts, whole), by the budget and batch size alone."""
+        left = limits.max_batched_tokens
+        cap = limits.max_chunk if limits.max_chunk is not None else left
+        gens = tokens = 0
+        for r in running:
+            n = min(r.prompt_tokens + r.generated - r.computed, cap, left)
+            if n <= 0:
+                continue
+            if r.generated >= 1 and r.computed + 1 == r.prompt_tokens + r.generated:
+                gens += 1
+            tokens += n
+            left -= n
+        slots = limits.max_running - len(running)
+        admitted = 0
+        for r in waiting:
+            if slots <= 0 or left <= 0:
+                break
+            n = r.prompt_tokens + r.generated - r.computed
+            if n > left and not self.chunk:
+                break
+            tokens += r.prompt_tokens + r.generated         # counted whole, as TensorRT-LLM counts a context
+            left -= min(n, left, cap)
+            slots -= 1
+            admitted += 1
+        return gens, admitted, tokens
+
+    def __call__(self, running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
+        if not waiting:
+            return self.base(running, waiting, kv, limits)
+        gens, admitted, tokens = self._step_tokens(running, waiting, limits)
+        if gens == 0 or admitted == 0:
+            return self.base(running, waiting, kv, limits)      # no decode, or no prompt it would admit
+        if self.waited >= self.timeout or tokens >= self.ratio * limits.max_batched_tokens:
+            self.waited = 0
+            return self.base(running, waiting, kv, limits)
+        self.waited += 1
+        self.held += 1
+        held = deque()           # the step without admissions; a preempted request joins the real queue's front
+        plan = self.base(running, held, kv, limits)
+        if held:
+            waiting.extendleft(reversed(held))
+        return plan

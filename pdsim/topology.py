@@ -308,10 +308,20 @@ class Pool:
             policies = [BalancedDP(spec.tp, spec.scheduler_name == "chunked", bal.timeout_iters,
                                    bal.batching_wait_iters, spec.max_running)
                         for _ in range(max(count, max_count or 0))]
+        bw = spec.batch_wait
+        if bw is not None:
+            if spec.speculative is not None:
+                raise ConfigError("batch_wait with speculative decoding is not modelled",
+                                  key=f"{key}.batch_wait", value=bw.model_dump())
+            from .scheduler import BatchWait
+            # one per instance (it counts steps); no multi-step windows: a held prompt may go at any step
+            policies = [BatchWait(policy, spec.scheduler_name == "chunked", bw.timeout_iters, bw.max_tokens_ratio)
+                        for _ in range(max(count, max_count or 0))]
+        stateful = bal is not None or bw is not None
         self.instances = [
             Instance(env, f"{name}-{i}", name, role, self.cost,
-                     make_kv(), policy if bal is None else policies[i], limits, spec.gpus_per_instance, sink,
-                     ctx.bin_s, fast=ctx.fast and bal is None)
+                     make_kv(), policies[i] if stateful else policy, limits, spec.gpus_per_instance, sink,
+                     ctx.bin_s, fast=ctx.fast and not stateful)
             for i in range(max(count, max_count or 0))]
         for inst in self.instances:
             inst.reserved_count = 0        # decode side: reservations for KV still on the wire

@@ -495,10 +495,21 @@ def parse_profiles(pairs: list[str] | None = None, pattern: str | None = None,
 INFERENCEMAX_TRTLLM_DP = {"timeout_iters": 60, "batching_wait_iters": 0}
 
 
+#: InferenceMAX's DeepSeek-R1 fp8 TensorRT-LLM scripts (H200, B200) without DP attention at 1024 in / 1024 out
+#: and 64 or more clients: ``batch_wait_timeout_iters: 40``, ``batch_wait_max_tokens_ratio: 0.8``
+INFERENCEMAX_TRTLLM_BATCH_WAIT = {"timeout_iters": 40, "max_tokens_ratio": 0.8}
+
+
 def harness_engine_config(r: dict) -> dict:
     """Pool keys a row's harness is known to have set beyond the engine's defaults (empty when none is
-    known): an InferenceMAX TensorRT-LLM DP-attention row gets :data:`INFERENCEMAX_TRTLLM_DP`."""
-    if not (r.get("dp_attention") and r.get("engine") == "trtllm" and r.get("harness") == "inferencemax"):
+    known): an InferenceMAX TensorRT-LLM DP-attention row gets :data:`INFERENCEMAX_TRTLLM_DP`, a DeepSeek-R1
+    fp8 chat row (1024 / 1024, 64+ clients) without DP :data:`INFERENCEMAX_TRTLLM_BATCH_WAIT`."""
+    if not (r.get("engine") == "trtllm" and r.get("harness") == "inferencemax"):
+        return {}
+    if not r.get("dp_attention"):
+        if str(r.get("model", "")).startswith("deepseek-r1") and r.get("weight_dtype") == "fp8" and \
+                r.get("isl") == 1024 and r.get("osl") == 1024 and r.get("concurrency", 0) >= 64:
+            return {"batch_wait": dict(INFERENCEMAX_TRTLLM_BATCH_WAIT)}
         return {}
     per_rank = max(8192, -(-(r["concurrency"] + r["isl"] + 64) // 64) * 64)
     return {"attention_dp_balance": dict(INFERENCEMAX_TRTLLM_DP), "scheduler": "inflight",
