@@ -290,6 +290,8 @@ class Autoscaler:
         inst.state, inst.draining, inst.switched = OFF, False, None
         inst.set_down()
         inst.kv.reset()                     # its memory goes with the machine (a prefix cache too)
+        if hasattr(inst.policy, "reset"):
+            inst.policy.reset()             # and its engine's counts (DP balance, batch waiting)
         inst.wake()                         # (a failed one's process waits for this to idle again)
 
     def restart_provisioning(self, inst, down_s: float, warmup_s: float = 0.0) -> float:

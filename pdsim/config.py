@@ -272,6 +272,10 @@ class PoolSpec(_Strict):
                 raise ValueError("prefix caching on a DP-balanced pool is not modelled (each attention rank caches "
                                  "its own requests' prefixes); set prefix_cache.enabled: false")
         if self.batch_wait is not None:
+            if not (self.batch_wait.timeout_iters > 0 and self.batch_wait.max_tokens_ratio > 0):
+                raise ValueError("batch_wait needs timeout_iters > 0 and max_tokens_ratio > 0: with either at 0 "
+                                 "TensorRT-LLM's rule never holds a prompt (it lets them go when the count reaches "
+                                 "0 or the step holds 0 tokens)")
             if self.dp_attention:
                 raise ValueError("batch_wait is TensorRT-LLM's batch waiting, which it applies only without attention "
                                  "DP (use attention_dp_balance there)")

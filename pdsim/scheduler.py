@@ -177,7 +177,8 @@ def _decode_running(running: list, waiting: deque, kv: KVCache, plan: StepPlan, 
     """One step's tokens for every running request (a decode's one, a chunked prompt's next chunk) in batch
     order, within ``budget`` tokens (None: no budget), preempting when a request cannot grow; returns the
     budget left (``rank_cap``: a DP-balanced instance's tokens left per rank after its decodes, which caps each
-    part-way prompt's chunk on its rank).  This loop runs for every request of every step, so a plain ``StepPlan``'s sums are kept
+    part-way prompt's chunk on its rank; ``[0]`` on a pool without ranks, whose requests' rank is -1, holds
+    every part-way prompt: :class:`BatchWait`'s held step).  This loop runs for every request of every step, so a plain ``StepPlan``'s sums are kept
     in local variables (``StepPlan.add`` inlined: the same additions in the same order, so the same floats);
     a sliding plan adds through its own ``add``."""
     prefix = kv.prefix_on
@@ -412,14 +413,15 @@ def _admit_ranked(waiting: deque, running: list, kv: KVCache, limits: Limits, pl
 
 class BatchWait:
     """TensorRT-LLM's batch waiting around ``chunked`` or ``inflight`` (one per instance: it counts steps), as its
-    ``_waiting_requests`` does: on a step that would carry decodes and new prompts, the prompts go only when the
-    step's tokens -- one per running request (a part-way prompt: its next chunk) plus every prompt that would be
-    admitted, each counted whole -- reach ``ratio`` x the token budget, or when ``timeout`` such steps have held
-    them; otherwise the step runs its running requests only and the count grows (it restarts when prompts
-    go, and when the instance fails).  A step with no decode, or no prompt that would be admitted, is the base
-    policy's.  SIMPLIFICATION: which prompts "would be admitted" is judged on the token budget and batch size
-    (FCFS, whole prompts for ``inflight``, a chunk of the first that does not fit for ``chunked``), not on
-    free KV blocks."""
+    ``_waiting_requests`` does: on a step that would carry decodes and context requests -- new prompts it would
+    admit, and (chunked) prompts part-way through their prefill -- the contexts go only when the step's tokens,
+    one per decode plus every context counted whole (its prompt and tokens so far, as TensorRT-LLM counts
+    ``get_tokens``), reach ``ratio`` x the token budget, or when ``timeout`` such steps have held them;
+    otherwise the step runs its decodes only, part-way prompts held too, and the count grows (it restarts when
+    contexts go, and when the instance fails or leaves the pool).  A step with no decode, or no context, is
+    the base policy's.  SIMPLIFICATION: which new prompts "would be admitted" is judged on the token budget
+    and batch size (FCFS; whole prompts for ``inflight``, a chunk of the first that does not fit for
+    ``chunked``), not on free KV blocks."""
 
     def __init__(self, base, chunk: bool, timeout_iters: int, max_tokens_ratio: float):
         self.base, self.chunk = base, chunk
@@ -428,50 +430,55 @@ class BatchWait:
         self.reset()
 
     def reset(self) -> None:
-        """A fresh engine (the instance failed and came back): the count at 0."""
+        """A fresh engine (the instance failed and came back, or left the pool): the count at 0."""
         self.waited = 0
 
-    def _step_tokens(self, running: list, waiting, limits: Limits) -> tuple[int, int, int]:
-        """(decodes, prompts it would admit, tokens the step would carry: running requests' next tokens + those
-        prompts, whole), by the budget and batch size alone."""
+    def _contexts(self, running: list, waiting, limits: Limits) -> tuple[int, int, int]:
+        """(decodes, contexts, tokens the step would carry: one per decode + every context counted whole), by
+        the budget and batch size alone."""
         left = limits.max_batched_tokens
         cap = limits.max_chunk if limits.max_chunk is not None else left
-        gens = tokens = 0
+        gens = ctx = tokens = 0
         for r in running:
-            n = min(r.prompt_tokens + r.generated - r.computed, cap, left)
+            known = r.prompt_tokens + r.generated
+            n = min(known - r.computed, cap, left)
             if n <= 0:
                 continue
-            if r.generated >= 1 and r.computed + 1 == r.prompt_tokens + r.generated:
+            if r.generated >= 1 and r.computed + 1 == known:
                 gens += 1
-            tokens += n
+                tokens += 1
+            else:                    # part-way through its prompt (or recomputing): a context
+                ctx += 1
+                tokens += known
             left -= n
         slots = limits.max_running - len(running)
-        admitted = 0
         for r in waiting:
             if slots <= 0 or left <= 0:
                 break
             n = r.prompt_tokens + r.generated - r.computed
             if n > left and not self.chunk:
                 break
-            tokens += r.prompt_tokens + r.generated         # counted whole, as TensorRT-LLM counts a context
+            tokens += r.prompt_tokens + r.generated
             left -= min(n, left, cap)
             slots -= 1
-            admitted += 1
-        return gens, admitted, tokens
+            ctx += 1
+        return gens, ctx, tokens
 
     def __call__(self, running: list, waiting: deque, kv: KVCache, limits: Limits) -> StepPlan:
-        if not waiting:
-            return self.base(running, waiting, kv, limits)
-        gens, admitted, tokens = self._step_tokens(running, waiting, limits)
-        if gens == 0 or admitted == 0:
-            return self.base(running, waiting, kv, limits)      # no decode, or no prompt it would admit
+        gens, ctx, tokens = self._contexts(running, waiting, limits)
+        if gens == 0 or ctx == 0:
+            return self.base(running, waiting, kv, limits)      # no decode, or no context
         if self.waited >= self.timeout or tokens >= self.ratio * limits.max_batched_tokens:
             self.waited = 0
             return self.base(running, waiting, kv, limits)
         self.waited += 1
         self.held += 1
-        held = deque()           # the step without admissions; a preempted request joins the real queue's front
-        plan = self.base(running, held, kv, limits)
+        # the decodes only: no admission (an empty queue; a request preempted meanwhile joins the real queue's
+        # front) and no part-way prompt's chunk (a pool without ranks: every request's rank is -1, so the
+        # one-element cap [0] holds every running request with more than one token to compute)
+        held = deque()
+        plan = StepPlan() if limits.window is None else SlidingStepPlan(window=limits.window)
+        _decode_running(running, held, kv, plan, limits.max_batched_tokens, limits.max_chunk, [0])
         if held:
             waiting.extendleft(reversed(held))
         return plan

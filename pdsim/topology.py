@@ -310,6 +310,10 @@ class Pool:
                         for _ in range(max(count, max_count or 0))]
         bw = spec.batch_wait
         if bw is not None:
+            if role != "both":
+                raise ConfigError("batch_wait holds new prompts beside decodes: a prefill pool never decodes and a "
+                                  "decode pool admits no new prompts, so it would do nothing there",
+                                  key=f"{key}.batch_wait", value=bw.model_dump())
             if spec.speculative is not None:
                 raise ConfigError("batch_wait with speculative decoding is not modelled",
                                   key=f"{key}.batch_wait", value=bw.model_dump())

@@ -62,6 +62,30 @@ def test_the_count_restarts_when_prompts_go_by_hand(tmp_path):
     assert [r.first_token_s for r in reqs] == [1.0, 5.0, 9.0]
 
 
+def test_the_decodes_count_and_the_ratio_is_reached_at_equality_by_hand(tmp_path):
+    """B (49 in) beside A's decode: 1 + 49 = 50 = 0.5 x 100 tokens: the step is full enough, B goes at t=2
+    (first token 3).  Without A's token counted, or with a strict comparison, it would wait to t=5."""
+    reqs, _ = _run(tmp_path, ["0,10,20", "1.5,49,3"], {"timeout_iters": 3, "max_tokens_ratio": 0.5})
+    assert [r.first_token_s for r in reqs] == [1.0, 3.0]
+
+
+def test_a_part_way_prompt_is_a_context_counted_whole_and_held_by_hand(tmp_path):
+    """Chunked, budget 100, ratio 0.8, timeout 5.  A (10 in) decodes from t=1.  B (40) and C (90) arrive at 1.5:
+    at t=2 the step would carry 1 + 40 + 90 = 131 >= 80: they go, B whole and C's first 59 tokens (the budget
+    left).  D (10) at 2.5: at t=3 the contexts are C, part-way (counted whole: 90) and D: 1 + 1 (B's decode) +
+    90 + 10 = 102 >= 80: D goes at once (first token 4), C takes its last 31 (first token 4).  Counted by its
+    chunk (31), C would have made 43 < 80 and held D to the timeout."""
+    reqs, _ = _run(tmp_path, ["0,10,40", "1.5,40,3", "1.5,90,3", "2.5,10,3"],
+                   {"timeout_iters": 5, "max_tokens_ratio": 0.8}, scheduler="chunked")
+    assert [r.first_token_s for r in reqs] == [1.0, 3.0, 4.0, 4.0]
+    # B (70) and C (50) at 1.5: 1 + 120 >= 80, they go at t=2, C gets the 29 left.  At t=3: 1 + 1 + 50 (C whole)
+    # + 10 (D) = 62 < 80: C's chunk is held with D (count 1 .. 5 at t=3 .. 7) and both go at t=8
+    # (first token 9); a part-way prompt never held would have had its first token at 4.
+    reqs, _ = _run(tmp_path, ["0,10,40", "1.5,70,3", "1.5,50,3", "2.5,10,3"],
+                   {"timeout_iters": 5, "max_tokens_ratio": 0.8}, scheduler="chunked")
+    assert [r.first_token_s for r in reqs] == [1.0, 3.0, 9.0, 9.0]
+
+
 def test_without_a_decode_nothing_waits(tmp_path):
     reqs, _ = _run(tmp_path, ["0,10,1", "0.5,10,1"], {"timeout_iters": 100, "max_tokens_ratio": 1.0})
     assert [r.first_token_s for r in reqs] == [1.0, 2.0]
@@ -78,15 +102,30 @@ def test_a_held_step_that_preempts_keeps_the_victim_queued(tmp_path):
     assert res.topology.instances[0].kv.free_blocks == 3
 
 
+ON = {"timeout_iters": 5, "max_tokens_ratio": 0.5}
+
+
 @pytest.mark.parametrize("pool,words", [
-    ({"tp": 2, "ep": 2, "dp_attention": True, "scheduler": "inflight", "batch_wait": {}}, "only without attention"),
-    ({"scheduler": "fcfs", "batch_wait": {}}, "not fcfs"),
-    ({"scheduler": "inflight", "batch_wait": {"max_tokens_ratio": 1.5}}, "max_tokens_ratio"),
+    ({"tp": 2, "ep": 2, "dp_attention": True, "scheduler": "inflight", "batch_wait": ON}, "only without attention"),
+    ({"scheduler": "fcfs", "batch_wait": ON}, "not fcfs"),
+    ({"scheduler": "inflight", "batch_wait": {"timeout_iters": 5, "max_tokens_ratio": 1.5}}, "max_tokens_ratio"),
+    ({"scheduler": "inflight", "batch_wait": {"timeout_iters": 5}}, "never holds a prompt"),
+    ({"scheduler": "inflight", "batch_wait": {"max_tokens_ratio": 0.5}}, "never holds a prompt"),
 ])
 def test_bad_batch_wait_settings_are_one_clear_error(pool, words):
     with pytest.raises(ConfigError, match=words):
         config.parse({"model": "qwen3-30b-a3b", "workload": {"rate": 1, "num_requests": 2},
                       "topologies": {"t": {"kind": "colocated", **pool}}}, "b.yaml")
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_batch_wait_on_a_disaggregated_pool_is_refused(side):
+    pools = {"prefill": {}, "decode": {}}
+    pools[side] = {"scheduler": "inflight", "batch_wait": ON}
+    sc = config.parse({"model": "llama-3.1-8b", "workload": {"rate": 1, "num_requests": 2},
+                       "topologies": {"pd": {"kind": "disaggregated", **pools}}}, "d.yaml")
+    with pytest.raises(ConfigError, match=f"pd.{side}.batch_wait.*would do nothing"):
+        simulate(sc)
 
 
 def test_the_harness_config_of_inferencemax_trtllm_deepseek_chat_rows():

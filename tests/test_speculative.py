@@ -540,3 +540,20 @@ def test_a_full_budget_leaves_no_room_for_drafts_and_fcfs_is_unbudgeted():
         r = run_topology(sc, "c", sc.topologies["c"], [Request(0, 0.0, 1, 9), Request(1, 0.0, 1, 9)],
                          resolve_model(sc), 1.0)
         assert [_groups(q.token_s) for q in r.requests] == [groups, groups]
+
+
+@pytest.mark.parametrize("budget,groups", [(5, ([1, 4, 4], [1, 1, 1, 4, 2])), (6, ([1, 4, 4], [1, 2, 2, 4]))])
+def test_two_verifiers_share_the_draft_room_in_batch_order_by_hand(budget, groups):
+    """A and B (1 in, 9 out each), k=3, every draft accepted, chunked budget 5 or 6.  Step 2 (both decoding):
+    room = min(3 + 3, budget - 2) = 3 or 4: A takes 3, B what is left (0 or 1).  Budget 5: A 1+3, B 1; step 3
+    the same (A done at 9); then B alone: room min(3, 4) = 3 -> 4 tokens, then its last 2 (d = 1).  Budget 6:
+    A 1+3 and B 1+1 twice (A done), then B 1+3.  Without the room shared out a step would carry 8 tokens."""
+    from pdsim.simulation import resolve_model, run_topology
+    from pdsim.workload import Request
+    topos = _colocated({"k": 3, "acceptance": 1.0, "draft_cost_fraction": 0.5},
+                       chunked_prefill={"token_budget": budget})
+    sc = scenario(topos, num_requests=2)
+    sc.client.itl = "on"
+    r = run_topology(sc, "c", sc.topologies["c"], [Request(0, 0.0, 1, 9), Request(1, 0.0, 1, 9)],
+                     resolve_model(sc), 1.0)
+    assert tuple(_groups(q.token_s) for q in r.requests) == groups
