@@ -24,6 +24,19 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 
+def run_trace(tmp_path, model: str, pool: dict, rows: list[str]):
+    """One colocated topology ``t`` (``pool``) fed a trace of ``rows`` ("arrived_at,prompt,output"): (its
+    requests by id, the TopologyResult with ``scenario`` set), for timelines worked by hand."""
+    from pdsim.simulation import simulate
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
+    sc = config.parse({"model": model, "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "topologies": {"t": {"kind": "colocated", **pool}}}, "t.yaml")
+    (res,) = simulate(sc)
+    res.scenario = sc
+    return sorted(res.requests, key=lambda r: r.id), res
+
+
 def scenario(topologies: dict | None = None, model: str | dict = "llama-3.1-8b", **workload) -> config.Scenario:
     """A validated scenario: constant-cost colocated replica by default, tiny workload."""
     w = {"arrival": "poisson", "rate": 1.0, "num_requests": 20, "prompt_tokens": 100, "output_tokens": 10}

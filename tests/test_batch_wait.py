@@ -14,19 +14,15 @@ from pdsim.errors import ConfigError
 from pdsim.simulation import simulate
 from pdsim.validate import harness_engine_config
 
+from conftest import run_trace
+
 
 def _run(tmp_path, rows, wait, budget=100, scheduler="inflight", **extra):
-    trace = tmp_path / "t.csv"
-    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
-    pool = {"kind": "colocated", "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 1.0},
+    pool = {"kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 1.0},
             "scheduler": scheduler, "max_batched_tokens": budget, **extra}
     if wait is not None:
         pool["batch_wait"] = wait
-    sc = config.parse({"model": "llama-3.1-8b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
-                       "topologies": {"t": pool}}, "t.yaml")
-    (res,) = simulate(sc)
-    res.scenario = sc
-    return sorted(res.requests, key=lambda r: r.id), res
+    return run_trace(tmp_path, "llama-3.1-8b", pool, rows)
 
 
 def test_a_prompt_beside_decodes_waits_the_timeout_by_hand(tmp_path):

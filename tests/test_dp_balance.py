@@ -22,20 +22,15 @@ from pdsim.scheduler import assign_rank
 from pdsim.simulation import simulate
 from pdsim.validate import harness_engine_config
 
+from conftest import run_trace
+
 
 def _run(tmp_path, rows, balance, budget=200, scheduler="inflight", tp=2, **extra):
-    trace = tmp_path / "t.csv"
-    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
-    pool = {"kind": "colocated", "tp": tp, "ep": tp, "dp_attention": True, "kv_blocks": 1000,
+    pool = {"tp": tp, "ep": tp, "dp_attention": True, "kv_blocks": 1000,
             "cost_model": {"kind": "constant", "step_s": 1.0}, "scheduler": scheduler, "max_batched_tokens": budget}
     if balance is not None:
         pool["attention_dp_balance"] = balance
-    pool.update(extra)
-    sc = config.parse({"model": "qwen3-30b-a3b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
-                       "topologies": {"t": pool}}, "t.yaml")
-    (res,) = simulate(sc)
-    res.scenario = sc
-    return sorted(res.requests, key=lambda r: r.id), res
+    return run_trace(tmp_path, "qwen3-30b-a3b", {**pool, **extra}, rows)
 
 
 def test_a_prompt_on_one_rank_waits_for_the_step_count_by_hand(tmp_path):
