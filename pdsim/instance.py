@@ -267,9 +267,7 @@ class Instance:
         """A request whose KV has arrived (blocks already reserved) starts decoding here."""
         if self._win is not None:
             self.cut()
-        req.decode_instance = self.name
-        if self.balanced:
-            req.rank = assign_rank(req, self.running, self.waiting, self.policy.ranks)
+        req.decode_instance = self.name     # (a DP-balanced pool gave it a rank as it reserved its blocks)
         if self.kv.prefix_on:
             self.kv.commit(req)        # the transferred prompt blocks are shareable here from now on
         self.running.append(req)

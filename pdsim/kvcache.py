@@ -17,6 +17,7 @@ class KVCache:
     __slots__ = ("total_blocks", "block_size", "free_blocks", "watermark_blocks", "peak_used")
     prefix_on = False      # PrefixKVCache: full blocks with known hashes stay cached for reuse
     load_s = 0.0           # host-tier loads the next step waits for (PrefixKVCache only)
+    ranked = False         # RankedKVCache: one pool per attention rank
 
     def __init__(self, total_blocks: int, block_size: int = 16, watermark: float = 0.0):
         assert isinstance(total_blocks, int) and total_blocks > 0, total_blocks
@@ -41,7 +42,15 @@ class KVCache:
         Admission keeps the watermark spare, and a preempted (or failed-over) request is
         re-admitted with all its tokens, so the bound is total minus watermark, not total.
         """
-        return self.blocks_for(tokens) <= self.total_blocks - self.watermark_blocks
+        return self.blocks_for(tokens) <= self.max_request_blocks()
+
+    def max_request_blocks(self) -> int:
+        """The most blocks one request can be admitted with (an empty pool less the watermark)."""
+        return self.total_blocks - self.watermark_blocks
+
+    def requests_fit(self, blocks_each: int) -> int:
+        """Requests of ``blocks_each`` blocks an empty pool admits at once."""
+        return self.max_request_blocks() // max(1, blocks_each)
 
     def grow(self, req: Request, tokens: int, admit: bool = False) -> bool:
         """Make ``req`` hold blocks for ``tokens`` cached tokens; False (nothing changed) if the pool is short.
@@ -78,6 +87,70 @@ class KVCache:
     def held(self, req: Request) -> int:
         """Blocks ``req`` holds in this pool."""
         return req.blocks
+
+
+class RankedKVCache(KVCache):
+    """A DP-attention instance whose requests keep an attention rank (``attention_dp_balance``): every rank is
+    a GPU with its own KV pool, as in TensorRT-LLM, so a request takes blocks from its own rank's pool only
+    (``total_blocks`` // ``ranks`` each; a remainder is unused, and the watermark applies per rank).  One
+    rank running short neither borrows another's free blocks nor stops it.  ``free_blocks`` and
+    ``peak_used`` stay the instance's sums.  The rank a request's blocks came from is remembered here (a
+    request handed from a prefill pool to a decode pool gets a new rank on the decode side)."""
+    __slots__ = ("ranks", "per_rank", "rank_free", "rank_watermark", "owner")
+    ranked = True
+
+    def __init__(self, total_blocks: int, block_size: int = 16, watermark: float = 0.0, ranks: int = 2):
+        assert ranks >= 2 and total_blocks >= ranks, (total_blocks, ranks)
+        per = total_blocks // ranks
+        super().__init__(per * ranks, block_size, watermark)
+        self.ranks, self.per_rank = ranks, per
+        self.rank_watermark = int(watermark * per)
+        self.watermark_blocks = self.rank_watermark * ranks
+        self.rank_free = [per] * ranks
+        self.owner: dict[int, int] = {}     # request id -> the rank its blocks here belong to
+
+    def max_request_blocks(self) -> int:
+        return self.per_rank - self.rank_watermark
+
+    def requests_fit(self, blocks_each: int) -> int:
+        return self.ranks * (self.max_request_blocks() // max(1, blocks_each))
+
+    def grow(self, req: Request, tokens: int, admit: bool = False) -> bool:
+        need = self.blocks_for(tokens) - req.blocks
+        if need <= 0:
+            return True
+        j = self.owner.get(req.id)
+        if j is None:
+            j = req.rank
+            assert 0 <= j < self.ranks, (req.id, j)
+        if need > self.rank_free[j] - (self.rank_watermark if admit else 0):
+            return False
+        self.owner[req.id] = j
+        self.rank_free[j] -= need
+        self.free_blocks -= need
+        req.blocks += need
+        used = self.total_blocks - self.free_blocks
+        if used > self.peak_used:
+            self.peak_used = used
+        return True
+
+    def reset(self) -> None:
+        super().reset()
+        self.rank_free = [self.per_rank] * self.ranks
+        self.owner.clear()
+
+    def release(self, req: Request) -> None:
+        j = self.owner.pop(req.id, None)
+        if j is not None:
+            self.rank_free[j] += req.blocks
+            assert self.rank_free[j] <= self.per_rank, (j, self.rank_free[j], self.per_rank)
+        else:
+            assert req.blocks == 0, (req.id, req.blocks)
+        super().release(req)
+
+    def rank_used(self) -> list[int]:
+        """Blocks in use on each rank."""
+        return [self.per_rank - f for f in self.rank_free]
 
 
 class SlidingKVCache(KVCache):

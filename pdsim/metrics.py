@@ -569,8 +569,10 @@ def kv_capacity(pool, d) -> dict:
     per_req = kv.blocks_for(int(math.ceil(size))) if size == size else 0
     out = {"engine": pool.spec.engine, "kv_blocks": kv.total_blocks, "kv_block_size": kv.block_size,
            "kv_capacity_tokens": tokens,
-           "kv_capacity_requests": (kv.total_blocks - kv.watermark_blocks) // per_req if per_req else None,
+           "kv_capacity_requests": kv.requests_fit(per_req) if per_req else None,
            "kv_request_tokens_mean": size if size == size else None}
+    if kv.ranked:          # attention_dp_balance: one pool per attention rank, a request fits within one
+        out["kv_blocks_per_rank"] = kv.per_rank
     dev = getattr(pool.cost, "device", None)
     if pool.spec.engine is not None and dev is not None and pool.spec.kv_blocks is None:
         from .engines import kv_cache_bytes

@@ -116,9 +116,12 @@ def _preempt(victim: Request, kv: KVCache, running: list, waiting: deque, plan: 
 
 def _grow_running(req: Request, n: int, kv: KVCache, running: list, waiting: deque,
                   plan: StepPlan, scheduled: set) -> bool:
-    """Blocks for ``req`` to advance by n, preempting the newest unscheduled others; False if req itself went."""
+    """Blocks for ``req`` to advance by n, preempting the newest unscheduled others (on a pool per attention
+    rank, :class:`~pdsim.kvcache.RankedKVCache`: of req's own rank, the only ones whose blocks it can use);
+    False if req itself went."""
     while not kv.grow(req, req.computed + n):
-        victim = next((r for r in reversed(running) if r is not req and id(r) not in scheduled), None)
+        victim = next((r for r in reversed(running) if r is not req and id(r) not in scheduled
+                       and (not kv.ranked or r.rank == req.rank)), None)
         if victim is None:
             _preempt(req, kv, running, waiting, plan)
             return False
@@ -370,8 +373,9 @@ def _admit_ranked(waiting: deque, running: list, kv: KVCache, limits: Limits, pl
                   left: list, busy: list, chunk: bool, slots: int) -> None:
     """:func:`_admit` rank by rank: the waiting requests in order, each within its own rank's tokens ``left``
     and ``slots`` running requests (a rank stops at its first request that does not fit, as the engine's
-    per-rank scheduler does; a prompt larger than a whole empty rank's budget runs alone there); every rank
-    stops when the KV pool (shared here: one rank's shortage stops all) or the instance's batch is full."""
+    per-rank scheduler does; a prompt larger than a whole empty rank's budget runs alone there) and its own
+    KV pool (:class:`~pdsim.kvcache.RankedKVCache`; on a shared pool one rank's shortage stops all); every
+    rank stops when the instance's batch is full."""
     stopped = [False] * len(left)
     held = [0] * len(left)
     for r in running:
@@ -395,7 +399,10 @@ def _admit_ranked(waiting: deque, running: list, kv: KVCache, limits: Limits, pl
                 stopped[j] = True
                 continue
         if not _take_blocks(req, hit, n, kv, limits, plan):
-            break
+            if not kv.ranked:
+                break
+            stopped[j] = True      # its rank's pool is short: the other ranks go on
+            continue
         taken.append(req)
         running.append(req)
         held[j] += 1

@@ -14,8 +14,8 @@ from .costmodel import ConstantCost, LinearCost, RooflineCost
 from .devices import GiB, get_device
 from .errors import ConfigError
 from .instance import HANDOFF, Instance
-from .kvcache import KVCache, PrefixKVCache, SlidingKVCache
-from .scheduler import SCHEDULERS, Limits, final_kv_tokens
+from .kvcache import KVCache, PrefixKVCache, RankedKVCache, SlidingKVCache
+from .scheduler import SCHEDULERS, Limits, assign_rank, final_kv_tokens
 from .workload import ABANDONED, UNFINISHED, Request
 
 
@@ -171,7 +171,8 @@ def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
     ranks = 1
     if pool.dp_attention:
         # each GPU is an attention rank keeping its own requests' whole KV (attention TP 1): the instance's
-        # pool is the sum of the ranks' pools (ASSUMPTION: requests spread evenly over the ranks);
+        # pool is the sum of the ranks' pools (ASSUMPTION without attention_dp_balance: requests spread evenly
+        # over the ranks; with it each rank has its own pool, RankedKVCache);
         # block_bytes stays per GPU (a block lives on one of the tp GPUs)
         model.validate_dp_attention(pool.tp, pool.ep, pool.pp, key=f"{key}.dp_attention")
         ranks = pool.tp
@@ -198,6 +199,11 @@ def kv_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, base_dir,
             f"({device.memory_bytes / GiB:.1f} GiB x {pool.gpu_memory_utilization}); raise tp or use a larger device",
             key=f"{key}.device", value=pool.device)
     return int(free // block_bytes) * ranks, block_bytes / ranks
+
+
+def _cap(kv) -> str:
+    """What a kv_capacity rejection names: the blocks one request can get (per attention rank on a ranked pool)."""
+    return f"{kv.max_request_blocks()}" + (f" per attention rank ({kv.ranks} ranks)" if kv.ranked else "")
 
 
 def _uneven_stage_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, device, block_bytes: float,
@@ -296,6 +302,12 @@ class Pool:
             make_kv = self._prefix_kv(spec, blocks, key) if spec.prefix_on else \
                 (lambda: KVCache(blocks, spec.block_size, spec.watermark))
         bal = spec.attention_dp_balance
+        if bal is not None and spec.tp >= 2 and not spec.prefix_on and not model.has_sliding:
+            if blocks < spec.tp:
+                raise ConfigError(f"attention_dp_balance gives each of the {spec.tp} attention ranks its own KV pool: "
+                                  f"{blocks} blocks leave a rank none", key=f"{key}.kv_blocks", value=blocks)
+            # requests keep a rank, and each rank (a GPU) has its own pool, as TensorRT-LLM's
+            make_kv = lambda: RankedKVCache(blocks, spec.block_size, spec.watermark, spec.tp)   # noqa: E731
         if bal is not None:
             if spec.speculative is not None:
                 raise ConfigError("attention_dp_balance with speculative decoding is not modelled",
@@ -329,6 +341,7 @@ class Pool:
             for i in range(max(count, max_count or 0))]
         for inst in self.instances:
             inst.reserved_count = 0        # decode side: reservations for KV still on the wire
+            inst.inbound = []              # (a DP-balanced decode instance: those requests, for rank placement)
             inst.block_bytes = self.block_bytes
             inst.pool_spec = spec
             if self.power is not None:
@@ -471,7 +484,7 @@ class Colocated(_Serving):
         if not kv.fits_ever(req.prompt_tokens + req.output_tokens - 1):
             return self.sink.rejected(req, "kv_capacity: prompt+output needs "
                                       f"{kv.blocks_for(req.prompt_tokens + req.output_tokens - 1)} KV blocks, "
-                                      f"an instance has {kv.total_blocks - kv.watermark_blocks}")
+                                      f"an instance has {_cap(kv)}")
         self._dispatch(req)
 
     # instance callbacks
@@ -568,11 +581,11 @@ class Disaggregated(_Serving):
         pkv, dkv = self.prefill.instances[0].kv, self.decode.instances[0].kv
         if not pkv.fits_ever(req.prompt_tokens):
             return self.sink.rejected(req, f"kv_capacity: prompt needs {pkv.blocks_for(req.prompt_tokens)} "
-                                      f"KV blocks, a prefill instance has {pkv.total_blocks - pkv.watermark_blocks}")
+                                      f"KV blocks, a prefill instance has {_cap(pkv)}")
         if not dkv.fits_ever(req.prompt_tokens + req.output_tokens - 1):
             return self.sink.rejected(req, "kv_capacity: prompt+output needs "
                                       f"{dkv.blocks_for(req.prompt_tokens + req.output_tokens - 1)} KV blocks, "
-                                      f"a decode instance has {dkv.total_blocks - dkv.watermark_blocks}")
+                                      f"a decode instance has {_cap(dkv)}")
         self._dispatch(req)
 
     def first_token(self, req):
@@ -625,6 +638,8 @@ class Disaggregated(_Serving):
         dec.sync()
         # kv_reservation full: the decode side takes blocks for the whole sequence as it reserves
         total = max(req.computed, final_kv_tokens(req)) if dec.limits.reserve_full else req.computed
+        if dec.balanced:         # its rank there (KV on the wire counts): the KV lands in that rank's pool
+            req.rank = assign_rank(req, dec.running + dec.inbound, dec.waiting, dec.policy.ranks)
         if dec.kv.prefix_on:     # cache-aware transfer: blocks the decode instance holds are not sent
             hit = dec.kv.reserve_prefix(req, req.computed, total)
             if hit is None:
@@ -632,6 +647,8 @@ class Disaggregated(_Serving):
             self.xfer_hit[req.id] = hit
         elif not dec.kv.reserve(req, total):
             return False
+        if dec.balanced:
+            dec.inbound.append(req)
         dec.blocks_taken()   # fewer free blocks: the decode window may not grow as planned
         return True
 
@@ -729,6 +746,8 @@ class Disaggregated(_Serving):
         src.wake()
         req.blocks = held
         dec.reserved_count -= 1
+        if dec.balanced:
+            dec.inbound.remove(req)
         req.status = UNFINISHED
         req.decode_start_s = env.now
         dec.accept(req)
@@ -773,6 +792,8 @@ class Disaggregated(_Serving):
         if dec.epoch == dec_epoch:
             dec.cut()                  # blocks come back: the next plan may change (sync first)
             dec.reserved_count -= 1
+            if dec.balanced:
+                dec.inbound.remove(req)
             dec.kv.release(req)
             dec.wake()
             self.on_decode_freed(dec)
@@ -801,6 +822,7 @@ class Disaggregated(_Serving):
     def _after_failure(self, inst, lost) -> None:
         if inst.role == "decode":
             inst.reserved_count = 0          # reservations vanished with its memory
+            inst.inbound = []
             self.on_decode_freed(inst)                       # waiting hand-offs pick another instance
         else:
             # hand-offs from this instance lost their KV: they stop now (a transfer in flight is cut off,

@@ -170,7 +170,7 @@ def test_a_balanced_step_is_priced_on_the_ranks_requests_hold():
 def test_nothing_lost_under_the_balance(seed, n, rate, timeout, batching, chunked):
     """Random streams through a balanced DeepSeek instance with a small KV pool (preemption happens): every
     request finishes exactly once with all its tokens, each on one rank, and every KV block comes back."""
-    pool = {"kind": "colocated", "device": "h200", "tp": 4, "ep": 4, "dp_attention": True, "kv_blocks": 120,
+    pool = {"kind": "colocated", "device": "h200", "tp": 4, "ep": 4, "dp_attention": True, "kv_blocks": 240,
             "max_running": 10, "attention_dp_balance": {"timeout_iters": timeout, "batching_wait_iters": batching}}
     pool.update({"chunked_prefill": {"token_budget": 256}} if chunked else {"scheduler": "inflight",
                                                                            "max_batched_tokens": 1024})
@@ -185,6 +185,7 @@ def test_nothing_lost_under_the_balance(seed, n, rate, timeout, batching, chunke
     assert all(r.generated == r.output_tokens and 0 <= r.rank < 4 for r in res.requests)
     inst = res.topology.instances[0]
     assert inst.kv.free_blocks == inst.kv.total_blocks
+    assert inst.kv.rank_free == [60] * 4 and not inst.kv.owner      # every rank's pool whole again
 
 
 @pytest.mark.parametrize("pool,words", [
@@ -349,3 +350,96 @@ def test_a_failure_restarts_the_counts_and_the_summary_counts_held_steps(tmp_pat
     inst.policy.waited, inst.policy.batched = 2, 1
     inst.fail()
     assert (inst.policy.waited, inst.policy.batched) == (0, 0)
+
+
+def test_each_rank_admits_from_its_own_kv_pool_by_hand(tmp_path):
+    """8 blocks of 16 tokens over 2 ranks: 4 a rank (64 tokens).  A (60 tokens) -> rank 0, B1, B2 (5 each) ->
+    rank 1, then C (20) -> rank 0 (the only rank below the even share).  Step 1: A takes rank 0's 4 blocks, so
+    C (2 blocks) waits though rank 1 has 2 free -- and the 8-block instance 2; A's output grows its KV to
+    63 tokens, still 4 blocks, and it finishes at t=4; C goes at t=4: first token 5, finish 6.  With one
+    pool for the instance C would have gone in step 1 (first token 1).  A rank's shortage does not stop
+    the other rank: B1, B2 prefill in step 1, and D (5 tokens, at 1.5 -> rank 1, the fewer prompt tokens)
+    goes at t=2 from behind C in the queue: first token 3."""
+    rows = ["0,60,4", "0,5,10", "0,5,10", "0,20,2", "1.5,5,2"]
+    reqs, res = _run(tmp_path, rows, {"timeout_iters": 0, "batching_wait_iters": 0}, kv_blocks=8)
+    assert [r.rank for r in reqs] == [0, 1, 1, 0, 1]
+    assert [r.first_token_s for r in reqs] == [1.0, 1.0, 1.0, 5.0, 3.0]
+    assert (reqs[0].finish_s, reqs[3].finish_s) == (4.0, 6.0)
+    kv = res.topology.instances[0].kv
+    assert (kv.per_rank, kv.peak_used) == (4, 7)          # rank 0: A's 4, rank 1: B1, B2, D; C never beside A
+    cap = metrics.kv_capacity(res.topology.pools[0], metrics.requests_frame([res]))
+    # mean request 123 / 5 = 24.6 -> 25 tokens = 2 blocks: 4 // 2 = 2 a rank
+    assert (cap["kv_blocks"], cap["kv_blocks_per_rank"], cap["kv_capacity_requests"]) == (8, 4, 4)
+
+
+def test_a_rank_short_of_blocks_preempts_its_own_newest_request_by_hand(tmp_path):
+    """8 blocks over 2 ranks: 4 a rank.  A (16 tokens, 30 out) -> rank 0; B1 (20, 3 out) -> rank 1; C (40, 20
+    out) -> rank 0 (A's prompt is the shorter); B2 (1, 40 out) -> rank 1 (the only rank below the share).
+    Step 1: A 1 block + C 3 fill rank 0, B1 2 + B2 1 leave rank 1 one free.  Step 2: A's 17th token needs a
+    second block; the newest request not yet scheduled is B2, but its blocks are rank 1's: C (rank 0) goes
+    (40 tokens to recompute).  B2 keeps decoding: its 40 tokens at 1..40.  C's 41 tokens (prompt + its first)
+    need 3 blocks, rank 0 has 2 free, then 1 from A's third block at t=17, until A finishes at t=30: C
+    recomputes at t=30 (token 2 at 31), token 20 at 49."""
+    rows = ["0,16,30", "0,20,3", "0,40,20", "0,1,40"]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 0, "batching_wait_iters": 0}, kv_blocks=8)
+    assert [r.rank for r in reqs] == [0, 1, 0, 1]
+    assert [r.preemptions for r in reqs] == [0, 0, 1, 0]
+    assert [r.finish_s for r in reqs] == [30.0, 3.0, 49.0, 40.0]
+    assert reqs[2].recomputed_tokens == 40
+
+
+def test_a_request_larger_than_one_ranks_pool_is_rejected_naming_the_rank(tmp_path):
+    """8 blocks over 2 ranks: a request whose prompt + output needs 5 blocks (70 tokens) fits the instance's
+    8 but no rank's 4: rejected at once, the reason naming the per-rank capacity."""
+    reqs, _ = _run(tmp_path, ["0,60,11", "0,60,4"], {"timeout_iters": 0, "batching_wait_iters": 0}, kv_blocks=8)
+    assert reqs[0].status == "rejected" and "per attention rank (2 ranks)" in reqs[0].reject_reason
+    assert reqs[1].status == "finished" and reqs[1].finish_s == 4.0
+
+
+def test_ranked_kv_pool_by_hand():
+    """RankedKVCache: a remainder block unused, the watermark per rank, blocks back to the rank they came
+    from whatever rank the request holds later, a reset makes every rank whole."""
+    from pdsim.kvcache import RankedKVCache
+    from pdsim.workload import Request
+    kv = RankedKVCache(9, 16, 0.25, 2)                      # 4 a rank, watermark int(0.25 x 4) = 1 a rank
+    assert (kv.total_blocks, kv.per_rank, kv.watermark_blocks, kv.max_request_blocks()) == (8, 4, 2, 3)
+    assert kv.fits_ever(48) and not kv.fits_ever(49)
+    assert kv.requests_fit(1) == 6 and kv.requests_fit(2) == 2
+    a, b = Request(0, 0.0, 40, 5), Request(1, 0.0, 10, 5)
+    a.rank, b.rank = 0, 0
+    assert kv.grow(a, 40, admit=True)                        # 3 blocks: rank 0 at its watermark
+    assert not kv.grow(b, 10, admit=True) and b.blocks == 0  # admission keeps rank 0's 1 spare
+    assert kv.grow(b, 10) and kv.rank_used() == [4, 0]       # a running request may take it
+    assert not kv.grow(a, 49)
+    b.rank = 1                                               # (a rank given elsewhere later)
+    kv.release(b)
+    assert kv.rank_used() == [3, 0] and kv.free_blocks == 5
+    kv.reset()
+    assert kv.rank_free == [4, 4] and kv.free_blocks == 8 and not kv.owner
+
+
+def test_a_balanced_decode_pool_places_kv_on_the_wire_by_rank_by_hand(tmp_path):
+    """Disaggregated: a plain prefill instance, a DP-balanced decode instance with 4 blocks a rank (constant 1 s
+    steps, a link of negligible time).  A and B (50 tokens, 10 out: 59 tokens of KV at most, 4 blocks) prefill
+    together and hand off at t=1: A's KV goes to rank 0, and B's -- A's still on the wire counts -- to rank 1,
+    so both decode: A's KV lands first (t=1 + 1 us) and A's step starts, B's a microsecond later and B joins the
+    next step: A's tokens 2..10 at 2..10, B's at 3..11 (+ 1 us).  Placed as if A were not there yet, B would
+    wait for rank 0's blocks until A finished at 10, and finish at 19 or later."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,50,10\n0,50,10\n")
+    const = {"kind": "constant", "step_s": 1.0}
+    sc = config.parse({"model": "qwen3-30b-a3b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "topologies": {"pd": {
+                           "kind": "disaggregated", "kv_link": {"bandwidth_GBps": 1e6, "latency_us": 1},
+                           "prefill": {"instances": 1, "kv_blocks": 1000, "cost_model": const,
+                                       "scheduler": "inflight", "max_batched_tokens": 200},
+                           "decode": {"instances": 1, "tp": 2, "ep": 2, "dp_attention": True, "kv_blocks": 8,
+                                      "cost_model": const, "scheduler": "inflight",
+                                      "attention_dp_balance": {"timeout_iters": 0, "batching_wait_iters": 0}}}}},
+                      "pd.yaml")
+    (res,) = simulate(sc)
+    a, b = sorted(res.requests, key=lambda r: r.id)
+    assert (a.rank, b.rank) == (0, 1)
+    assert a.finish_s == pytest.approx(10.0, abs=1e-5) and b.finish_s == pytest.approx(11.0, abs=1e-5)
+    dec = res.topology.pools[1].instances[0]
+    assert dec.kv.rank_free == [4, 4] and dec.inbound == []

@@ -1008,9 +1008,10 @@ def test_p99_of_51_gaps_takes_numpys_upper_form_at_gamma_one_half_by_hand():
     assert p99[0] == 0.8 and mx[0] == 1.5
 
 
-def _kv_pool(total=100, watermark=10, block=16):
-    """A pool as kv_capacity reads it: its first instance's cache (blocks of ``block`` tokens, ceil), no engine."""
-    kv = NS(total_blocks=total, watermark_blocks=watermark, block_size=block, blocks_for=lambda t: -(-t // block))
+def _kv_pool(total=100, watermark=0.1, block=16):
+    """A pool as kv_capacity reads it: its first instance's cache (blocks of ``block`` tokens), no engine."""
+    from pdsim.kvcache import KVCache
+    kv = KVCache(total, block, watermark)
     return NS(instances=[NS(kv=kv)], spec=NS(engine=None, kv_blocks=None), cost=NS())
 
 
