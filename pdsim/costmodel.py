@@ -273,11 +273,12 @@ def deal_ranks(parts, ranks: int):
     return [(*x, dp) for x, dp in zip(load, dec) if x[4]]
 
 
-def ranked_parts(items, ranks: int):
+def ranked_parts(items, ranks: int, decode_steps: bool = False):
     """:func:`deal_ranks`' per-rank shares when every request has its own rank (``req.rank``, a DP-balanced
-    pool: :class:`~pdsim.scheduler.BalancedDP`): each request's part on its rank.  None for a decode-only
-    step (priced, as everywhere, by the proportional share: the decodes' ranks are not followed there)."""
-    if all(n == 1 for _, n in items):
+    pool: :class:`~pdsim.scheduler.BalancedDP`): each request's part on its rank.  A decode-only step gives
+    None (the proportional share prices it) unless ``decode_steps``: a balanced instance passes it, since its
+    decodes' ranks are known and the step waits for the slowest rank."""
+    if not decode_steps and all(n == 1 for _, n in items):
         return None
     load = [[0, 0.0, 0, 0, 0] for _ in range(ranks)]
     dec = [[0, 0.0, 0, 0] for _ in range(ranks)]

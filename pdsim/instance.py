@@ -317,7 +317,7 @@ class Instance:
             if self.spec is not None:       # speculative decoding: verify steps (pdsim/speculative.py)
                 c, drafts = self.spec.plan_step(plan, self.kv)
             elif self.window is None:
-                rank = None if self.attn_ranks == 1 else ranked_parts(plan.items, self.attn_ranks) if \
+                rank = None if self.attn_ranks == 1 else ranked_parts(plan.items, self.attn_ranks, True) if \
                     self.balanced else busiest_rank(plan.items, self.attn_ranks)
                 if rank is not None:       # DP attention with a prompt chunk in the step: whole requests per rank
                     c = self.cost.step(plan.tokens, plan.attn_work, plan.kv_read_tokens, plan.sampled,

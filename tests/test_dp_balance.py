@@ -257,6 +257,20 @@ def test_a_balanced_instance_prices_a_step_by_its_requests_ranks(tmp_path, monke
     (r0, r1) = with_d[0]
     assert (r0[0], r0[4], r0[5][3]) == (2, 2, 2)          # rank 0: two decodes, nothing else
     assert (r1[0], r1[4], r1[5][3]) == (900, 1, 0)        # rank 1: D's prompt alone
+    # decode-only steps too: between B's exit and D's arrival, A and C decode on rank 0, rank 1 idle; such a
+    # step takes rank 0's time (two decodes on one GPU), not the even share's (one decode a rank)
+    only_a_c = [c for c in calls if c is not None and len(c) == 1 and c[0][4] == 2 and c[0][5][3] == 2]
+    assert only_a_c and all(c[0][0] == 2 for c in only_a_c)
+    cost = res.topology.pools[0].cost
+    a, _, c = sorted(res.requests, key=lambda r: r.id)[:3]
+    a.computed = c.computed = 20
+    a.generated = c.generated = 5
+    parts = ranked_parts([(a, 1), (c, 1)], 2, True)
+    assert parts == [(2, 2 * 20.5, 42, 2, 2, (2, 41.0, 42, 2))]
+    slow = cost.step(2, 41.0, 42, 2, 2, rank=parts).time_s
+    even = cost.step(2, 41.0, 42, 2, 2).time_s
+    one = cost.step(1, 20.5, 21, 1, 1, rank=ranked_parts([(a, 1)], 2, True)).time_s
+    assert slow > even and slow > one
 
 
 def test_ranks_balance_prompt_lengths_and_the_batching_count_runs_on_by_hand(tmp_path):
