@@ -751,6 +751,7 @@ class Disaggregated(_Serving):
         req.blocks = held
         dec.reserved_count -= 1
         req.status = UNFINISHED
+        req.kv_ready_s = t_ready           # (a prefill done again after a fault: that prefill's end)
         req.decode_start_s = env.now
         dec.accept(req)
 

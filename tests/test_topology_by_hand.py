@@ -489,6 +489,27 @@ def test_a_decode_failure_stops_its_transfers_at_once_and_frees_the_link_by_hand
     assert [(d.reserved_count, d.kv.used_blocks) for d in res.topology.decode.instances] == [(0, 0), (0, 0)]
 
 
+def test_decode_queue_takes_no_fault_recovery_time_by_hand():
+    # 1P1D (prefill 0.05 s steps, decode 0.01 s), a link of ~0 s (x = 100 x 131072 B / 1e15 B/s = 1.31072e-8 s).
+    # r0 (100 + 10): prefill 0 - 0.05 (token 1), on decode at 0.05 + x, tokens 2, 3, 4 at 0.06, 0.07, 0.08 (+ x).
+    # decode-0 fails at 0.085 (down 1 s): the KV is gone, r0 is prefilled again 0.085 - 0.135 (104 tokens,
+    # token 5) and its hand-off waits for decode-0 until 1.085 (kv_wait 0.95), on decode at 1.085 + x, tokens
+    # 6..10: finish 1.135 + x.  Components: queue 0, prefill 0.05, KV wait 0.95, transfer x, decode queue 0
+    # (the KV is taken the moment it arrives; before: 0.085, the decode work lost and the prefill done again,
+    # measured from the first prefill's end), the rest (0.135) is decoding with the fault's recompute in it.
+    from pdsim import metrics
+    x = 100 * KV_BYTES_PER_TOKEN / 1e15
+    topo = _dis(kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 10)], faults={"instances": [{"at_s": 0.085, "instance": "decode-0",
+                                                                 "down_s": 1.0}]})
+    (r,) = res.requests
+    assert r.finish_s == pytest.approx(1.135 + x, abs=1e-9) and r.fault_hits == 1
+    assert r.decode_start_s == pytest.approx(1.085 + x, abs=1e-9)
+    df = metrics.requests_frame([res])
+    got = [float(df[c][0]) for c in ("queue_s", "prefill_s", "kv_wait_s", "kv_transfer_s", "decode_queue_s")]
+    assert got == pytest.approx([0.0, 0.05, 0.95, x, 0.0], abs=1e-9)
+
+
 def test_requests_lost_on_decode_go_back_to_prefill_past_its_queue_bound_by_hand():
     # prefill batch 1, max_queue 1 (0.05 s steps); decode 0.01 s steps; a link of ~0 s.
     #   r0 (10 + 50) decodes from 0.05 (tokens every 0.01 s); r1 (10 + 2) at 0.2 prefills 0.2 - 0.25;
