@@ -782,11 +782,20 @@ class InstanceFaultSpec(_Strict):
 
 
 class RandomFaultsSpec(_Strict):
-    """Failures with exponential times between them (mean mtbf_s per instance) and repairs (mean mttr_s)."""
+    """Failures mtbf_s apart on average per instance (mean time between failures, failure to failure): an
+    exponential up time of mean mtbf_s - mttr_s - warmup_s, then a repair (exponential, mean mttr_s) and the
+    warm-up."""
     mtbf_s: PosFloat
     mttr_s: PosFloat
     warmup_s: NonNegFloat = 0.0
     pools: list[Literal["replica", "prefill", "decode"]] | None = None   # default: all pools
+
+    @model_validator(mode="after")
+    def _up_time(self):
+        if self.mtbf_s <= self.mttr_s + self.warmup_s:
+            raise ValueError(f"mtbf_s (={self.mtbf_s:g}) is the mean time from one failure to the next, repair "
+                             f"and warm-up included: it must exceed mttr_s + warmup_s (={self.mttr_s + self.warmup_s:g})")
+        return self
 
 
 class LinkFaultSpec(_Strict):

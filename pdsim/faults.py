@@ -1,4 +1,5 @@
-"""Fault injection: instances failing and recovering (a schedule, or random with MTBF/MTTR), KV links
+"""Fault injection: instances failing and recovering (a schedule, or random with MTBF/MTTR: MTBF = up time +
+repair + warm-up on average), KV links
 degraded or down.  Each fault is a small SimPy process acting on a built topology.
 
 A failed instance loses its step in flight and its whole KV cache: running requests are re-routed
@@ -49,8 +50,13 @@ def _instance_fault(env, topo, inst, at_s: float, down_s: float, warmup_s: float
 
 
 def _random_faults(env, topo, inst, rng, mtbf_s: float, mttr_s: float, warmup_s: float):
+    """Failures ``mtbf_s`` apart on average, from one failure to the next (the mean time BETWEEN failures):
+    each cycle is an up time, exponential with mean ``mtbf_s - mttr_s - warmup_s`` (the MTTF) drawn at the
+    recovery, then a repair, exponential with mean ``mttr_s``, then the warm-up (config: mtbf_s > mttr_s +
+    warmup_s)."""
+    mttf_s = mtbf_s - mttr_s - warmup_s
     while True:
-        yield env.timeout(rng.exponential(mtbf_s))
+        yield env.timeout(rng.exponential(mttf_s))
         repair = rng.exponential(mttr_s)
         yield from _instance_fault(env, topo, inst, env.now, repair, warmup_s)
         while inst.failed:        # a scheduled fault kept it down longer: the next failure follows recovery

@@ -358,7 +358,7 @@ def _cdf_section(frames, names, col, label, slo_key, slo, note="", recorded=None
 
 
 COMPONENTS = [("queue_s", "prefill queue"), ("prefill_s", "prefill compute"), ("kv_s", "KV wait + transfer"),
-              ("decode_queue_s", "decode queue"), ("decode_s", "decode (incl. preemption)")]
+              ("decode_queue_s", "decode queue"), ("decode_s", "decode (incl. preemption, fault recompute)")]
 
 
 def _components_section(frames, names) -> dict:

@@ -573,6 +573,9 @@ class Disaggregated(_Serving):
         # request id -> (its hand-off process, the prefill instance holding its KV): interrupted when the client
         # abandons it or when that instance fails (its copy is gone at once)
         self.handoffs: dict[int, tuple] = {}
+        # request id -> the decode instance holding a reservation for its KV (from the reservation until the
+        # KV is in place): its hand-off is interrupted the moment that instance fails
+        self.reserved_on: dict[int, Instance] = {}
         self.decode_first = True           # client.ttft_at: first_decode_token (client_view)
         self.transfer_bytes_saved = 0.0
         self._setup_common()
@@ -665,7 +668,7 @@ class Disaggregated(_Serving):
         req.blocks = 0                     # the decode side's allocation starts from zero
         link = self.link_of[src.name]
         kv_tokens = req.computed
-        dec, dec_epoch, reserved, sending = None, -1, False, False
+        dec, dec_epoch, reserved, sending, sent = None, -1, False, False, [0.0]
         try:
             while True:
                 # back-pressure: wait for decode blocks while the prefill side keeps holding this KV
@@ -681,48 +684,65 @@ class Disaggregated(_Serving):
                 dec_epoch = dec.epoch
                 dec.reserved_count += 1
                 reserved = True
-                with link.res.request() as slot:
-                    yield slot
-                    while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
-                        yield link.restored
-                    if src.epoch != src_epoch:    # the prefill copy died while it waited: nothing to send
-                        reserved = False
-                        self._unreserve(dec, dec_epoch, req)
-                        return self._lost_on_prefill(req)
-                    t_start = env.now
-                    hit = self.xfer_hit.pop(req.id, 0)
-                    bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
-                    if self.window is not None:     # (no prefix cache with sliding layers: hit is 0)
-                        bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes
-                    rate = link.bandwidth_Bps * link.factor
-                    early_s = self._overlap_s(req, link, bytes_ / rate, t_start, t_ready)
-                    # the overlapped layers were on the wire during the prefill, while the link was idle
-                    link.busy_s += early_s
-                    sending = True
-                    yield from self._send(link, bytes_ - early_s * rate)
-                    sending = False
-                    link.free_at = env.now
-                    xfer_s = env.now - t_start
-                    link.bytes += bytes_
-                    link.transfers += 1
-                    if hit:
-                        self.transfer_bytes_saved += hit * self.kv_bytes_per_token
+                self.reserved_on[req.id] = dec
+                sent = [0.0]               # bytes this transfer put on the wire (a cut one counts them too)
+                try:
+                    with link.res.request() as slot:
+                        yield slot
+                        while link.factor == 0.0 and src.epoch == src_epoch:   # link down: KV waits on the P side
+                            yield link.restored
+                        if src.epoch != src_epoch:    # the prefill copy died while it waited: nothing to send
+                            reserved = False
+                            self._unreserve(dec, dec_epoch, req)
+                            return self._lost_on_prefill(req)
+                        t_start = env.now
+                        hit = self.xfer_hit.pop(req.id, 0)
+                        bytes_ = (kv_tokens - hit) * self.kv_bytes_per_token    # only the missing blocks' tokens
+                        if self.window is not None:     # (no prefix cache with sliding layers: hit is 0)
+                            bytes_ += min(kv_tokens, self.window) * self.window_kv_bytes
+                        rate = link.bandwidth_Bps * link.factor
+                        early_s = self._overlap_s(req, link, bytes_ / rate, t_start, t_ready)
+                        # the overlapped layers were on the wire during the prefill, while the link was idle
+                        link.busy_s += early_s
+                        sent[0] = early_s * rate
+                        sending = True
+                        yield from self._send(link, bytes_ - early_s * rate, sent)
+                        sending = False
+                        link.free_at = env.now
+                        xfer_s = env.now - t_start
+                        link.bytes += bytes_
+                        link.transfers += 1
+                        if hit:
+                            self.transfer_bytes_saved += hit * self.kv_bytes_per_token
+                except simpy.Interrupt as stop:
+                    if stop.cause != "decode lost":
+                        raise
+                    # the decode instance failed (_after_failure): its reservation went with its memory.  The
+                    # hand-off stops now, wherever it was (queued for the link, waiting for it to come back, on
+                    # the wire: cut off, the link free at once) and sends the KV, still held here, elsewhere
+                    if sending:
+                        sending = False
+                        link.free_at = env.now
+                        link.bytes += sent[0]
+                    self.xfer_hit.pop(req.id, None)
+                    del self.reserved_on[req.id]    # (until it reserves again: a failure now concerns others)
+                    reserved = False
+                    self._unreserve(dec, dec_epoch, req)
+                    continue
+                del self.reserved_on[req.id]
                 req.kv_transfer_s = xfer_s
                 req.kv_wait_s = t_start - t_ready
                 if src.epoch != src_epoch:     # the prefill instance failed: its copy is gone
                     reserved = False
                     self._unreserve(dec, dec_epoch, req)
                     return self._lost_on_prefill(req)
-                if dec.epoch != dec_epoch:     # the decode instance failed meanwhile: send the KV elsewhere
-                    req.blocks = 0
-                    reserved = False
-                    continue
                 break
         except simpy.Interrupt as stop:
             # the client gave up before its first decode token (abandon), or the prefill instance holding the
             # KV failed (_after_failure): nothing of this hand-off stays
             if sending:                      # a transfer cut off mid-way: the link is free from now
                 link.free_at = env.now
+                link.bytes += sent[0]        # what it had sent crossed the link
             self.xfer_hit.pop(req.id, None)
             if reserved:
                 self._unreserve(dec, dec_epoch, req)
@@ -739,6 +759,7 @@ class Disaggregated(_Serving):
             return
         finally:
             self.handoffs.pop(req.id, None)
+            self.reserved_on.pop(req.id, None)
         # the prefill side frees its copy; the decode side starts
         held = req.blocks
         req.blocks = src_blocks
@@ -749,13 +770,15 @@ class Disaggregated(_Serving):
         if dec.balanced:
             dec.inbound.remove(req)
         req.status = UNFINISHED
+        req.kv_ready_s = t_ready           # (a prefill done again after a fault: that prefill's end)
         req.decode_start_s = env.now
         dec.accept(req)
 
-    def _send(self, link, left: float):
+    def _send(self, link, left: float, sent: list):
         """Put ``left`` bytes on the link at its current speed, then its latency (both count in the link's
         busy time).  A fault that changes the speed mid-transfer applies at once to the bytes still to send
-        (bytes left / new rate); a link that goes down pauses the transfer until it is back."""
+        (bytes left / new rate); a link that goes down pauses the transfer until it is back.  ``sent[0]``
+        grows by the bytes put on the wire as they go (a transfer cut off mid-way counts what it sent)."""
         env = self.env
         while left > 0.0:
             if link.factor == 0.0:
@@ -768,7 +791,9 @@ class Disaggregated(_Serving):
                 yield done | link.changed
             finally:                 # (an abandoned hand-off is interrupted here: what it sent counts)
                 link.busy_s += env.now - t0
-            left = 0.0 if done.processed else left - rate * (env.now - t0)
+                moved = left if done.processed else min(left, rate * (env.now - t0))
+                sent[0] += moved
+            left -= moved
         link.busy_s += link.latency_s
         yield env.timeout(link.latency_s)
 
@@ -823,6 +848,9 @@ class Disaggregated(_Serving):
         if inst.role == "decode":
             inst.reserved_count = 0          # reservations vanished with its memory
             inst.inbound = []
+            # hand-offs holding one stop now (queued for the link or on the wire) and pick another instance
+            for rid in [rid for rid, d in self.reserved_on.items() if d is inst]:
+                self.handoffs[rid][0].interrupt("decode lost")
             self.on_decode_freed(inst)                       # waiting hand-offs pick another instance
         else:
             # hand-offs from this instance lost their KV: they stop now (a transfer in flight is cut off,

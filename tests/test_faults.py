@@ -150,6 +150,9 @@ def test_timeout_abandons_waiting_requests_at_the_timeout():
     ([{"at_s": 1, "instance": "replica-0", "down_s": -1}], "faults.instances.0.down_s"),
     ({"links": [{"at_s": 1, "duration_s": 1, "bandwidth_fraction": 2}]}, "faults.links.0.bandwidth_fraction"),
     ({"instances": [], "random": {"mtbf_s": 0, "mttr_s": 1}}, "faults.random.mtbf_s"),
+    # mtbf_s is failure to failure: it holds the repair and the warm-up (no room for an up time here)
+    ({"random": {"mtbf_s": 3, "mttr_s": 2, "warmup_s": 1}}, "faults.random: mtbf_s (=3) is the mean time from one "
+     "failure to the next, repair and warm-up included: it must exceed mttr_s + warmup_s (=3)"),
 ])
 def test_bad_fault_specs_fail_clearly(faults, key):
     raw = {"model": "llama-3.1-8b", "workload": {"rate": 1, "num_requests": 2},

@@ -94,36 +94,39 @@ class _MeanRng:
 
 
 def test_random_faults_timeline_with_fixed_draws():
-    # MTBF 10, MTTR 2, warm-up 1: fail at 10, up at 13, fail at 23, up at 26, fail at 36, up 39, fail 49
+    # MTBF 10 is failure to failure: MTTR 2 and warm-up 1 leave an up time of 10 - 2 - 1 = 7 (the MTTF).
+    # Fail at 7, up at 10, fail at 17, up at 20, ...: a failure every 10 s (before: every 13 s, up time 10)
     env = simpy.Environment()
     topo, inst = _Topo(env), _inst()
     env.process(faults._random_faults(env, topo, inst, _MeanRng(), 10.0, 2.0, 1.0))
     env.run(until=50)
-    assert topo.events == [("fail", 10, "r-0"), ("up", 13, "r-0"), ("fail", 23, "r-0"), ("up", 26, "r-0"),
-                           ("fail", 36, "r-0"), ("up", 39, "r-0"), ("fail", 49, "r-0")]
-    assert inst.down_s == 9.0
+    assert topo.events == [("fail", 7, "r-0"), ("up", 10, "r-0"), ("fail", 17, "r-0"), ("up", 20, "r-0"),
+                           ("fail", 27, "r-0"), ("up", 30, "r-0"), ("fail", 37, "r-0"), ("up", 40, "r-0"),
+                           ("fail", 47, "r-0")]
+    assert inst.down_s == 12.0
 
 
 def test_random_fault_during_a_scheduled_outage_waits_for_its_end():
-    # scheduled: down 5 -> 20. The random failure due at 10 finds it down (extends to max(13, 20) = 20);
-    # the next random failure comes MTBF after the recovery: 20 + 10 = 30, up at 33
+    # scheduled: down 5 -> 20. The random failure due at 7 (up time 10 - 2 - 1) finds it down (extends to
+    # max(10, 20) = 20); the next random failure comes an up time after the recovery: 20 + 7 = 27, up at 30
     env = simpy.Environment()
     topo, inst = _Topo(env), _inst()
     env.process(faults._instance_fault(env, topo, inst, 5.0, 15.0, 0.0))
     env.process(faults._random_faults(env, topo, inst, _MeanRng(), 10.0, 2.0, 1.0))
-    env.run(until=35)
-    assert [(k, t) for k, t, _ in topo.events] == [("fail", 5.0), ("up", 20.0), ("fail", pytest.approx(30.0)),
-                                                   ("up", pytest.approx(33.0))]
+    env.run(until=32)
+    assert [(k, t) for k, t, _ in topo.events] == [("fail", 5.0), ("up", 20.0), ("fail", pytest.approx(27.0)),
+                                                   ("up", pytest.approx(30.0))]
 
 
 def test_random_fault_that_extends_a_scheduled_outage_fails_again_mtbf_after_the_end():
-    # scheduled: down 5 -> 20. The random failure due at 10 (repair 14 + warm-up 1) extends the outage to 25;
-    # both processes wake at 25, the random one first (its wait was set at 10): it waits for the recovery
-    # (a nanosecond), and fails it again an MTBF later: 35, up at 35 + 15 = 50
+    # MTBF 25, MTTR 14, warm-up 1: up times of 10.  Scheduled: down 5 -> 20. The random failure due at 10
+    # (repair 14 + warm-up 1) extends the outage to 25; both processes wake at 25, the random one first (its
+    # wait was set at 10): it waits for the recovery (a nanosecond), and fails it again an up time later: 35,
+    # up at 35 + 15 = 50
     env = simpy.Environment()
     topo, inst = _Topo(env), _inst()
     env.process(faults._instance_fault(env, topo, inst, 5.0, 15.0, 0.0))
-    env.process(faults._random_faults(env, topo, inst, _MeanRng(), 10.0, 14.0, 1.0))
+    env.process(faults._random_faults(env, topo, inst, _MeanRng(), 25.0, 14.0, 1.0))
     env.run(until=55)
     assert [(k, t) for k, t, _ in topo.events] == [("fail", 5.0), ("up", 25.0), ("fail", pytest.approx(35.0)),
                                                    ("up", pytest.approx(50.0))]
@@ -224,13 +227,14 @@ def test_random_faults_are_per_instance_per_topology_and_seeded():
 
 
 def test_random_fault_counts_follow_mtbf_and_mttr():
-    # renewal theory: up ~ Exp(mean 10), down ~ Exp(mean 2) + 1 warm-up: a cycle of 13 s on average, so about
-    # 10,000 / 13 = 769 failures in 10,000 s (sd ~ sqrt(769) x (cycle CV ~ 0.79) = 22; 5 sd allowed) and a
-    # down fraction of 3 / 13
+    # MTBF is failure to failure (renewal theory): up ~ Exp(mean 10 - 2 - 1 = 7), down ~ Exp(mean 2) + 1 warm-up:
+    # a cycle of 10 s on average, so about 10,000 / 10 = 1,000 failures in 10,000 s (sd ~ sqrt(1000) x cycle CV
+    # sqrt(49 + 4) / 10 = 0.73 = 23; 5 sd allowed: the old MTTF reading, 10,000 / 13 = 769, is 10 sd away) and a
+    # down fraction of 3 / 10 (the old reading: 3 / 13 = 0.23)
     env = simpy.Environment()
     topo, inst = _Topo(env), _inst()
     env.process(faults._random_faults(env, topo, inst, np.random.default_rng(7), 10.0, 2.0, 1.0))
     env.run(until=10_000)
     n = sum(1 for k, _, _ in topo.events if k == "fail")
-    assert abs(n - 10_000 / 13) < 5 * 22
-    assert abs(inst.down_s / 10_000 - 3 / 13) < 0.03
+    assert abs(n - 10_000 / 10) < 5 * 23
+    assert abs(inst.down_s / 10_000 - 3 / 10) < 0.03

@@ -137,7 +137,8 @@ def test_prefill_lost_twice_during_its_kv_transfer_by_hand():
     #   0.9  prefill-0 fails again (down 0.5 s) -> cut off after 0.0699 s, lost again: recomputed 800 + 801 = 1601,
     #        fault hits 2
     #   1.4 - 1.5302   prefill 802 tokens (0.05 + 0.0802); token 3 = the last: it finishes on the prefill side
-    #   No transfer completed; the link was busy 0.07 + 0.0699 s
+    #   No transfer completed; the link was busy 0.07 + 0.0699 s and carried what the two cut transfers sent:
+    #   (0.07 + 0.0699) s x 1e9 B/s = 139,900,000 B
     topo = _dis(prefill={"cost_model": {"kind": "linear", "base_s": 0.05, "per_token_s": 1e-4}},
                 kv_link={"bandwidth_GBps": 1, "latency_us": 0})
     res = _stream(topo, [(0.0, 800, 3)], faults={"instances": [
@@ -147,7 +148,7 @@ def test_prefill_lost_twice_during_its_kv_transfer_by_hand():
     assert r.token_s == pytest.approx([0.13, 0.8301, 1.5302], abs=1e-12)
     assert r.recomputed_tokens == 1601 and r.fault_hits == 2
     (link,) = res.topology.links
-    assert link.transfers == 0 and link.bytes == 0
+    assert link.transfers == 0 and link.bytes == pytest.approx(139_900_000, abs=1e-3)
     assert link.busy_s == pytest.approx(0.07 + 0.0699, abs=1e-12)
     # each failure logged the request it took (its KV, held for the hand-off)
     assert [e["requests_lost"] for e in res.topology.fault_log] == [1, 1]
@@ -448,17 +449,65 @@ def test_a_link_degraded_or_restored_mid_transfer_re_rates_the_bytes_left_by_han
 def test_a_decode_failure_mid_transfer_forgets_its_reservation_by_hand():
     # decode max_running 1.  r0 (800 + 2): prefill 0 - 0.05, reserves decode-0 (1 of 1) and goes on the wire
     # (800 x 131072 B = 0.1048576 s at 1 GB/s).  decode-0 fails at 0.1 (down 0.2): its reservation vanished with
-    # its memory.  The transfer ends at 0.1548576 into a dead instance: r0 waits for a decode instance; at 0.3
-    # decode-0 is back, with no reservation left (1 would block it for ever), takes r0 again:
-    # 0.3 + 0.1048576 + one step 0.01 = 0.4148576.  Two transfers on the link
+    # its memory, and the transfer stops there (0.05 s sent: 50,000,000 B): r0 waits for a decode instance; at
+    # 0.3 decode-0 is back, with no reservation left (1 would block it for ever), takes r0 again:
+    # 0.3 + 0.1048576 + one step 0.01 = 0.4148576.  One transfer completed; 50,000,000 + 104,857,600 B moved
     topo = _dis(decode={"max_running": 1}, kv_link={"bandwidth_GBps": 1, "latency_us": 0})
     res = _stream(topo, [(0.0, 800, 2)], faults={"instances": [{"at_s": 0.1, "instance": "decode-0", "down_s": 0.2}]})
     (r,) = res.requests
     assert r.status == "finished" and r.finish_s == pytest.approx(0.4148576, abs=1e-9)
     (link,) = res.topology.links
-    assert link.transfers == 2
+    assert link.transfers == 1 and link.bytes == pytest.approx(154_857_600, abs=1e-3)
+    assert link.busy_s == pytest.approx(0.05 + 0.1048576, abs=1e-12)
     (d,) = res.topology.decode.instances
     assert d.reserved_count == 0
+
+
+def test_a_decode_failure_stops_its_transfers_at_once_and_frees_the_link_by_hand():
+    # 1 prefill (0.05 s steps, batch 1), 2 decode instances (0.01 s steps); a link of 1 s per 100-token KV:
+    # 100 x 131072 B = 13,107,200 B at 13.1072 MB/s, no latency.  r0 (100 + 3) at 0, r1 (100 + 3) at 0.05.
+    #   0 - 0.05      prefill r0; it reserves decode-0 (least loaded, first on a tie) and goes on the wire
+    #   0.05 - 0.10   prefill r1; it reserves decode-1 (decode-0 holds r0's 7 blocks) and queues for the link
+    #   0.55          decode-0 fails (down 10 s): r0's transfer stops at once (half its KV sent: 6,553,600 B),
+    #                 the link goes to r1 at once: 0.55 - 1.55, decode 1.56, 1.57 (r1 done).  r0 picks decode-1
+    #                 (the only one up) and queues behind r1: 1.55 - 2.55, decode 2.56, 2.57.
+    #   r0 held its KV from 0.05 to 1.55 on the prefill side (kv_wait 1.5, transfer 1.0); r1 from 0.10 to 0.55
+    #   Link: 2 transfers completed, 2.5 x 13,107,200 B = 32,768,000 B moved, busy 2.5 s
+    bw = 100 * KV_BYTES_PER_TOKEN / 1e9
+    topo = _dis(prefill={"max_running": 1}, decode={"instances": 2}, kv_link={"bandwidth_GBps": bw, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 3), (0.05, 100, 3)],
+                  faults={"instances": [{"at_s": 0.55, "instance": "decode-0", "down_s": 10.0}]})
+    r0, r1 = res.requests
+    assert (r0.decode_instance, r1.decode_instance) == ("decode-1", "decode-1")
+    assert r1.decode_start_s == pytest.approx(1.55, abs=1e-9) and r1.finish_s == pytest.approx(1.57, abs=1e-9)
+    assert (r1.kv_wait_s, r1.kv_transfer_s) == pytest.approx((0.45, 1.0), abs=1e-9)
+    assert r0.decode_start_s == pytest.approx(2.55, abs=1e-9) and r0.finish_s == pytest.approx(2.57, abs=1e-9)
+    assert (r0.kv_wait_s, r0.kv_transfer_s) == pytest.approx((1.5, 1.0), abs=1e-9)
+    (link,) = res.topology.links
+    assert link.transfers == 2 and link.bytes == pytest.approx(2.5 * 100 * KV_BYTES_PER_TOKEN, abs=1e-3)
+    assert link.busy_s == pytest.approx(2.5, abs=1e-9)
+    assert [(d.reserved_count, d.kv.used_blocks) for d in res.topology.decode.instances] == [(0, 0), (0, 0)]
+
+
+def test_decode_queue_takes_no_fault_recovery_time_by_hand():
+    # 1P1D (prefill 0.05 s steps, decode 0.01 s), a link of ~0 s (x = 100 x 131072 B / 1e15 B/s = 1.31072e-8 s).
+    # r0 (100 + 10): prefill 0 - 0.05 (token 1), on decode at 0.05 + x, tokens 2, 3, 4 at 0.06, 0.07, 0.08 (+ x).
+    # decode-0 fails at 0.085 (down 1 s): the KV is gone, r0 is prefilled again 0.085 - 0.135 (104 tokens,
+    # token 5) and its hand-off waits for decode-0 until 1.085 (kv_wait 0.95), on decode at 1.085 + x, tokens
+    # 6..10: finish 1.135 + x.  Components: queue 0, prefill 0.05, KV wait 0.95, transfer x, decode queue 0
+    # (the KV is taken the moment it arrives; before: 0.085, the decode work lost and the prefill done again,
+    # measured from the first prefill's end), the rest (0.135) is decoding with the fault's recompute in it.
+    from pdsim import metrics
+    x = 100 * KV_BYTES_PER_TOKEN / 1e15
+    topo = _dis(kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+    res = _stream(topo, [(0.0, 100, 10)], faults={"instances": [{"at_s": 0.085, "instance": "decode-0",
+                                                                 "down_s": 1.0}]})
+    (r,) = res.requests
+    assert r.finish_s == pytest.approx(1.135 + x, abs=1e-9) and r.fault_hits == 1
+    assert r.decode_start_s == pytest.approx(1.085 + x, abs=1e-9)
+    df = metrics.requests_frame([res])
+    got = [float(df[c][0]) for c in ("queue_s", "prefill_s", "kv_wait_s", "kv_transfer_s", "decode_queue_s")]
+    assert got == pytest.approx([0.0, 0.05, 0.95, x, 0.0], abs=1e-9)
 
 
 def test_requests_lost_on_decode_go_back_to_prefill_past_its_queue_bound_by_hand():
@@ -1270,7 +1319,7 @@ def _no_kv_left(res):
     topo = res.topology
     assert all(i.kv.used_blocks == 0 for i in topo.instances)
     assert all(d.reserved_count == 0 for d in topo.decode.instances)
-    assert not topo.handoffs and not any(topo.pending.values())
+    assert not topo.handoffs and not any(topo.pending.values()) and not topo.reserved_on
 
 
 def test_a_timeout_abandons_a_hand_off_waiting_for_a_link_that_is_down_by_hand():
@@ -1294,7 +1343,8 @@ def test_a_timeout_cuts_off_a_transfer_in_flight_and_frees_the_link_by_hand():
     # 1 GB/s, no latency, timeout 0.1 s.  r0 (1000 + 3) at 0: prefill 0 - 0.05, its KV on the wire from 0.05
     # (0.131072 s); at 0.1 abandoned mid-transfer: the link was busy 0.05 s and is free again.  r1 (100 + 2)
     # at 0.12: prefill 0.12 - 0.17, 100 x 131072 B = 0.0131072 s: on decode at 0.1831072, one decode step:
-    # first decode token (and last) at 0.1931072, 0.0731072 after it arrived: within its timeout.
+    # first decode token (and last) at 0.1931072, 0.0731072 after it arrived: within its timeout.  The link
+    # carried r0's first 0.05 s x 1e9 B/s = 50,000,000 B and r1's 13,107,200 B; one transfer completed.
     topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
     res = _stream(topo, [(0.0, 1000, 3), (0.12, 100, 2)], timeout_s=0.1)
     r0, r1 = res.requests
@@ -1302,6 +1352,7 @@ def test_a_timeout_cuts_off_a_transfer_in_flight_and_frees_the_link_by_hand():
     assert r1.status == "finished" and r1.finish_s == pytest.approx(0.1931072, abs=1e-9)
     (link,) = res.topology.links
     assert link.transfers == 1 and link.busy_s == pytest.approx(0.05 + 0.0131072, abs=1e-9)
+    assert link.bytes == pytest.approx(50_000_000 + 13_107_200, abs=1e-3)
     _no_kv_left(res)
 
 
