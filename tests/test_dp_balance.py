@@ -457,3 +457,25 @@ def test_a_balanced_decode_pool_places_kv_on_the_wire_by_rank_by_hand(tmp_path):
     assert a.finish_s == pytest.approx(10.0, abs=1e-5) and b.finish_s == pytest.approx(11.0, abs=1e-5)
     dec = res.topology.pools[1].instances[0]
     assert dec.kv.rank_free == [4, 4] and dec.inbound == []
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=6)
+@given(seed=st.integers(0, 10**6), timeout=st.integers(0, 4))
+def test_nothing_lost_on_balanced_pd_pools_under_random_faults(seed, timeout):
+    """Both pools DP-balanced (per-rank KV on each side, decode ranks placed as KV is reserved), prefill and
+    decode instances failing at random: every request finishes, each rank's pool is whole at the end, no
+    request's blocks are left on record anywhere, no reservation is left on the wire."""
+    pool = {"device": "h200", "tp": 2, "ep": 2, "dp_attention": True, "scheduler": "inflight", "kv_blocks": 120,
+            "max_running": 12, "attention_dp_balance": {"timeout_iters": timeout, "batching_wait_iters": 0}}
+    sc = config.parse({"seed": seed, "model": "deepseek-v3", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                       "workload": {"rate": 30, "num_requests": 60,
+                                    "prompt_tokens": {"dist": "uniform", "low": 1, "high": 900},
+                                    "output_tokens": {"dist": "uniform", "low": 1, "high": 60}},
+                       "faults": {"random": {"mtbf_s": 1.5, "mttr_s": 0.3}},
+                       "topologies": {"pd": {"kind": "disaggregated", "prefill": {"instances": 2, **pool},
+                                             "decode": {"instances": 2, **pool}}}}, "f.yaml")
+    (res,) = simulate(sc)
+    assert all(r.status == "finished" and r.generated == r.output_tokens for r in res.requests)
+    for inst in res.topology.instances:
+        assert inst.kv.free_blocks == inst.kv.total_blocks and inst.kv.rank_free == [60, 60]
+        assert not inst.kv.owner and inst.inbound == [] and inst.reserved_count == 0
