@@ -725,6 +725,7 @@ class Disaggregated(_Serving):
                         link.free_at = env.now
                         link.bytes += sent[0]
                     self.xfer_hit.pop(req.id, None)
+                    req.fault_hits += 1              # a failure took its decode reservation: it is delayed
                     del self.reserved_on[req.id]    # (until it reserves again: a failure now concerns others)
                     reserved = False
                     self._unreserve(dec, dec_epoch, req)

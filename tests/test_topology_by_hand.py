@@ -483,6 +483,7 @@ def test_a_decode_failure_stops_its_transfers_at_once_and_frees_the_link_by_hand
     assert (r1.kv_wait_s, r1.kv_transfer_s) == pytest.approx((0.45, 1.0), abs=1e-9)
     assert r0.decode_start_s == pytest.approx(2.55, abs=1e-9) and r0.finish_s == pytest.approx(2.57, abs=1e-9)
     assert (r0.kv_wait_s, r0.kv_transfer_s) == pytest.approx((1.5, 1.0), abs=1e-9)
+    assert (r0.fault_hits, r1.fault_hits) == (1, 0)      # the failure took r0's decode reservation, not r1's
     (link,) = res.topology.links
     assert link.transfers == 2 and link.bytes == pytest.approx(2.5 * 100 * KV_BYTES_PER_TOKEN, abs=1e-3)
     assert link.busy_s == pytest.approx(2.5, abs=1e-9)
