@@ -614,7 +614,7 @@ def capacity_per_instance(pool, prompt: float, output: float, tpot_s: float, cac
         return 1.0 / max(prefill_s(pool, p, cached_share), 1e-12)
     ctx = int(round(p + o / 2))
     kv = pool.instances[0].kv
-    fit = max(1, (kv.total_blocks - kv.watermark_blocks) // max(1, kv.blocks_for(int(p + o))))
+    fit = max(1, kv.requests_fit(kv.blocks_for(int(p + o))))      # (whole requests per rank on a ranked pool)
     hi = max(1, min(pool.spec.max_running, fit))
     spec = getattr(pool, "spec_dec", None)
     if spec is None:                    # a decode step: one token per request

@@ -96,7 +96,7 @@ class RankedKVCache(KVCache):
     rank running short neither borrows another's free blocks nor stops it.  ``free_blocks`` and
     ``peak_used`` stay the instance's sums.  The rank a request's blocks came from is remembered here (a
     request handed from a prefill pool to a decode pool gets a new rank on the decode side)."""
-    __slots__ = ("ranks", "per_rank", "rank_free", "rank_watermark", "owner")
+    __slots__ = ("ranks", "per_rank", "rank_free", "rank_watermark", "owner", "rank_peak")
     ranked = True
 
     def __init__(self, total_blocks: int, block_size: int = 16, watermark: float = 0.0, ranks: int = 2):
@@ -108,6 +108,7 @@ class RankedKVCache(KVCache):
         self.watermark_blocks = self.rank_watermark * ranks
         self.rank_free = [per] * ranks
         self.owner: dict[int, int] = {}     # request id -> the rank its blocks here belong to
+        self.rank_peak = 0                  # the most blocks any one rank held at once
 
     def max_request_blocks(self) -> int:
         return self.per_rank - self.rank_watermark
@@ -129,6 +130,8 @@ class RankedKVCache(KVCache):
         self.rank_free[j] -= need
         self.free_blocks -= need
         req.blocks += need
+        if self.per_rank - self.rank_free[j] > self.rank_peak:
+            self.rank_peak = self.per_rank - self.rank_free[j]
         used = self.total_blocks - self.free_blocks
         if used > self.peak_used:
             self.peak_used = used

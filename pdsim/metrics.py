@@ -472,8 +472,10 @@ def summarize(results, df, sc: Scenario) -> dict:
                 # instance FLOPs and bytes are per GPU (the cost model prices one GPU's shard of a step)
                 "mfu": flops / (inst_s * dev.peak_flops(p.cost.compute_dtype)) if dev else None,
                 "mbu": bytes_ / (inst_s * dev.mem_bw_Bps) if dev else None,
-                # per GPU (a block's bytes on one GPU): the busiest instance's peak, and one instance's pool
-                "kv_peak_bytes": max(i.kv.peak_used for i in p.instances) * p.block_bytes,
+                # per GPU (a block's bytes on one GPU): the busiest instance's peak, and one instance's pool;
+                # a pool per attention rank (one GPU each): the busiest rank's, not the ranks' mean
+                "kv_peak_bytes": max(i.kv.rank_peak * i.kv.ranks if i.kv.ranked else i.kv.peak_used
+                                     for i in p.instances) * p.block_bytes,
                 "kv_capacity_bytes": p.instances[0].kv.total_blocks * p.block_bytes,
                 "weights_bytes_per_gpu": p.cost.weight_bytes_per_gpu() if dev else None,
                 "price_per_gpu_hour_usd": p.price_per_gpu_hour_usd,

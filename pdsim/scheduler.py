@@ -355,7 +355,7 @@ class BalancedDP:
         else:
             _decode_running(running, waiting, kv, plan, limits.max_batched_tokens)
         go = self._release(running, waiting)        # the counts run on every step
-        if plan.preempted or not waiting:
+        if not waiting or (plan.preempted and not kv.ranked):
             return plan
         if not go:
             self.held += 1
@@ -364,6 +364,9 @@ class BalancedDP:
         busy = [False] * R
         for req, n in plan.items:
             left[req.rank] -= n
+            busy[req.rank] = True
+        for req in plan.preempted:     # a rank that preempted admits nothing this step; the others go on
+            left[req.rank] = 0
             busy[req.rank] = True
         _admit_ranked(waiting, running, kv, limits, plan, left, busy, self.chunk, self.slots)
         return plan

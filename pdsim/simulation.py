@@ -304,6 +304,11 @@ def check_conservation(name, topo, reqs, has_horizon: bool) -> None:
     for inst in topo.instances:
         if not has_horizon and inst.kv.used_blocks != 0:
             raise SimulationInvariantError(f"{name}/{inst.name}: {inst.kv.used_blocks} KV blocks still in use")
+        if inst.kv.ranked and (sum(inst.kv.rank_free) != inst.kv.free_blocks
+                               or (not has_horizon and inst.kv.owner)):
+            raise SimulationInvariantError(f"{name}/{inst.name}: per-rank KV free {inst.kv.rank_free} does not add up "
+                                           f"to the pool's {inst.kv.free_blocks}, or {len(inst.kv.owner)} requests "
+                                           "still hold blocks")
 
 
 _STREAMS: dict = {}          # this process's recently generated streams (shared_stream)

@@ -626,8 +626,7 @@ def kv_holds_requests(topology, tokens: int) -> int:
     """How many requests of ``tokens`` tokens (ISL + OSL) the smallest instance admits at once, counted as
     ``metrics.kv_capacity`` counts its pool: blocks above the watermark over the blocks one request takes
     (whole blocks, plus a sliding-window pool's window blocks)."""
-    return int(min((i.kv.total_blocks - i.kv.watermark_blocks) // max(1, i.kv.blocks_for(int(tokens)))
-                   for i in topology.instances))
+    return int(min(i.kv.requests_fit(i.kv.blocks_for(int(tokens))) for i in topology.instances))
 
 
 def kv_bound(row: dict) -> bool:

@@ -384,6 +384,9 @@ def test_each_rank_admits_from_its_own_kv_pool_by_hand(tmp_path):
     cap = metrics.kv_capacity(res.topology.pools[0], metrics.requests_frame([res]))
     # mean request 123 / 5 = 24.6 -> 25 tokens = 2 blocks: 4 // 2 = 2 a rank
     assert (cap["kv_blocks"], cap["kv_blocks_per_rank"], cap["kv_capacity_requests"]) == (8, 4, 4)
+    # the busiest GPU's peak: rank 0 full (A's 4 blocks), not the instance's 7 of 8
+    pool = metrics.summarize([res], metrics.requests_frame([res]), res.scenario)["t"]["pools"]["replica"]
+    assert kv.rank_peak == 4 and pool["kv_peak_bytes"] == pool["kv_capacity_bytes"]
 
 
 def test_a_rank_short_of_blocks_preempts_its_own_newest_request_by_hand(tmp_path):
@@ -393,12 +396,15 @@ def test_a_rank_short_of_blocks_preempts_its_own_newest_request_by_hand(tmp_path
     second block; the newest request not yet scheduled is B2, but its blocks are rank 1's: C (rank 0) goes
     (40 tokens to recompute).  B2 keeps decoding: its 40 tokens at 1..40.  C's 41 tokens (prompt + its first)
     need 3 blocks, rank 0 has 2 free, then 1 from A's third block at t=17, until A finishes at t=30: C
-    recomputes at t=30 (token 2 at 31), token 20 at 49."""
-    rows = ["0,16,30", "0,20,3", "0,40,20", "0,1,40"]
+    recomputes at t=30 (token 2 at 31), token 20 at 49.  D (5 tokens, 3 out) arrives at 0.5 and joins rank 1
+    (fewer prompt tokens); rank 0's preemption at t=1 does not stop rank 1, whose pool has 1 block free: D
+    goes at t=1, first token 2, finish 4."""
+    rows = ["0,16,30", "0,20,3", "0,40,20", "0,1,40", "0.5,5,3"]
     reqs, _ = _run(tmp_path, rows, {"timeout_iters": 0, "batching_wait_iters": 0}, kv_blocks=8)
-    assert [r.rank for r in reqs] == [0, 1, 0, 1]
-    assert [r.preemptions for r in reqs] == [0, 0, 1, 0]
-    assert [r.finish_s for r in reqs] == [30.0, 3.0, 49.0, 40.0]
+    assert [r.rank for r in reqs] == [0, 1, 0, 1, 1]
+    assert [r.preemptions for r in reqs] == [0, 0, 1, 0, 0]
+    assert [r.finish_s for r in reqs] == [30.0, 3.0, 49.0, 40.0, 4.0]
+    assert reqs[4].first_token_s == 2.0
     assert reqs[2].recomputed_tokens == 40
 
 
@@ -479,3 +485,48 @@ def test_nothing_lost_on_balanced_pd_pools_under_random_faults(seed, timeout):
     for inst in res.topology.instances:
         assert inst.kv.free_blocks == inst.kv.total_blocks and inst.kv.rank_free == [60, 60]
         assert not inst.kv.owner and inst.inbound == [] and inst.reserved_count == 0
+
+
+def test_capacity_estimates_count_whole_requests_per_rank_by_hand(tmp_path):
+    """10 blocks of 16 over 2 ranks: 5 a rank.  A 48-token request (3 blocks) fits once a rank, twice in all
+    (the instance's 10 blocks would say 3): the run holds two at once (the third starts at 9), and the pool's
+    KV capacity, the validation's KV-bound test and the autoscaler's decode capacity (2 requests a step of
+    1 s, 8 steps each: 0.25 req/s) all say 2."""
+    from pdsim.autoscaler import capacity_per_instance
+    from pdsim.validate import kv_holds_requests
+    reqs, res = _run(tmp_path, ["0,40,8", "0,40,8", "0,40,8"], {"timeout_iters": 0, "batching_wait_iters": 0},
+                     kv_blocks=10)
+    assert [r.first_token_s for r in reqs] == [1.0, 1.0, 9.0]
+    p = res.topology.pools[0]
+    assert metrics.kv_capacity(p, metrics.requests_frame([res]))["kv_capacity_requests"] == 2
+    assert kv_holds_requests(res.topology, 48) == 2
+    assert capacity_per_instance(NS(cost=p.cost, role="decode", instances=p.instances, spec=p.spec), 40, 8,
+                                 10.0) == 0.25
+
+
+def test_a_request_recomputed_on_a_balanced_decode_instance_counts_kv_on_the_wire_by_hand(tmp_path):
+    """A 4-block prefill pool; two balanced decode instances (8 blocks a rank), 1 s steps; a slow link
+    (98,304 B a token at 1 MB/s: 0.098 s a token).  X (64 tokens, 20 out) reaches decode-0 at 7.29; Y (60, 30
+    out), prefilled once X's blocks are free, reserves 4 blocks on decode-1's rank 0 and is on the wire from
+    8.29 to 14.19.  decode-0 fails at 10: X (67 tokens known) no longer fits a prefill instance and is
+    recomputed on decode-1.  Y's KV on the wire counts, so X joins rank 1 (empty) and recomputes in the step
+    10 -> 11 (token 4), tokens 4..20 at 11..27.  Placed as if Y were not there, X would join rank 0, where 4
+    free blocks are short of its 5, and wait for Y (finish 60.2)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,64,20\n2,60,30\n")
+    const = {"kind": "constant", "step_s": 1.0}
+    sc = config.parse({"model": "qwen3-30b-a3b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+                       "faults": [{"at_s": 10.0, "instance": "decode-0", "down_s": 1000}],
+                       "topologies": {"pd": {
+                           "kind": "disaggregated", "kv_link": {"bandwidth_GBps": 0.001, "latency_us": 0},
+                           "prefill": {"instances": 1, "kv_blocks": 4, "cost_model": const,
+                                       "scheduler": "inflight", "max_batched_tokens": 200},
+                           "decode": {"instances": 2, "tp": 2, "ep": 2, "dp_attention": True, "kv_blocks": 16,
+                                      "cost_model": const, "scheduler": "inflight",
+                                      "attention_dp_balance": {"timeout_iters": 0, "batching_wait_iters": 0}}}}},
+                      "pd.yaml")
+    (res,) = simulate(sc)
+    x, y = sorted(res.requests, key=lambda r: r.id)
+    assert (x.rank, y.rank) == (1, 0)
+    assert x.finish_s == pytest.approx(27.0, abs=1e-6) and x.fault_hits == 1
+    assert y.finish_s == pytest.approx(44.0, abs=1e-6)
