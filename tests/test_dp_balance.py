@@ -436,6 +436,59 @@ def test_ranked_kv_pool_by_hand():
     assert kv.rank_used() == [3, 0] and kv.free_blocks == 5
     kv.reset()
     assert kv.rank_free == [4, 4] and kv.free_blocks == 8 and not kv.owner
+    # blocks come from the rank they were first taken on, even when the request holds another rank later
+    a.blocks = 0
+    a.rank = 0
+    assert kv.grow(a, 16) and kv.grow(a, 16) and a.blocks == 1     # no new block: True, nothing taken
+    a.rank = 1
+    assert kv.grow(a, 17) and kv.rank_used() == [2, 0]
+    kv.release(Request(7, 0.0, 5, 5))                        # a request holding nothing: a no-op
+    kv.release(a)
+    assert kv.rank_used() == [0, 0] and not kv.owner
+    d = RankedKVCache(8)                                     # defaults: 16-token blocks, no watermark, 2 ranks
+    assert (d.block_size, d.watermark_blocks, d.ranks, d.per_rank) == (16, 0, 2, 4)
+    one = RankedKVCache(2, 16, 0.0, 2)                       # one block a rank is a pool
+    assert one.per_rank == 1 and one.max_request_blocks() == 1
+
+
+def test_admit_ranked_on_per_rank_pools_by_hand():
+    """Waiting: B (rank 1, 10 tokens), A (rank 0, 150 tokens: 10 blocks), C (rank 1, 10), D (rank 0, 10), each
+    rank 100 tokens.  Per-rank pools of 5 blocks: B goes, A does not fit rank 0's pool so rank 0 stops (D
+    behind A waits: per-rank FCFS), C goes.  One shared 5-block pool: B goes, A's shortage stops every rank.
+    A rank whose slots are full stops, the other goes on; an instance's max_running stops every rank; a
+    prompt of exactly the tokens its rank has left fits, and a 1-token prompt fits a rank's last token."""
+    from collections import deque
+    from pdsim.kvcache import KVCache, RankedKVCache
+    from pdsim.scheduler import Limits, StepPlan, _admit_ranked
+    from pdsim.workload import Request
+
+    def reqs(spec):
+        out = []
+        for i, (rank, p) in enumerate(spec):
+            r = Request(i, 0.0, p, 5)
+            r.rank = rank
+            out.append(r)
+        return out
+
+    def admit(spec, kv, left, busy=None, running=(), limits=Limits(), slots=8, chunk=False):
+        w, run, plan = deque(reqs(spec)), list(running), StepPlan()
+        _admit_ranked(w, run, kv, limits, plan, list(left), busy or [False] * len(left), chunk, slots)
+        return [(r.id, n) for r, n in plan.items], [r.id for r in w]
+    spec = [(1, 10), (0, 150), (1, 10), (0, 10)]
+    assert admit(spec, RankedKVCache(10, 16, 0.0, 2), [100, 100]) == ([(0, 10), (2, 10)], [1, 3])
+    assert admit(spec, KVCache(5, 16, 0.0), [100, 100]) == ([(0, 10)], [1, 2, 3])
+    # rank 0 holds its one slot already: its request waits, rank 1's goes
+    held = reqs([(0, 10)])
+    assert admit([(0, 10), (1, 10)], KVCache(100), [100, 100], running=held, slots=1) == ([(1, 10)], [0])
+    # max_running 1 over 2 ranks (a slot each): one request in all
+    assert admit([(0, 10), (1, 10)], KVCache(100), [100, 100], limits=Limits(max_running=1), slots=1) == \
+        ([(0, 10)], [1])
+    # exactly the 90 tokens rank 0 has left: in; then a 1-token prompt in rank 1's last token
+    assert admit([(0, 90), (1, 1)], KVCache(100), [90, 1], busy=[True, True]) == ([(0, 90), (1, 1)], [])
+    # chunked: a 5-token prompt takes the one token its rank has left
+    assert admit([(0, 5)], KVCache(100), [1, 100], busy=[True, False], chunk=True) == ([(0, 1)], [])
+    # three requests for a rank of two slots: the third waits
+    assert admit([(0, 10)] * 3, KVCache(100), [100, 100], slots=2) == ([(0, 10), (1, 10)], [2])
 
 
 def test_a_balanced_decode_pool_places_kv_on_the_wire_by_rank_by_hand(tmp_path):
