@@ -485,6 +485,8 @@ def test_admit_ranked_on_per_rank_pools_by_hand():
         ([(0, 10)], [1])
     # exactly the 90 tokens rank 0 has left: in; then a 1-token prompt in rank 1's last token
     assert admit([(0, 90), (1, 1)], KVCache(100), [90, 1], busy=[True, True]) == ([(0, 90), (1, 1)], [])
+    # a rank with 2 tokens left: two 1-token prompts, the second in its last token
+    assert admit([(1, 1), (1, 1)], KVCache(100), [100, 2]) == ([(0, 1), (1, 1)], [])
     # chunked: a 5-token prompt takes the one token its rank has left
     assert admit([(0, 5)], KVCache(100), [1, 100], busy=[True, False], chunk=True) == ([(0, 1)], [])
     # three requests for a rank of two slots: the third waits
