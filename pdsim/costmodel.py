@@ -622,18 +622,22 @@ class RooflineCost(CostModel):
                       name: str = "attention") -> Op:
         """Attention of one layer; ``attn_work`` and ``kv_read_tokens`` may be arrays over steps.  ``layers``:
         the op's count (default all layers; with sliding layers the full and the sliding ones apart)."""
-        m, qh, kvh = self.model, self.q_heads, self.kv_heads_shard
+        m = self.model
         if layers is None:
             layers = m.layers
-        d = m.head_dim
         if m.is_mla:
             flops, bytes_ = self._mla_fbs[prefill](tokens, attn_work, kv_read_tokens)
             return Op(name, "attention", layers, flops, bytes_,
                       (tokens, attn_work, kv_read_tokens, batch, prefill))
-        flops = 4.0 * qh * d * attn_work
-        bytes_ = kv_read_tokens * 2 * kvh * d * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0
+        flops, bytes_ = self._gqa_fb(tokens, attn_work, kv_read_tokens)
         return Op(name, "attention", layers, flops, bytes_,
                   (tokens, attn_work, kv_read_tokens, batch, prefill))
+
+    def _gqa_fb(self, tokens, attn_work, kv_read_tokens):
+        """(flops, bytes) of one layer's GQA attention (scalars, or arrays over steps)."""
+        qh, kvh, d = self.q_heads, self.kv_heads_shard, self.model.head_dim
+        return (4.0 * qh * d * attn_work,
+                kv_read_tokens * 2 * kvh * d * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0)
 
     def _mla_fb(self, prefill: bool, qh: int):
         """(flops, bytes) of one layer's MLA attention as a function of (tokens, attn_work, kv_read)."""
@@ -771,6 +775,15 @@ class RooflineCost(CostModel):
             t_s, f_s, b_s = self._static(tokens, sampled)      # a mixed MLA step: two attention kernels
             t_a, f_a, b_a = self._attention_sum(tokens, attn_work, kv_read_tokens, batch, decodes)
             return t_s + t_a, f_s + f_a, b_s + b_a
+        dev = self.device
+        if self.attn_dp == 1 and dev.tables is None and not self.model.is_mla:
+            # the usual step (GQA attention on a datasheet profile): what op_time gives the attention op -- the
+            # roofline of its FLOPs and bytes -- without building the op and dispatching it (every step comes here)
+            t_s, f_s, b_s = self._static(tokens, sampled)
+            flops, bytes_ = self._gqa_fb(tokens, attn_work, kv_read_tokens)
+            t_a = kernels.attention_roofline(dev, flops, bytes_, prefill, "bf16")
+            L = self.model.layers
+            return t_s + t_a * L, f_s + flops * L, b_s + bytes_ * L
         t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill)
         t_a = self.op_time(att)[0]
         L = att.count
