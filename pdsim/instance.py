@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
+from itertools import accumulate
 
 import numpy as np
 
@@ -83,11 +84,11 @@ class Series:
 
     def record_many(self, starts, durs, flops, bytes_, batch: int, queued: int, kv_used_at,
                     sums: tuple | None = None) -> None:
-        """``record`` for many steps at once (numpy arrays, starts ascending).
+        """``record`` for many steps at once (numpy arrays, or for ``starts`` a list; starts ascending).
 
-        ``kv_used_at(positions)`` gives the blocks in use during those steps; it must be
-        non-decreasing over the steps (a decode window only grows), so a bin's maximum is
-        its last step's value and only those are asked for.
+        ``kv_used_at(positions)`` gives the blocks in use during those steps (positions: an array, or one
+        int for the last step when every step falls in one bin); it must be non-decreasing over the steps
+        (a decode window only grows), so a bin's maximum is its last step's value and only those are asked for.
         """
         n = len(starts)
         end = starts[-1] + durs[-1]         # the last step's end (the whole ends array only when bins differ)
@@ -101,7 +102,7 @@ class Series:
             self.batch_sum[lo] += batch * n
             if queued > self.queue_max[lo]:
                 self.queue_max[lo] = queued
-            k = int(kv_used_at(np.array([n - 1]))[0])
+            k = int(kv_used_at(n - 1))
             if k > self.kv_max[lo]:
                 self.kv_max[lo] = k
             if sums is None:
@@ -110,6 +111,7 @@ class Series:
             self.flops[lo] += sums[1]
             self.bytes[lo] += sums[2]
             return
+        starts = np.asarray(starts)
         ends = starts + durs
         i0 = (starts / b).astype(np.int64)
         i1 = (ends / b).astype(np.int64)
@@ -530,11 +532,10 @@ class Instance:
         w = _Window()
         w.plan, w.reqs, w.c0, w.blk1, w.k, w.extra = plan, reqs, c0, blk1, k, 0
         w.t0 = self.env.now
-        ends = np.empty(k + 1)
-        ends[0] = w.t0
-        ends[1:] = times
-        np.cumsum(ends, out=ends)            # sequential sums: the step-by-step loop's env.now values
-        w.ends, w.times, w.flops, w.bytes = ends, times, flops, bytes_
+        # sequential sums: the step-by-step loop's env.now values (as numpy's cumsum adds them), kept as a list:
+        # it is bisected and indexed one float at a time (routers read the window's progress on every arrival)
+        w.ends = list(accumulate(times.tolist(), initial=w.t0))
+        w.times, w.flops, w.bytes = times, flops, bytes_
         w.applied = 0
         w.gen = 0
         w.grown = 1                      # step 1's blocks were grown by the policy
@@ -552,7 +553,7 @@ class Instance:
         self._settle(w, w.k - 1)
         self._win = None
         j = w.k - 1
-        t0, dur = float(w.ends[j]), float(w.times[j])
+        t0, dur = w.ends[j], float(w.times[j])
         fj, bj = float(w.flops[j]), float(w.bytes[j])
         self.busy_s += dur
         self.flops += fj
@@ -567,7 +568,7 @@ class Instance:
         """Wake the process at the end of step w.k (a stale timer from before a cut is ignored)."""
         w.gen += 1
         gen = w.gen
-        timer = self.env.timeout(_exact_delay(self.env.now, float(w.ends[w.k])))
+        timer = self.env.timeout(_exact_delay(self.env.now, w.ends[w.k]))
         timer.callbacks.append(lambda _ev: gen == w.gen and not w.event.triggered and w.event.succeed())
 
     def _settle(self, w: _Window, j: int) -> None:
@@ -583,10 +584,10 @@ class Instance:
                 r.generated += d
                 if r.token_s is not None:       # client.itl: the ends of the steps applied here
                     if times is None:
-                        times = w.ends[a + 1:j + 1].tolist()
+                        times = w.ends[a + 1:j + 1]
                     r.token_s.extend(times)
                 if decode and r.decode_first_s != r.decode_first_s:
-                    r.decode_first_s = float(w.ends[a + 1])
+                    r.decode_first_s = w.ends[a + 1]
             B = len(w.reqs)
             self.outstanding_tokens -= B * d
             self.decode_work -= B * d
@@ -602,6 +603,8 @@ class Instance:
             c0, blk1 = w.c0, w.blk1
 
             def used_at(pos):   # KV in use during step a + 1 + pos: after that step's growth
+                if not isinstance(pos, np.ndarray):
+                    return base + _growth(c0, blk1, a + 1 + pos, bs)
                 if len(pos) == 1:
                     return np.array([base + _growth(c0, blk1, a + 1 + int(pos[0]), bs)])
                 steps = (a + 1 + pos)[None, :]
