@@ -744,12 +744,14 @@ class RooflineCost(CostModel):
             self._static_cache[key] = out
         return out
 
-    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None, decodes=None):
+    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None, decodes=None,
+             prefill=None):
         """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays).  A caller
         that passes no ``swa`` for a model with sliding layers gets every layer priced as full attention
         (an overestimate; the simulator's steps, the fast path, prefill_time, decode_time and ``pdsim
-        estimate`` all pass it)."""
-        prefill = _is_prefill(attn_work, kv_read_tokens)
+        estimate`` all pass it).  ``prefill``: :func:`_is_prefill` of the aggregates, if the caller knows it."""
+        if prefill is None:
+            prefill = _is_prefill(attn_work, kv_read_tokens)
         if swa is not None:       # sliding layers: full and sliding attention apart (no DP attention)
             t_s, f_s, b_s = self._static(tokens, sampled)
             full, sl = self._attention_ops(tokens, attn_work, kv_read_tokens, batch, prefill, swa)
@@ -912,12 +914,14 @@ class RooflineCost(CostModel):
         """:meth:`step` for k decode steps of the same batch, on arrays: the same operators and the
         same evaluator with attention's work and KV reads as arrays over the step index (measured
         tables included: their lookups are vectorised); ``swa``: the sliding aggregates' arrays."""
-        i = np.arange(k, dtype=np.float64)
-        attn = float(attn0) + batch * i
-        kv = float(kv0) + batch * i
+        grow = batch * np.arange(k, dtype=np.float64)      # every context one token longer a step
+        a0, k0 = float(attn0), float(kv0)
+        attn = a0 + grow
+        kv = k0 + grow
         if swa is not None:
             swa = (np.asarray(swa[0], dtype=np.float64), np.asarray(swa[1], dtype=np.float64))
-        t, f, b = self._sum(batch, attn, kv, batch, batch, swa)
+        # (_is_prefill of the arrays: their first elements, a0 + 0.0 and k0 + 0.0)
+        t, f, b = self._sum(batch, attn, kv, batch, batch, swa, prefill=a0 > k0)
         return np.asarray(t, float), np.asarray(f, float), np.asarray(b, float)
 
     # --- memory -------------------------------------------------------------
