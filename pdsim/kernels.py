@@ -199,10 +199,19 @@ def attention_roofline(dev, flops, bytes_, prefill: bool, dtype: str = "bf16"):
     return base + fixed if base > 0 else 0.0
 
 
+_ELEMENTWISE_CONSTS: dict = {}
+
+
 def elementwise_roofline(dev, bytes_, kernels: int):
     """``kernels`` memory-bound elementwise kernels (norm, RoPE, activation) moving ``bytes_`` in all."""
-    e = dev.spec.efficiency
-    return _pos_max(bytes_ / (dev.mem_bw_Bps * e.memory), kernels * e.elementwise_floor_us * 1e-6)
+    hit = _ELEMENTWISE_CONSTS.get(id(dev))
+    if hit is None or hit[0] is not dev:       # (the profile's rate and floor, looked up once per profile)
+        e = dev.spec.efficiency
+        if len(_ELEMENTWISE_CONSTS) > 4096:
+            _ELEMENTWISE_CONSTS.clear()
+        hit = _ELEMENTWISE_CONSTS[id(dev)] = (dev, dev.mem_bw_Bps * e.memory, e.elementwise_floor_us)
+    _, rate, floor_us = hit
+    return _pos_max(bytes_ / rate, kernels * floor_us * 1e-6)
 
 
 def allreduce_datasheet(dev, bytes_: float, tp: int) -> float:
