@@ -589,9 +589,7 @@ class RooflineCost(CostModel):
         if first:
             ops.append(Op("embed", "elementwise", 1, 0.0, Ta * 5 * h * 2.0, (2,)))
         if sampled and last:
-            _, n, k = self.lm_head     # the LM head stays bf16 under weight quantisation
-            ops.append(Op("lm_head", "gemm", 1, 2.0 * Sa * n * k, n * k * 2.0 + Sa * (n + k) * 2.0,
-                          (Sa, n, k, 2.0, "bf16", None, "bf16")))
+            ops.append(self._lm_head_op(Sa))
         ep, ta = self.ep, self.tp // self.attn_dp
         if ta > 1:
             # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding
@@ -609,6 +607,12 @@ class RooflineCost(CostModel):
         if stage is None:
             ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
         return ops
+
+    def _lm_head_op(self, sampled) -> Op:
+        """The LM head over ``sampled`` rows (the only operator that depends on the sampled count)."""
+        _, n, k = self.lm_head     # the LM head stays bf16 under weight quantisation
+        return Op("lm_head", "gemm", 1, 2.0 * sampled * n * k, n * k * 2.0 + sampled * (n + k) * 2.0,
+                  (sampled, n, k, 2.0, "bf16", None, "bf16"))
 
     def _stage_counts(self) -> list[dict[str, int]]:
         """Kernels of each operator on each pipeline stage (what :meth:`_stage_static` weighs by)."""
@@ -729,20 +733,54 @@ class RooflineCost(CostModel):
 
     # --- derived: scalar step, per-op breakdown, k decode steps --------------
     def _static(self, tokens: int, sampled: int, rank=None) -> tuple[float, float, float]:
-        """Summed (time_s, flops, bytes) of the non-attention operators; cached by (tokens, sampled)."""
+        """Summed (time_s, flops, bytes) of the non-attention operators; cached by (tokens, sampled).
+
+        On a miss the sum is made of per-operator terms (seconds, FLOPs, bytes, each x its count) in the
+        operators' order: those of every operator but the LM head, which depend on the tokens alone (and the
+        rank's tokens), are kept by tokens, and the LM head's by its sampled rows, so a step size seen before
+        with another sampled count prices no operator again (a prefill pool's steps: the same sums)."""
         key = (tokens, sampled) if rank is None else (tokens, sampled, rank)
-        hit = self._static_cache.get(key)
+        cache = self._static_cache
+        hit = cache.get(key)
         if hit is not None:
             return hit
+        Sa = sampled if rank is None else rank[1]
+        skey = ("split", tokens, None if rank is None else rank[0])
+        split = cache.get(skey)
+        if split is None:
+            # (built with one sampled row at least, so the LM head is there to split out; every other operator
+            # ignores the sampled count)
+            ops = self._static_ops(tokens, sampled or 1, rank=rank if sampled or rank is None else (rank[0], 1))
+            terms = [self._term(op) for op in ops]
+            i = next(j for j, op in enumerate(ops) if op.name == "lm_head")
+            split = (terms[:i], terms[i + 1:])
+            if sampled and len(cache) < 1 << 16:
+                cache[("lm_head", Sa)] = terms[i]
+            if len(cache) < 1 << 16:
+                cache[skey] = split
+        head, tail = split
+        if sampled:
+            lm = cache.get(("lm_head", Sa))
+            if lm is None:
+                lm = self._term(self._lm_head_op(Sa))
+                if len(cache) < 1 << 16:
+                    cache[("lm_head", Sa)] = lm
+            terms = (*head, lm, *tail)
+        else:
+            terms = (*head, *tail)
         time_s = flops = bytes_ = 0.0
-        for op in self._static_ops(tokens, sampled, rank=rank):
-            time_s += float(self.op_time(op)[0]) * op.count
-            flops += op.flops * op.count
-            bytes_ += op.bytes * op.count
+        for t, f, b in terms:
+            time_s += t
+            flops += f
+            bytes_ += b
         out = (time_s, flops, bytes_)
-        if len(self._static_cache) < 1 << 16:
-            self._static_cache[key] = out
+        if len(cache) < 1 << 16:
+            cache[key] = out
         return out
+
+    def _term(self, op: Op) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) of an operator's ``count`` kernels: what :meth:`_static` adds up."""
+        return float(self.op_time(op)[0]) * op.count, op.flops * op.count, op.bytes * op.count
 
     def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None, decodes=None,
              prefill=None):
