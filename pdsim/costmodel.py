@@ -411,6 +411,9 @@ class RooflineCost(CostModel):
         ta = t // self.attn_dp          # tensor parallelism of attention and the dense parts
         qh, kvh = m.heads // ta, max(1, m.kv_heads // ta)
         self.q_heads, self.kv_heads_shard = qh, kvh
+        # the integer factors of the attention and layer products as floats: the same products (an int times a
+        # float is that float product), and numpy multiplies an array by a float scalar faster than by an int
+        self._kvh_f, self._d_f, self._layers_f = float(kvh), float(m.head_dim), float(m.layers)
         # (name, N, K, layers) of each sharded linear layer: column-parallel N, row-parallel K
         if m.is_mla:
             r, dr, dn, dv, qr = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank
@@ -641,7 +644,7 @@ class RooflineCost(CostModel):
         """(flops, bytes) of one layer's GQA attention (scalars, or arrays over steps)."""
         qh, kvh, d = self.q_heads, self.kv_heads_shard, self.model.head_dim
         return (4.0 * qh * d * attn_work,
-                kv_read_tokens * 2 * kvh * d * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0)
+                kv_read_tokens * 2.0 * self._kvh_f * self._d_f * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0)
 
     def _mla_fb(self, prefill: bool, qh: int):
         """(flops, bytes) of one layer's MLA attention as a function of (tokens, attn_work, kv_read)."""
@@ -822,7 +825,7 @@ class RooflineCost(CostModel):
             t_s, f_s, b_s = self._static(tokens, sampled)
             flops, bytes_ = self._gqa_fb(tokens, attn_work, kv_read_tokens)
             t_a = kernels.attention_roofline(dev, flops, bytes_, prefill, "bf16")
-            L = self.model.layers
+            L = self._layers_f
             return t_s + t_a * L, f_s + flops * L, b_s + bytes_ * L
         t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill)
         t_a = self.op_time(att)[0]
@@ -952,7 +955,7 @@ class RooflineCost(CostModel):
         """:meth:`step` for k decode steps of the same batch, on arrays: the same operators and the
         same evaluator with attention's work and KV reads as arrays over the step index (measured
         tables included: their lookups are vectorised); ``swa``: the sliding aggregates' arrays."""
-        grow = batch * np.arange(k, dtype=np.float64)      # every context one token longer a step
+        grow = float(batch) * (_STEPS[:k] if k <= len(_STEPS) else np.arange(k, dtype=np.float64))   # one token a step
         a0, k0 = float(attn0), float(kv0)
         attn = a0 + grow
         kv = k0 + grow
@@ -966,6 +969,10 @@ class RooflineCost(CostModel):
     def weight_bytes_per_gpu(self) -> float:
         return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep, self.pp, self.dp_attention,
                                                self.pp_layers)
+
+
+_STEPS = np.arange(4096, dtype=np.float64)      # 0, 1, 2, ...: a window's step indices (sliced, never written)
+_STEPS.flags.writeable = False
 
 
 def _is_prefill(attn_work, kv_read_tokens) -> bool:

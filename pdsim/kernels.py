@@ -194,7 +194,7 @@ def attention_roofline(dev, flops, bytes_, prefill: bool, dtype: str = "bf16"):
     inv_c, inv_m, fixed = _attention_consts(dev, prefill, dtype)
     if _is_arr(flops, bytes_):
         base = np.maximum(flops * inv_c, bytes_ * inv_m)
-        return np.where(base > 0, base + fixed, 0.0)
+        return np.where(base > 0.0, base + fixed, 0.0)
     base = _max(flops * inv_c, bytes_ * inv_m)
     return base + fixed if base > 0 else 0.0
 
