@@ -157,7 +157,7 @@ class Series:
 class _Window:
     """k pure-decode steps of one batch, planned at once (see the module docstring)."""
     __slots__ = ("plan", "reqs", "c0", "blk1", "k", "t0", "ends", "times", "flops", "bytes", "used",
-                 "extra", "applied", "event", "gen", "grown", "need")
+                 "extra", "applied", "event", "gen", "grown", "need", "active")
 
 
 def _growth(c0: list, blk1: list, j: int, bs: int) -> int:
@@ -536,6 +536,8 @@ class Instance:
         # it is bisected and indexed one float at a time (routers read the window's progress on every arrival)
         w.ends = list(accumulate(times.tolist(), initial=w.t0))
         w.times, w.flops, w.bytes = times, flops, bytes_
+        if self.power is not None:     # each step's active seconds (energy.py), settled in slices like the rest
+            w.active = np.minimum(times, np.maximum(flops * self.power[0], bytes_ * self.power[1]))
         w.applied = 0
         w.gen = 0
         w.grown = 1                      # step 1's blocks were grown by the policy
@@ -597,7 +599,7 @@ class Instance:
             self.flops += sums[1]
             self.bytes += sums[2]
             if self.power is not None:
-                self.active_s += float(np.minimum(durs, np.maximum(fl * self.power[0], by * self.power[1])).sum())
+                self.active_s += _sum(w.active[a:j])
             self.steps += d
             base = self.kv.used_blocks - w.extra
             c0, blk1 = w.c0, w.blk1
