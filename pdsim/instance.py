@@ -422,6 +422,7 @@ class Instance:
         kv = self.kv
         prefix = kv.prefix_on
         role = self.role
+        decode_role = role == "decode"
         sink = self.sink
         # the load counters are summed locally and brought up to date before every callback (a callback may
         # route a new request, which reads them) and at the end
@@ -441,9 +442,10 @@ class Instance:
             g = req.generated + 1
             req.generated = g
             dec_d += 1
-            if req.token_s is not None:
-                req.token_s.append(now)
-            if role == "decode" and req.decode_first_s != req.decode_first_s:
+            ts = req.token_s
+            if ts is not None:
+                ts.append(now)
+            if decode_role and req.decode_first_s != req.decode_first_s:
                 req.decode_first_s = now
             if g == 1:
                 req.first_token_s = req.prefill_end_s = now

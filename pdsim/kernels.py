@@ -192,10 +192,12 @@ def attention_roofline(dev, flops, bytes_, prefill: bool, dtype: str = "bf16"):
     """max(compute, memory) plus the kernel's fixed cost: its floor (launch, split-K reduction,
     tail; ~10 us for decode attention on Hopper) where the profile has one, else kernel_overhead."""
     inv_c, inv_m, fixed = _attention_consts(dev, prefill, dtype)
-    if _is_arr(flops, bytes_):
+    if isinstance(flops, np.ndarray) or isinstance(bytes_, np.ndarray):
         base = np.maximum(flops * inv_c, bytes_ * inv_m)
         return np.where(base > 0.0, base + fixed, 0.0)
-    base = _max(flops * inv_c, bytes_ * inv_m)
+    base, mem = flops * inv_c, bytes_ * inv_m      # (_max and _is_arr inlined: every step prices one)
+    if mem > base:
+        base = mem
     return base + fixed if base > 0 else 0.0
 
 
