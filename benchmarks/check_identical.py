@@ -19,7 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# (name, scenario, --set overrides): paths that differ (engine presets, chunked and whole prefill, PD transfers,
+# (name, scenario, --set overrides and flags): paths that differ (engine presets, chunked and whole prefill, PD transfers,
 # prefix caching, speculative decoding, DP attention and MLA, pipeline parallelism, faults, a trace, closed loop)
 CASES = [
     ("quickstart", "scenarios/quickstart.yaml", []),
@@ -31,6 +31,8 @@ CASES = [
     ("pp-llama70b", "scenarios/pp-llama70b-a100.yaml", ["workload.num_requests=200"]),
     ("engines-closed-loop", "scenarios/engines-closed-loop.yaml", []),
     ("disagg-azure-code", "scenarios/disagg_azure_code.yaml", []),
+    # the one-event-per-step loop (no fast-path windows), which prices every step through CostModel.step
+    ("quickstart-step-by-step", "scenarios/quickstart.yaml", ["workload.num_requests=400", "--step-by-step"]),
 ]
 
 
@@ -47,7 +49,7 @@ def run(root: Path, scenario: str, sets: list[str], out: Path, fmt: str) -> byte
     cmd = [sys.executable, "-m", "pdsim", "run", str(REPO / scenario), "--no-report", "--quiet", "--out", str(out),
            "--format", fmt]
     for s in sets:
-        cmd += ["--set", s]
+        cmd += [s] if s.startswith("--") else ["--set", s]
     return subprocess.run(cmd, env=env, cwd=root, check=True, capture_output=True).stdout
 
 
