@@ -118,8 +118,11 @@ class Series:
         counts = np.bincount(i0 - lo)
         last = np.cumsum(counts) - 1                      # last step of each bin (where counts > 0)
         has = np.nonzero(counts)[0]
-        kv = kv_used_at(last[has])
-        for j, cnt, k in zip(has.tolist(), counts[has].tolist(), kv.tolist()):
+        if len(has) <= 8:      # a few bins (the usual window): each one's last step asked for alone, as an int
+            kv = [int(kv_used_at(p)) for p in last[has].tolist()]
+        else:
+            kv = kv_used_at(last[has]).tolist()
+        for j, cnt, k in zip(has.tolist(), counts[has].tolist(), kv):
             i = lo + j
             self.steps[i] += cnt
             self.batch_sum[i] += batch * cnt
