@@ -43,6 +43,7 @@ class Series:
         self.steps, self.batch_sum, self.queue_max, self.kv_max = [], [], [], []
 
     MAX_BINS = 20_000   # a run far longer than its arrivals (a slow CPU pool) coarsens the bins instead
+    FEW_STEPS = 64      # record_many over several bins: up to this many steps in Python, more through numpy
 
     def _fit(self, t_end: float) -> None:
         """Double the bin width (merging pairs) until ``t_end`` falls within MAX_BINS bins."""
@@ -111,6 +112,9 @@ class Series:
             self.flops[lo] += sums[1]
             self.bytes[lo] += sums[2]
             return
+        if n <= self.FEW_STEPS:
+            self._record_few(starts, durs, flops, bytes_, batch, queued, kv_used_at)
+            return
         starts = np.asarray(starts)
         ends = starts + durs
         i0 = (starts / b).astype(np.int64)
@@ -139,6 +143,49 @@ class Series:
                 arr[lo + j] += float(add[j])
         for j in np.nonzero(~inside)[0].tolist():   # a step across a bin edge: spread it exactly
             self._spread(float(starts[j]), float(durs[j]), float(flops[j]), float(bytes_[j]))
+
+    def _record_few(self, starts, durs, flops, bytes_, batch: int, queued: int, kv_used_at) -> None:
+        """:meth:`record_many` over several bins for a few steps, in Python (numpy's per-call cost is most of
+        the time at this size): the same per-bin counts and last-step KV, each bin's sums of the steps wholly
+        inside it added up in step order from 0.0 (what ``bincount`` with weights does) and added where not
+        0, then the steps across an edge spread in order."""
+        b = self.bin_s
+        st = starts.tolist() if isinstance(starts, np.ndarray) else list(starts)
+        du, fl, by = durs.tolist(), flops.tolist(), bytes_.tolist()
+        bins, counts, lasts, inside, cross = [], [], [], {}, []
+        for j, s in enumerate(st):
+            i = int(s / b)
+            if bins and bins[-1] == i:
+                counts[-1] += 1
+                lasts[-1] = j
+            else:
+                bins.append(i)
+                counts.append(1)
+                lasts.append(j)
+            if int((s + du[j]) / b) == i:
+                acc = inside.get(i)
+                if acc is None:
+                    inside[i] = [0.0 + du[j], 0.0 + fl[j], 0.0 + by[j]]
+                else:
+                    acc[0] += du[j]
+                    acc[1] += fl[j]
+                    acc[2] += by[j]
+            else:
+                cross.append(j)
+        kv = [int(kv_used_at(p)) for p in lasts] if len(bins) <= 8 else kv_used_at(np.array(lasts)).tolist()
+        for i, cnt, k in zip(bins, counts, kv):
+            self.steps[i] += cnt
+            self.batch_sum[i] += batch * cnt
+            if queued > self.queue_max[i]:
+                self.queue_max[i] = queued
+            if k > self.kv_max[i]:
+                self.kv_max[i] = k
+        for q, arr in enumerate((self.busy_s, self.flops, self.bytes)):
+            for i, acc in inside.items():
+                if acc[q] != 0.0:
+                    arr[i] += acc[q]
+        for j in cross:        # a step across a bin edge: spread it exactly
+            self._spread(st[j], du[j], fl[j], by[j])
 
     def _spread(self, t0: float, dur: float, flops: float, bytes_: float) -> None:
         b = self.bin_s
