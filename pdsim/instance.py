@@ -92,7 +92,7 @@ class Series:
         (a decode window only grows), so a bin's maximum is its last step's value and only those are asked for.
         """
         n = len(starts)
-        end = starts[-1] + durs[-1]         # the last step's end (the whole ends array only when bins differ)
+        end = starts[-1] + float(durs[-1])  # the last step's end (the whole ends array only when bins differ)
         if end >= self.bin_s * self.MAX_BINS:
             self._fit(float(end))
         b = self.bin_s
