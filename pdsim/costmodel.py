@@ -412,6 +412,9 @@ class RooflineCost(CostModel):
         ta = t // self.attn_dp          # tensor parallelism of attention and the dense parts
         qh, kvh = m.heads // ta, max(1, m.kv_heads // ta)
         self.q_heads, self.kv_heads_shard = qh, kvh
+        # the integer factors of the attention and layer products as floats: the same products (an int times a
+        # float is that float product), and numpy multiplies an array by a float scalar faster than by an int
+        self._kvh_f, self._d_f, self._layers_f = float(kvh), float(m.head_dim), float(m.layers)
         # (name, N, K, layers) of each sharded linear layer: column-parallel N, row-parallel K
         if m.is_mla:
             r, dr, dn, dv, qr = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank
@@ -590,9 +593,7 @@ class RooflineCost(CostModel):
         if first:
             ops.append(Op("embed", "elementwise", 1, 0.0, Ta * 5 * h * 2.0, (2,)))
         if sampled and last:
-            _, n, k = self.lm_head     # the LM head stays bf16 under weight quantisation
-            ops.append(Op("lm_head", "gemm", 1, 2.0 * Sa * n * k, n * k * 2.0 + Sa * (n + k) * 2.0,
-                          (Sa, n, k, 2.0, "bf16", None, "bf16")))
+            ops.append(self._lm_head_op(Sa))
         ep, ta = self.ep, self.tp // self.attn_dp
         if ta > 1:
             # two per layer (after attention and after the MLP) and one for the vocab-parallel embedding
@@ -611,6 +612,12 @@ class RooflineCost(CostModel):
             ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
         return ops
 
+    def _lm_head_op(self, sampled) -> Op:
+        """The LM head over ``sampled`` rows (the only operator that depends on the sampled count)."""
+        _, n, k = self.lm_head     # the LM head stays bf16 under weight quantisation
+        return Op("lm_head", "gemm", 1, 2.0 * sampled * n * k, n * k * 2.0 + sampled * (n + k) * 2.0,
+                  (sampled, n, k, 2.0, "bf16", None, "bf16"))
+
     def _stage_counts(self) -> list[dict[str, int]]:
         """Kernels of each operator on each pipeline stage (what :meth:`_stage_static` weighs by)."""
         got = getattr(self, "_stage_counts_memo", None)
@@ -623,18 +630,22 @@ class RooflineCost(CostModel):
                       name: str = "attention") -> Op:
         """Attention of one layer; ``attn_work`` and ``kv_read_tokens`` may be arrays over steps.  ``layers``:
         the op's count (default all layers; with sliding layers the full and the sliding ones apart)."""
-        m, qh, kvh = self.model, self.q_heads, self.kv_heads_shard
+        m = self.model
         if layers is None:
             layers = m.layers
-        d = m.head_dim
         if m.is_mla:
             flops, bytes_ = self._mla_fbs[prefill](tokens, attn_work, kv_read_tokens)
             return Op(name, "attention", layers, flops, bytes_,
                       (tokens, attn_work, kv_read_tokens, batch, prefill))
-        flops = 4.0 * qh * d * attn_work
-        bytes_ = kv_read_tokens * 2 * kvh * d * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0
+        flops, bytes_ = self._gqa_fb(tokens, attn_work, kv_read_tokens)
         return Op(name, "attention", layers, flops, bytes_,
                   (tokens, attn_work, kv_read_tokens, batch, prefill))
+
+    def _gqa_fb(self, tokens, attn_work, kv_read_tokens):
+        """(flops, bytes) of one layer's GQA attention (scalars, or arrays over steps)."""
+        qh, kvh, d = self.q_heads, self.kv_heads_shard, self.model.head_dim
+        return (4.0 * qh * d * attn_work,
+                kv_read_tokens * 2.0 * self._kvh_f * self._d_f * self.kv_bytes + tokens * (qh + 2 * kvh) * d * 2.0)
 
     def _mla_fb(self, prefill: bool, qh: int):
         """(flops, bytes) of one layer's MLA attention as a function of (tokens, attn_work, kv_read)."""
@@ -726,27 +737,63 @@ class RooflineCost(CostModel):
 
     # --- derived: scalar step, per-op breakdown, k decode steps --------------
     def _static(self, tokens: int, sampled: int, rank=None) -> tuple[float, float, float]:
-        """Summed (time_s, flops, bytes) of the non-attention operators; cached by (tokens, sampled)."""
+        """Summed (time_s, flops, bytes) of the non-attention operators; cached by (tokens, sampled).
+
+        On a miss the sum is made of per-operator terms (seconds, FLOPs, bytes, each x its count) in the
+        operators' order: those of every operator but the LM head, which depend on the tokens alone (and the
+        rank's tokens), are kept by tokens, and the LM head's by its sampled rows, so a step size seen before
+        with another sampled count prices no operator again (a prefill pool's steps: the same sums)."""
         key = (tokens, sampled) if rank is None else (tokens, sampled, rank)
-        hit = self._static_cache.get(key)
+        cache = self._static_cache
+        hit = cache.get(key)
         if hit is not None:
             return hit
+        Sa = sampled if rank is None else rank[1]
+        skey = ("split", tokens, None if rank is None else rank[0])
+        split = cache.get(skey)
+        if split is None:
+            # (built with one sampled row at least, so the LM head is there to split out; every other operator
+            # ignores the sampled count)
+            ops = self._static_ops(tokens, sampled or 1, rank=rank if sampled or rank is None else (rank[0], 1))
+            terms = [self._term(op) for op in ops]
+            i = next(j for j, op in enumerate(ops) if op.name == "lm_head")
+            split = (terms[:i], terms[i + 1:])
+            if sampled and len(cache) < 1 << 16:
+                cache[("lm_head", Sa)] = terms[i]
+            if len(cache) < 1 << 16:
+                cache[skey] = split
+        head, tail = split
+        if sampled:
+            lm = cache.get(("lm_head", Sa))
+            if lm is None:
+                lm = self._term(self._lm_head_op(Sa))
+                if len(cache) < 1 << 16:
+                    cache[("lm_head", Sa)] = lm
+            terms = (*head, lm, *tail)
+        else:
+            terms = (*head, *tail)
         time_s = flops = bytes_ = 0.0
-        for op in self._static_ops(tokens, sampled, rank=rank):
-            time_s += float(self.op_time(op)[0]) * op.count
-            flops += op.flops * op.count
-            bytes_ += op.bytes * op.count
+        for t, f, b in terms:
+            time_s += t
+            flops += f
+            bytes_ += b
         out = (time_s, flops, bytes_)
-        if len(self._static_cache) < 1 << 16:
-            self._static_cache[key] = out
+        if len(cache) < 1 << 16:
+            cache[key] = out
         return out
 
-    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None, decodes=None):
+    def _term(self, op: Op) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) of an operator's ``count`` kernels: what :meth:`_static` adds up."""
+        return float(self.op_time(op)[0]) * op.count, op.flops * op.count, op.bytes * op.count
+
+    def _sum(self, tokens, attn_work, kv_read_tokens, sampled, batch, swa=None, rank=None, decodes=None,
+             prefill=None):
         """Step time, FLOPs and bytes: the cached static part plus attention (scalars or arrays).  A caller
         that passes no ``swa`` for a model with sliding layers gets every layer priced as full attention
         (an overestimate; the simulator's steps, the fast path, prefill_time, decode_time and ``pdsim
-        estimate`` all pass it)."""
-        prefill = _is_prefill(attn_work, kv_read_tokens)
+        estimate`` all pass it).  ``prefill``: :func:`_is_prefill` of the aggregates, if the caller knows it."""
+        if prefill is None:
+            prefill = _is_prefill(attn_work, kv_read_tokens)
         if swa is not None:       # sliding layers: full and sliding attention apart (no DP attention)
             t_s, f_s, b_s = self._static(tokens, sampled)
             full, sl = self._attention_ops(tokens, attn_work, kv_read_tokens, batch, prefill, swa)
@@ -772,6 +819,15 @@ class RooflineCost(CostModel):
             t_s, f_s, b_s = self._static(tokens, sampled)      # a mixed MLA step: two attention kernels
             t_a, f_a, b_a = self._attention_sum(tokens, attn_work, kv_read_tokens, batch, decodes)
             return t_s + t_a, f_s + f_a, b_s + b_a
+        dev = self.device
+        if self.attn_dp == 1 and dev.tables is None and not self.model.is_mla:
+            # the usual step (GQA attention on a datasheet profile): what op_time gives the attention op -- the
+            # roofline of its FLOPs and bytes -- without building the op and dispatching it (every step comes here)
+            t_s, f_s, b_s = self._static(tokens, sampled)
+            flops, bytes_ = self._gqa_fb(tokens, attn_work, kv_read_tokens)
+            t_a = kernels.attention_roofline(dev, flops, bytes_, prefill, "bf16")
+            L = self._layers_f
+            return t_s + t_a * L, f_s + flops * L, b_s + bytes_ * L
         t_s, f_s, b_s, att = self._parts(tokens, attn_work, kv_read_tokens, sampled, batch, prefill)
         t_a = self.op_time(att)[0]
         L = att.count
@@ -900,18 +956,24 @@ class RooflineCost(CostModel):
         """:meth:`step` for k decode steps of the same batch, on arrays: the same operators and the
         same evaluator with attention's work and KV reads as arrays over the step index (measured
         tables included: their lookups are vectorised); ``swa``: the sliding aggregates' arrays."""
-        i = np.arange(k, dtype=np.float64)
-        attn = float(attn0) + batch * i
-        kv = float(kv0) + batch * i
+        grow = float(batch) * (_STEPS[:k] if k <= len(_STEPS) else np.arange(k, dtype=np.float64))   # one token a step
+        a0, k0 = float(attn0), float(kv0)
+        attn = a0 + grow
+        kv = k0 + grow
         if swa is not None:
             swa = (np.asarray(swa[0], dtype=np.float64), np.asarray(swa[1], dtype=np.float64))
-        t, f, b = self._sum(batch, attn, kv, batch, batch, swa)
+        # (_is_prefill of the arrays: their first elements, a0 + 0.0 and k0 + 0.0)
+        t, f, b = self._sum(batch, attn, kv, batch, batch, swa, prefill=a0 > k0)
         return np.asarray(t, float), np.asarray(f, float), np.asarray(b, float)
 
     # --- memory -------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
         return self.model.weight_bytes_per_gpu(self.weight_dtype, self.tp, self.ep, self.pp, self.dp_attention,
                                                self.pp_layers)
+
+
+_STEPS = np.arange(4096, dtype=np.float64)      # 0, 1, 2, ...: a window's step indices (sliced, never written)
+_STEPS.flags.writeable = False
 
 
 def _is_prefill(attn_work, kv_read_tokens) -> bool:

@@ -359,7 +359,10 @@ class DeviceProfile:
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for a compute dtype; falls back to bf16 (e.g. fp8 on an A100 runs as bf16)."""
         p = self.spec.peak_tflops
-        return 1e12 * p.get(dtype, p.get("bf16", p.get("fp16", max(p.values()))))
+        v = p.get(dtype)        # (the fallbacks only when needed: this is called for every GEMM priced)
+        if v is None:
+            v = p.get("bf16", p.get("fp16", max(p.values())))
+        return 1e12 * v
 
     @cached_property
     def tables(self):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
+from itertools import accumulate
 
 import numpy as np
 
@@ -42,6 +43,7 @@ class Series:
         self.steps, self.batch_sum, self.queue_max, self.kv_max = [], [], [], []
 
     MAX_BINS = 20_000   # a run far longer than its arrivals (a slow CPU pool) coarsens the bins instead
+    FEW_STEPS = 64      # record_many over several bins: up to this many steps in Python, more through numpy
 
     def _fit(self, t_end: float) -> None:
         """Double the bin width (merging pairs) until ``t_end`` falls within MAX_BINS bins."""
@@ -83,14 +85,14 @@ class Series:
 
     def record_many(self, starts, durs, flops, bytes_, batch: int, queued: int, kv_used_at,
                     sums: tuple | None = None) -> None:
-        """``record`` for many steps at once (numpy arrays, starts ascending).
+        """``record`` for many steps at once (numpy arrays, or for ``starts`` a list; starts ascending).
 
-        ``kv_used_at(positions)`` gives the blocks in use during those steps; it must be
-        non-decreasing over the steps (a decode window only grows), so a bin's maximum is
-        its last step's value and only those are asked for.
+        ``kv_used_at(positions)`` gives the blocks in use during those steps (positions: an array, or one
+        int for the last step when every step falls in one bin); it must be non-decreasing over the steps
+        (a decode window only grows), so a bin's maximum is its last step's value and only those are asked for.
         """
         n = len(starts)
-        end = starts[-1] + durs[-1]         # the last step's end (the whole ends array only when bins differ)
+        end = starts[-1] + float(durs[-1])  # the last step's end (the whole ends array only when bins differ)
         if end >= self.bin_s * self.MAX_BINS:
             self._fit(float(end))
         b = self.bin_s
@@ -101,7 +103,7 @@ class Series:
             self.batch_sum[lo] += batch * n
             if queued > self.queue_max[lo]:
                 self.queue_max[lo] = queued
-            k = int(kv_used_at(np.array([n - 1]))[0])
+            k = int(kv_used_at(n - 1))
             if k > self.kv_max[lo]:
                 self.kv_max[lo] = k
             if sums is None:
@@ -110,14 +112,21 @@ class Series:
             self.flops[lo] += sums[1]
             self.bytes[lo] += sums[2]
             return
+        if n <= self.FEW_STEPS:
+            self._record_few(starts, durs, flops, bytes_, batch, queued, kv_used_at)
+            return
+        starts = np.asarray(starts)
         ends = starts + durs
         i0 = (starts / b).astype(np.int64)
         i1 = (ends / b).astype(np.int64)
         counts = np.bincount(i0 - lo)
         last = np.cumsum(counts) - 1                      # last step of each bin (where counts > 0)
         has = np.nonzero(counts)[0]
-        kv = kv_used_at(last[has])
-        for j, cnt, k in zip(has.tolist(), counts[has].tolist(), kv.tolist()):
+        if len(has) <= 8:      # a few bins (the usual window): each one's last step asked for alone, as an int
+            kv = [int(kv_used_at(p)) for p in last[has].tolist()]
+        else:
+            kv = kv_used_at(last[has]).tolist()
+        for j, cnt, k in zip(has.tolist(), counts[has].tolist(), kv):
             i = lo + j
             self.steps[i] += cnt
             self.batch_sum[i] += batch * cnt
@@ -134,6 +143,49 @@ class Series:
                 arr[lo + j] += float(add[j])
         for j in np.nonzero(~inside)[0].tolist():   # a step across a bin edge: spread it exactly
             self._spread(float(starts[j]), float(durs[j]), float(flops[j]), float(bytes_[j]))
+
+    def _record_few(self, starts, durs, flops, bytes_, batch: int, queued: int, kv_used_at) -> None:
+        """:meth:`record_many` over several bins for a few steps, in Python (numpy's per-call cost is most of
+        the time at this size): the same per-bin counts and last-step KV, each bin's sums of the steps wholly
+        inside it added up in step order from 0.0 (what ``bincount`` with weights does) and added where not
+        0, then the steps across an edge spread in order."""
+        b = self.bin_s
+        st = starts.tolist() if isinstance(starts, np.ndarray) else list(starts)
+        du, fl, by = durs.tolist(), flops.tolist(), bytes_.tolist()
+        bins, counts, lasts, inside, cross = [], [], [], {}, []
+        for j, s in enumerate(st):
+            i = int(s / b)
+            if bins and bins[-1] == i:
+                counts[-1] += 1
+                lasts[-1] = j
+            else:
+                bins.append(i)
+                counts.append(1)
+                lasts.append(j)
+            if int((s + du[j]) / b) == i:
+                acc = inside.get(i)
+                if acc is None:
+                    inside[i] = [0.0 + du[j], 0.0 + fl[j], 0.0 + by[j]]
+                else:
+                    acc[0] += du[j]
+                    acc[1] += fl[j]
+                    acc[2] += by[j]
+            else:
+                cross.append(j)
+        kv = [int(kv_used_at(p)) for p in lasts] if len(bins) <= 8 else kv_used_at(np.array(lasts)).tolist()
+        for i, cnt, k in zip(bins, counts, kv):
+            self.steps[i] += cnt
+            self.batch_sum[i] += batch * cnt
+            if queued > self.queue_max[i]:
+                self.queue_max[i] = queued
+            if k > self.kv_max[i]:
+                self.kv_max[i] = k
+        for q, arr in enumerate((self.busy_s, self.flops, self.bytes)):
+            for i, acc in inside.items():
+                if acc[q] != 0.0:
+                    arr[i] += acc[q]
+        for j in cross:        # a step across a bin edge: spread it exactly
+            self._spread(st[j], du[j], fl[j], by[j])
 
     def _spread(self, t0: float, dur: float, flops: float, bytes_: float) -> None:
         b = self.bin_s
@@ -155,7 +207,7 @@ class Series:
 class _Window:
     """k pure-decode steps of one batch, planned at once (see the module docstring)."""
     __slots__ = ("plan", "reqs", "c0", "blk1", "k", "t0", "ends", "times", "flops", "bytes", "used",
-                 "extra", "applied", "event", "gen", "grown", "need")
+                 "extra", "applied", "event", "gen", "grown", "need", "active")
 
 
 def _growth(c0: list, blk1: list, j: int, bs: int) -> int:
@@ -418,6 +470,7 @@ class Instance:
         kv = self.kv
         prefix = kv.prefix_on
         role = self.role
+        decode_role = role == "decode"
         sink = self.sink
         # the load counters are summed locally and brought up to date before every callback (a callback may
         # route a new request, which reads them) and at the end
@@ -437,9 +490,10 @@ class Instance:
             g = req.generated + 1
             req.generated = g
             dec_d += 1
-            if req.token_s is not None:
-                req.token_s.append(now)
-            if role == "decode" and req.decode_first_s != req.decode_first_s:
+            ts = req.token_s
+            if ts is not None:
+                ts.append(now)
+            if decode_role and req.decode_first_s != req.decode_first_s:
                 req.decode_first_s = now
             if g == 1:
                 req.first_token_s = req.prefill_end_s = now
@@ -528,11 +582,12 @@ class Instance:
         w = _Window()
         w.plan, w.reqs, w.c0, w.blk1, w.k, w.extra = plan, reqs, c0, blk1, k, 0
         w.t0 = self.env.now
-        ends = np.empty(k + 1)
-        ends[0] = w.t0
-        ends[1:] = times
-        np.cumsum(ends, out=ends)            # sequential sums: the step-by-step loop's env.now values
-        w.ends, w.times, w.flops, w.bytes = ends, times, flops, bytes_
+        # sequential sums: the step-by-step loop's env.now values (as numpy's cumsum adds them), kept as a list:
+        # it is bisected and indexed one float at a time (routers read the window's progress on every arrival)
+        w.ends = list(accumulate(times.tolist(), initial=w.t0))
+        w.times, w.flops, w.bytes = times, flops, bytes_
+        if self.power is not None:     # each step's active seconds (energy.py), settled in slices like the rest
+            w.active = np.minimum(times, np.maximum(flops * self.power[0], bytes_ * self.power[1]))
         w.applied = 0
         w.gen = 0
         w.grown = 1                      # step 1's blocks were grown by the policy
@@ -550,7 +605,7 @@ class Instance:
         self._settle(w, w.k - 1)
         self._win = None
         j = w.k - 1
-        t0, dur = float(w.ends[j]), float(w.times[j])
+        t0, dur = w.ends[j], float(w.times[j])
         fj, bj = float(w.flops[j]), float(w.bytes[j])
         self.busy_s += dur
         self.flops += fj
@@ -565,7 +620,7 @@ class Instance:
         """Wake the process at the end of step w.k (a stale timer from before a cut is ignored)."""
         w.gen += 1
         gen = w.gen
-        timer = self.env.timeout(_exact_delay(self.env.now, float(w.ends[w.k])))
+        timer = self.env.timeout(_exact_delay(self.env.now, w.ends[w.k]))
         timer.callbacks.append(lambda _ev: gen == w.gen and not w.event.triggered and w.event.succeed())
 
     def _settle(self, w: _Window, j: int) -> None:
@@ -581,10 +636,10 @@ class Instance:
                 r.generated += d
                 if r.token_s is not None:       # client.itl: the ends of the steps applied here
                     if times is None:
-                        times = w.ends[a + 1:j + 1].tolist()
+                        times = w.ends[a + 1:j + 1]
                     r.token_s.extend(times)
                 if decode and r.decode_first_s != r.decode_first_s:
-                    r.decode_first_s = float(w.ends[a + 1])
+                    r.decode_first_s = w.ends[a + 1]
             B = len(w.reqs)
             self.outstanding_tokens -= B * d
             self.decode_work -= B * d
@@ -594,12 +649,14 @@ class Instance:
             self.flops += sums[1]
             self.bytes += sums[2]
             if self.power is not None:
-                self.active_s += float(np.minimum(durs, np.maximum(fl * self.power[0], by * self.power[1])).sum())
+                self.active_s += _sum(w.active[a:j])
             self.steps += d
             base = self.kv.used_blocks - w.extra
             c0, blk1 = w.c0, w.blk1
 
             def used_at(pos):   # KV in use during step a + 1 + pos: after that step's growth
+                if not isinstance(pos, np.ndarray):
+                    return base + _growth(c0, blk1, a + 1 + pos, bs)
                 if len(pos) == 1:
                     return np.array([base + _growth(c0, blk1, a + 1 + int(pos[0]), bs)])
                 steps = (a + 1 + pos)[None, :]

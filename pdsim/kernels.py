@@ -71,37 +71,57 @@ def _pos_max(t, floor):
 
 
 # --- the datasheet roofline -----------------------------------------------------------------
-def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
-                  dtype: str = "bf16", weight_only: str | None = None):
-    """One (m x k) @ (k x n) GEMM on the roofline (m may be an array).  No rows (m <= 0): no kernel, 0 s
-    (as a grouped GEMM with no pairs; the formula's m / m would be 0 / 0 there)."""
+_GEMM_CONSTS: dict = {}
+
+
+def _gemm_consts(dev, dtype: str, weight_only: str | None) -> tuple:
+    """(peak FLOP/s, gemm_max, compute fraction, memory rate, m_half, fixed seconds) of a GEMM kernel: the
+    profile's constants, looked up once per (profile, dtype, weight-only) instead of once per GEMM (a prefill
+    step that misses the cost model's cache prices a dozen of them)."""
+    key = (id(dev), dtype, weight_only)
+    hit = _GEMM_CONSTS.get(key)
+    if hit is not None and hit[0] is dev:
+        return hit[1]
     e = dev.spec.efficiency
-    if not isinstance(m, np.ndarray) and m <= 0:
-        return 0.0
     # fp8 weights on fp8 tensor cores: their own fractions of the compute / memory efficiency and launch cost
     fc, fm, ov = (e.fp8_gemm_compute, e.fp8_gemm_memory, e.fp8_gemm_overhead_us) if dtype == "fp8" \
         else (1.0, 1.0, None)
     ov_s = (e.kernel_overhead_us if ov is None else ov) * 1e-6
+    m_half = e.gemm_m_half if weight_only is None else min(e.gemm_m_half, WEIGHT_ONLY_M_HALF)
+    consts = (dev.peak_flops(dtype), e.gemm_max, fc, dev.mem_bw_Bps * e.memory * fm, m_half, ov_s)
+    if len(_GEMM_CONSTS) > 4096:
+        _GEMM_CONSTS.clear()
+    _GEMM_CONSTS[key] = (dev, consts)
+    return consts
+
+
+def gemm_roofline(dev, m, n: int, k: int, weight_bytes: float, act_bytes: float = 2.0,
+                  dtype: str = "bf16", weight_only: str | None = None):
+    """One (m x k) @ (k x n) GEMM on the roofline (m may be an array).  No rows (m <= 0): no kernel, 0 s
+    (as a grouped GEMM with no pairs; the formula's m / m would be 0 / 0 there)."""
     if not isinstance(m, np.ndarray):
+        if m <= 0:
+            return 0.0
+        peak, gemm_max, fc, mem, m_half, ov_s = _gemm_consts(dev, dtype, weight_only)
         # one GEMM: the same arithmetic on Python floats (a prefill step misses the cost model's
         # cache, and numpy's per-call overhead on 0-d arrays was most of its time)
         m = float(m)
         flops = 2.0 * m * n * k
         bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
-        m_half = e.gemm_m_half if weight_only is None else min(e.gemm_m_half, WEIGHT_ONLY_M_HALF)
-        t = _max(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max * fc),
-                 bytes_ / (dev.mem_bw_Bps * e.memory * fm))
+        comp = flops * (m + m_half) / (m * peak * gemm_max * fc)
+        t = bytes_ / mem
+        if comp >= t:
+            t = comp
         if weight_only is not None:
             t = _max(t, n * k * DEQUANT_OPS[weight_only] * float(math.ceil(m / DEQUANT_M_TILE))
                      / dev.peak_flops("fp32"))
         return t + ov_s
+    peak, gemm_max, fc, mem, m_half, ov_s = _gemm_consts(dev, dtype, weight_only)
     m = np.asarray(m, dtype=float)
     flops = 2.0 * m * n * k
     bytes_ = n * k * weight_bytes + (m * k + m * n) * act_bytes
-    m_half = e.gemm_m_half if weight_only is None else min(e.gemm_m_half, WEIGHT_ONLY_M_HALF)
     with np.errstate(invalid="ignore", divide="ignore"):     # m = 0 rows: masked to 0 below
-        t = np.maximum(flops * (m + m_half) / (m * dev.peak_flops(dtype) * e.gemm_max * fc),
-                       bytes_ / (dev.mem_bw_Bps * e.memory * fm))
+        t = np.maximum(flops * (m + m_half) / (m * peak * gemm_max * fc), bytes_ / mem)
     if weight_only is not None:
         passes = np.ceil(m / DEQUANT_M_TILE)
         t = np.maximum(t, n * k * DEQUANT_OPS[weight_only] * passes / dev.peak_flops("fp32"))
@@ -172,17 +192,28 @@ def attention_roofline(dev, flops, bytes_, prefill: bool, dtype: str = "bf16"):
     """max(compute, memory) plus the kernel's fixed cost: its floor (launch, split-K reduction,
     tail; ~10 us for decode attention on Hopper) where the profile has one, else kernel_overhead."""
     inv_c, inv_m, fixed = _attention_consts(dev, prefill, dtype)
-    if _is_arr(flops, bytes_):
+    if isinstance(flops, np.ndarray) or isinstance(bytes_, np.ndarray):
         base = np.maximum(flops * inv_c, bytes_ * inv_m)
-        return np.where(base > 0, base + fixed, 0.0)
-    base = _max(flops * inv_c, bytes_ * inv_m)
+        return np.where(base > 0.0, base + fixed, 0.0)
+    base, mem = flops * inv_c, bytes_ * inv_m      # (_max and _is_arr inlined: every step prices one)
+    if mem > base:
+        base = mem
     return base + fixed if base > 0 else 0.0
+
+
+_ELEMENTWISE_CONSTS: dict = {}
 
 
 def elementwise_roofline(dev, bytes_, kernels: int):
     """``kernels`` memory-bound elementwise kernels (norm, RoPE, activation) moving ``bytes_`` in all."""
-    e = dev.spec.efficiency
-    return _pos_max(bytes_ / (dev.mem_bw_Bps * e.memory), kernels * e.elementwise_floor_us * 1e-6)
+    hit = _ELEMENTWISE_CONSTS.get(id(dev))
+    if hit is None or hit[0] is not dev:       # (the profile's rate and floor, looked up once per profile)
+        e = dev.spec.efficiency
+        if len(_ELEMENTWISE_CONSTS) > 4096:
+            _ELEMENTWISE_CONSTS.clear()
+        hit = _ELEMENTWISE_CONSTS[id(dev)] = (dev, dev.mem_bw_Bps * e.memory, e.elementwise_floor_us)
+    _, rate, floor_us = hit
+    return _pos_max(bytes_ / rate, kernels * floor_us * 1e-6)
 
 
 def allreduce_datasheet(dev, bytes_: float, tp: int) -> float:

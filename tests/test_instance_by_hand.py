@@ -836,6 +836,33 @@ def test_series_record_many_counts_each_bins_steps_and_last_kv():
     assert s3.kv_max == [14] and s3.queue_max == [1] and s3.busy_s == [2.5] and s3.flops == [30.0]
 
 
+def test_series_record_many_few_steps_in_python_equal_numpys_bins():
+    # windows over several bins: the Python path for a few steps and the numpy path give the same lists, value
+    # and type (a bin no step lies wholly inside keeps its int 0), steps across edges spread alike
+    class NumpySeries(Series):
+        FEW_STEPS = 0
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n = int(rng.integers(2, 40))
+        durs = rng.choice([0.05, 0.1, 0.125, 0.3, 0.7], n) * rng.uniform(0.5, 1.5, n) ** (trial % 2)
+        t0 = float(rng.uniform(0, 3))
+        starts = np.concatenate(([t0], t0 + np.cumsum(durs)[:-1]))
+        fl = rng.uniform(0, 10, n) * (trial % 3 != 0)       # all-zero FLOPs a third of the time
+        by = rng.uniform(0, 10, n)
+        series = []
+        for cls in (Series, NumpySeries):
+            s = cls(0.5)
+            s.record(0.0, 0.25, 1.0, 1.0, 1, 1, 1)
+            s.record_many(starts.tolist() if cls is Series else starts, durs, fl, by, 3, 2,
+                          lambda pos: 10 + np.asarray(pos))
+            series.append(s)
+        a, b = series
+        for name in ("busy_s", "flops", "bytes", "steps", "batch_sum", "queue_max", "kv_max"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert x == y and [type(v) for v in x] == [type(v) for v in y], (trial, name)
+
+
 def test_series_coarsens_its_bins_at_max_bins():
     # 1 s bins; a step ending before 20,000 s keeps them, one ending at 20,000 s (bin 20,000) doubles them,
     # merging pairs: sums add, maxima take the larger
