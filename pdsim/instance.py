@@ -126,14 +126,7 @@ class Series:
             kv = [int(kv_used_at(p)) for p in last[has].tolist()]
         else:
             kv = kv_used_at(last[has]).tolist()
-        for j, cnt, k in zip(has.tolist(), counts[has].tolist(), kv):
-            i = lo + j
-            self.steps[i] += cnt
-            self.batch_sum[i] += batch * cnt
-            if queued > self.queue_max[i]:
-                self.queue_max[i] = queued
-            if k > self.kv_max[i]:
-                self.kv_max[i] = k
+        self._count_bins([lo + j for j in has.tolist()], counts[has].tolist(), kv, batch, queued)
         inside = i0 == i1
         idx = i0[inside] - lo
         m = hi - lo + 1
@@ -143,6 +136,16 @@ class Series:
                 arr[lo + j] += float(add[j])
         for j in np.nonzero(~inside)[0].tolist():   # a step across a bin edge: spread it exactly
             self._spread(float(starts[j]), float(durs[j]), float(flops[j]), float(bytes_[j]))
+
+    def _count_bins(self, bins, counts, kv, batch: int, queued: int) -> None:
+        """Each bin's step count, batch sum, and the most queued and KV blocks in use its steps saw."""
+        for i, cnt, k in zip(bins, counts, kv):
+            self.steps[i] += cnt
+            self.batch_sum[i] += batch * cnt
+            if queued > self.queue_max[i]:
+                self.queue_max[i] = queued
+            if k > self.kv_max[i]:
+                self.kv_max[i] = k
 
     def _record_few(self, starts, durs, flops, bytes_, batch: int, queued: int, kv_used_at) -> None:
         """:meth:`record_many` over several bins for a few steps, in Python (numpy's per-call cost is most of
@@ -173,13 +176,7 @@ class Series:
             else:
                 cross.append(j)
         kv = [int(kv_used_at(p)) for p in lasts] if len(bins) <= 8 else kv_used_at(np.array(lasts)).tolist()
-        for i, cnt, k in zip(bins, counts, kv):
-            self.steps[i] += cnt
-            self.batch_sum[i] += batch * cnt
-            if queued > self.queue_max[i]:
-                self.queue_max[i] = queued
-            if k > self.kv_max[i]:
-                self.kv_max[i] = k
+        self._count_bins(bins, counts, kv, batch, queued)
         for q, arr in enumerate((self.busy_s, self.flops, self.bytes)):
             for i, acc in inside.items():
                 if acc[q] != 0.0:

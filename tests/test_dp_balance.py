@@ -493,6 +493,26 @@ def test_admit_ranked_on_per_rank_pools_by_hand():
     assert admit([(0, 10)] * 3, KVCache(100), [100, 100], slots=2) == ([(0, 10), (1, 10)], [2])
 
 
+def _pd(tmp_path, rows, link, prefill_blocks, decode_instances, decode_blocks, faults=None):
+    """A plain prefill instance (inflight, 200 tokens a step) and DP-balanced decode instances (tp 2, no hold),
+    constant 1 s steps, fed a trace of ``rows``: (requests by id, the TopologyResult)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
+    const = {"kind": "constant", "step_s": 1.0}
+    sc = {"model": "qwen3-30b-a3b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
+          "topologies": {"pd": {
+              "kind": "disaggregated", "kv_link": link,
+              "prefill": {"instances": 1, "kv_blocks": prefill_blocks, "cost_model": const,
+                          "scheduler": "inflight", "max_batched_tokens": 200},
+              "decode": {"instances": decode_instances, "tp": 2, "ep": 2, "dp_attention": True,
+                         "kv_blocks": decode_blocks, "cost_model": const, "scheduler": "inflight",
+                         "attention_dp_balance": {"timeout_iters": 0, "batching_wait_iters": 0}}}}}
+    if faults is not None:
+        sc["faults"] = faults
+    (res,) = simulate(config.parse(sc, "pd.yaml"))
+    return sorted(res.requests, key=lambda r: r.id), res
+
+
 def test_a_balanced_decode_pool_places_kv_on_the_wire_by_rank_by_hand(tmp_path):
     """Disaggregated: a plain prefill instance, a DP-balanced decode instance with 4 blocks a rank (constant 1 s
     steps, a link of negligible time).  A and B (50 tokens, 10 out: 59 tokens of KV at most, 4 blocks) prefill
@@ -500,20 +520,8 @@ def test_a_balanced_decode_pool_places_kv_on_the_wire_by_rank_by_hand(tmp_path):
     so both decode: A's KV lands first (t=1 + 1 us) and A's step starts, B's a microsecond later and B joins the
     next step: A's tokens 2..10 at 2..10, B's at 3..11 (+ 1 us).  Placed as if A were not there yet, B would
     wait for rank 0's blocks until A finished at 10, and finish at 19 or later."""
-    trace = tmp_path / "t.csv"
-    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,50,10\n0,50,10\n")
-    const = {"kind": "constant", "step_s": 1.0}
-    sc = config.parse({"model": "qwen3-30b-a3b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
-                       "topologies": {"pd": {
-                           "kind": "disaggregated", "kv_link": {"bandwidth_GBps": 1e6, "latency_us": 1},
-                           "prefill": {"instances": 1, "kv_blocks": 1000, "cost_model": const,
-                                       "scheduler": "inflight", "max_batched_tokens": 200},
-                           "decode": {"instances": 1, "tp": 2, "ep": 2, "dp_attention": True, "kv_blocks": 8,
-                                      "cost_model": const, "scheduler": "inflight",
-                                      "attention_dp_balance": {"timeout_iters": 0, "batching_wait_iters": 0}}}}},
-                      "pd.yaml")
-    (res,) = simulate(sc)
-    a, b = sorted(res.requests, key=lambda r: r.id)
+    (a, b), res = _pd(tmp_path, ["0,50,10", "0,50,10"], {"bandwidth_GBps": 1e6, "latency_us": 1},
+                      prefill_blocks=1000, decode_instances=1, decode_blocks=8)
     assert (a.rank, b.rank) == (0, 1)
     assert a.finish_s == pytest.approx(10.0, abs=1e-5) and b.finish_s == pytest.approx(11.0, abs=1e-5)
     dec = res.topology.pools[1].instances[0]
@@ -567,21 +575,9 @@ def test_a_request_recomputed_on_a_balanced_decode_instance_counts_kv_on_the_wir
     recomputed on decode-1.  Y's KV on the wire counts, so X joins rank 1 (empty) and recomputes in the step
     10 -> 11 (token 4), tokens 4..20 at 11..27.  Placed as if Y were not there, X would join rank 0, where 4
     free blocks are short of its 5, and wait for Y (finish 60.2)."""
-    trace = tmp_path / "t.csv"
-    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,64,20\n2,60,30\n")
-    const = {"kind": "constant", "step_s": 1.0}
-    sc = config.parse({"model": "qwen3-30b-a3b", "workload": {"arrival": "trace", "trace": {"path": str(trace)}},
-                       "faults": [{"at_s": 10.0, "instance": "decode-0", "down_s": 1000}],
-                       "topologies": {"pd": {
-                           "kind": "disaggregated", "kv_link": {"bandwidth_GBps": 0.001, "latency_us": 0},
-                           "prefill": {"instances": 1, "kv_blocks": 4, "cost_model": const,
-                                       "scheduler": "inflight", "max_batched_tokens": 200},
-                           "decode": {"instances": 2, "tp": 2, "ep": 2, "dp_attention": True, "kv_blocks": 16,
-                                      "cost_model": const, "scheduler": "inflight",
-                                      "attention_dp_balance": {"timeout_iters": 0, "batching_wait_iters": 0}}}}},
-                      "pd.yaml")
-    (res,) = simulate(sc)
-    x, y = sorted(res.requests, key=lambda r: r.id)
+    (x, y), _ = _pd(tmp_path, ["0,64,20", "2,60,30"], {"bandwidth_GBps": 0.001, "latency_us": 0},
+                    prefill_blocks=4, decode_instances=2, decode_blocks=16,
+                    faults=[{"at_s": 10.0, "instance": "decode-0", "down_s": 1000}])
     assert (x.rank, y.rank) == (1, 0)
     assert x.finish_s == pytest.approx(27.0, abs=1e-6) and x.fault_hits == 1
     assert y.finish_s == pytest.approx(44.0, abs=1e-6)
