@@ -633,7 +633,9 @@ def _engine_items(t: dict) -> list:
         if p.get("kv_capacity_tokens") is not None:
             out.append((f"{name}: engine / KV capacity per instance",
                         f"{p.get('engine') or 'none (idealised)'} / {num(p.get('kv_capacity_tokens'))} tokens / "
-                        f"{num(p.get('kv_capacity_requests'))} requests"))
+                        f"{num(p.get('kv_capacity_requests'))} requests"
+                        + (f" ({num(p['kv_blocks_per_rank'])} blocks of {num(p.get('kv_block_size'))} tokens a "
+                           "rank: each attention rank has its own pool)" if p.get("kv_blocks_per_rank") else "")))
     itl = t.get("itl_s")
     if isinstance(itl, dict):
         out.append(("ITL p50 / p90 / p99", " / ".join(seconds(itl.get(f"p{q}")) for q in (50, 90, 99))))

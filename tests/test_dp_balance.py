@@ -581,3 +581,17 @@ def test_a_request_recomputed_on_a_balanced_decode_instance_counts_kv_on_the_wir
     assert (x.rank, y.rank) == (1, 0)
     assert x.finish_s == pytest.approx(27.0, abs=1e-6) and x.fault_hits == 1
     assert y.finish_s == pytest.approx(44.0, abs=1e-6)
+
+
+def test_the_report_states_each_ranks_kv_pool(tmp_path):
+    """A balanced pool's report card says each attention rank has its own pool, and how many blocks; a pool
+    without ranks says nothing of the kind."""
+    from pdsim.report import _engine_items
+    _, res = _run(tmp_path, ["0,10,2"], {"timeout_iters": 0, "batching_wait_iters": 0}, kv_blocks=8)
+    s = metrics.summarize([res], metrics.requests_frame([res]), res.scenario)["t"]
+    (line,) = [v for k, v in _engine_items(s) if "KV capacity" in k]
+    assert "(4 blocks of 16 tokens a rank: each attention rank has its own pool)" in line
+    _, res = _run(tmp_path, ["0,10,2"], None, kv_blocks=8)
+    s = metrics.summarize([res], metrics.requests_frame([res]), res.scenario)["t"]
+    (line,) = [v for k, v in _engine_items(s) if "KV capacity" in k]
+    assert "a rank" not in line and "kv_blocks_per_rank" not in s["pools"]["replica"]
