@@ -224,6 +224,11 @@ MUTANTS: list[Mutant] = [
            "if not waiting or (plan.preempted and not kv.ranked):", "if not waiting or plan.preempted:",
            ("tests/test_dp_balance.py::test_a_rank_short_of_blocks_preempts_its_own_newest_request_by_hand",),
            "a preemption on one attention rank stops every rank's admissions that step"),
+    Mutant("dp-balance-counts-an-unstartable-prompt", "pdsim/scheduler.py",
+           "            has[j] = kv.could_admit(", "            has[j] = True or kv.could_admit(",
+           ("tests/test_dp_balance.py::"
+            "test_a_rank_whose_pool_keeps_its_prompt_waiting_has_none_for_the_balance_by_hand",),
+           "the DP balance counts a waiting prompt its rank's pool cannot start as that rank's context request"),
     Mutant("ranked-kv-grows-from-the-instance", "pdsim/kvcache.py",
            "if need > self.rank_free[j] - (self.rank_watermark if admit else 0):",
            "if need > self.free_blocks - (self.rank_watermark if admit else 0):",
@@ -426,8 +431,8 @@ MUTANTS: list[Mutant] = [
            "the report's J per output token card shows J per request"),
     # --- KV reservation, the prefix fast path, measured MoE tables ---------------------------------
     Mutant("full-reservation-ignored", "pdsim/scheduler.py",
-           "    if limits.reserve_full and final_kv_tokens(req) > want:",
-           "    if False and limits.reserve_full and final_kv_tokens(req) > want:",
+           "    if limits.reserve_full and final_kv_tokens(req) > tokens:",
+           "    if False and limits.reserve_full and final_kv_tokens(req) > tokens:",
            ("tests/test_reservation.py::test_full_reservation_serialises_what_would_not_fit_to_the_end_by_hand",),
            "kv_reservation full admits with blocks for the prompt only (grows and preempts like vLLM)"),
     Mutant("decode-reservation-incremental", "pdsim/topology.py",

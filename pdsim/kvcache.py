@@ -52,6 +52,10 @@ class KVCache:
         """Requests of ``blocks_each`` blocks an empty pool admits at once."""
         return self.max_request_blocks() // max(1, blocks_each)
 
+    def could_admit(self, req: Request, tokens: int) -> bool:
+        """Would ``grow(req, tokens, admit=True)`` succeed now?  (Nothing changes.)"""
+        return self.blocks_for(tokens) - req.blocks <= self.free_blocks - self.watermark_blocks
+
     def grow(self, req: Request, tokens: int, admit: bool = False) -> bool:
         """Make ``req`` hold blocks for ``tokens`` cached tokens; False (nothing changed) if the pool is short.
 
@@ -115,6 +119,10 @@ class RankedKVCache(KVCache):
 
     def requests_fit(self, blocks_each: int) -> int:
         return self.ranks * (self.max_request_blocks() // max(1, blocks_each))
+
+    def could_admit(self, req: Request, tokens: int) -> bool:
+        j = self.owner.get(req.id, req.rank)
+        return self.blocks_for(tokens) - req.blocks <= self.rank_free[j] - self.rank_watermark
 
     def grow(self, req: Request, tokens: int, admit: bool = False) -> bool:
         need = self.blocks_for(tokens) - req.blocks

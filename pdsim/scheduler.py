@@ -134,12 +134,18 @@ def final_kv_tokens(req: Request) -> int:
     return req.prompt_tokens + req.output_tokens - 1
 
 
+def _kv_want(req: Request, tokens: int, limits: Limits) -> int:
+    """Tokens of KV a request admitted to hold ``tokens`` takes blocks for: with ``limits.reserve_full``
+    its whole sequence (:func:`final_kv_tokens`)."""
+    if limits.reserve_full and final_kv_tokens(req) > tokens:
+        return final_kv_tokens(req)
+    return tokens
+
+
 def _take_blocks(req: Request, hit: int, n: int, kv: KVCache, limits: Limits, plan: StepPlan) -> bool:
     """Blocks for a waiting request admitted to compute n tokens after a cached prefix of ``hit`` (with
     ``limits.reserve_full``: for its whole sequence, :func:`final_kv_tokens`); False if the pool is short."""
-    want = req.computed + hit + n
-    if limits.reserve_full and final_kv_tokens(req) > want:
-        want = final_kv_tokens(req)
+    want = _kv_want(req, req.computed + hit + n, limits)
     if kv.prefix_on:
         if not kv.attach(req, hit, want):
             return False
@@ -299,9 +305,9 @@ class BalancedDP:
     decodes); otherwise they are held and the step count grows, until it reaches ``timeout_iters`` or some
     rank has no decode, when they go and the count restarts.  Both counts run on every step (a step that
     preempted, one with nothing waiting) and restart when the instance fails.
-    SIMPLIFICATION: a rank "has a prompt" when one of its requests waits (or, chunked, is part-way through its
-    prompt); the engine asks its own scheduler, which can also leave one out for lack of KV or budget; a
-    prompt already part-way is never held."""
+    A rank "has a prompt" when its scheduler would start the head of its queue this step (its slots, tokens
+    left and free KV blocks: :func:`_ranks_starting_a_prompt`), or, chunked, is part-way through one; a prompt
+    already part-way is never held."""
 
     def __init__(self, ranks: int, chunk: bool, timeout_iters: int, batching_wait_iters: int, max_running: int):
         self.ranks, self.chunk = ranks, chunk
@@ -315,12 +321,12 @@ class BalancedDP:
         self.waited = 0          # steps held while some rank had no prompt (TensorRT-LLM's ctx waiting count)
         self.batched = 0         # steps held once every rank had one (its batching wait count)
 
-    def _release(self, running: list, waiting) -> bool:
+    def _release(self, running: list, ctx: list) -> bool:
+        """``ctx``: the ranks whose scheduler would start a waiting prompt (:func:`_ranks_starting_a_prompt`);
+        a rank part-way through a prompt has one too."""
         R = self.ranks
-        ctx = [False] * R
+        ctx = list(ctx)
         gen = [0] * R
-        for r in waiting:
-            ctx[r.rank] = True
         for r in running:
             if r.computed < r.prompt_tokens + r.generated - 1:
                 ctx[r.rank] = True   # part-way through its prompt
@@ -354,12 +360,6 @@ class BalancedDP:
             _decode_running(running, waiting, kv, plan, limits.max_batched_tokens, None, cap)
         else:
             _decode_running(running, waiting, kv, plan, limits.max_batched_tokens)
-        go = self._release(running, waiting)        # the counts run on every step
-        if not waiting or (plan.preempted and not kv.ranked):
-            return plan
-        if not go:
-            self.held += 1
-            return plan
         left = [per] * R
         busy = [False] * R
         for req, n in plan.items:
@@ -368,8 +368,44 @@ class BalancedDP:
         for req in plan.preempted:     # a rank that preempted admits nothing this step; the others go on
             left[req.rank] = 0
             busy[req.rank] = True
+        # the counts run on every step
+        go = self._release(running, _ranks_starting_a_prompt(waiting, running, kv, limits, left, busy, self.chunk,
+                                                             self.slots))
+        if not waiting or (plan.preempted and not kv.ranked):
+            return plan
+        if not go:
+            self.held += 1
+            return plan
         _admit_ranked(waiting, running, kv, limits, plan, left, busy, self.chunk, self.slots)
         return plan
+
+
+def _ranks_starting_a_prompt(waiting, running: list, kv: KVCache, limits: Limits, left: list, busy: list,
+                             chunk: bool, slots: int) -> list:
+    """For each rank, whether its scheduler would start a waiting prompt this step: the head of its queue
+    (per-rank FCFS) within its slots, its tokens ``left`` (whole, or alone on an idle rank; chunked, a chunk
+    of what is left) and its free KV blocks, as :func:`_admit_ranked` judges them (nothing changes here).
+    TensorRT-LLM's balance counts the context requests each rank's scheduler scheduled, so a rank whose
+    pool, slots or budget keep its queue waiting has none."""
+    R = len(left)
+    has = [False] * R
+    if len(running) >= limits.max_running:
+        return has
+    seen = [False] * R
+    held = [0] * R
+    for r in running:
+        held[r.rank] += 1
+    for req in waiting:
+        j = req.rank
+        if seen[j]:
+            continue
+        seen[j] = True
+        n = req.known - req.computed
+        if held[j] < slots and (n <= left[j] or (chunk and left[j] > 0) or not (busy[j] or chunk)):
+            has[j] = kv.could_admit(req, _kv_want(req, req.computed + (min(n, left[j]) if chunk else n), limits))
+        if all(seen):
+            break
+    return has
 
 
 def _admit_ranked(waiting: deque, running: list, kv: KVCache, limits: Limits, plan: StepPlan,

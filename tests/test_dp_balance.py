@@ -595,3 +595,55 @@ def test_the_report_states_each_ranks_kv_pool(tmp_path):
     s = metrics.summarize([res], metrics.requests_frame([res]), res.scenario)["t"]
     (line,) = [v for k, v in _engine_items(s) if "KV capacity" in k]
     assert "a rank" not in line and "kv_blocks_per_rank" not in s["pools"]["replica"]
+
+
+def test_a_rank_whose_pool_keeps_its_prompt_waiting_has_none_for_the_balance_by_hand(tmp_path):
+    """4 blocks a rank (8 blocks over 2), timeout 3.  A (48 tokens, 10 out) -> rank 0, B (10, 30 out) -> rank 1:
+    both prefill at t=0 (no decode anywhere).  A's 49th token at t=1 takes rank 0's last block.  C (30) and D
+    (20) arrive at 1.5: C -> rank 1 (fewer prompt tokens), D -> rank 0 (below the even share).  At t=2 rank
+    0's scheduler cannot start D (2 blocks, none free), so it has no context request, as TensorRT-LLM's
+    balance counts them: the count runs (1 at t=1, 2 at t=2) and reaches 3 at t=3: C goes then (first token
+    4, not 3 as if D counted), D when A's blocks come back (A finishes at 10; rank 0 then has no decode, so
+    nothing holds: first token 11)."""
+    rows = ["0,48,10", "0,10,30", "1.5,30,2", "1.5,20,2"]
+    reqs, _ = _run(tmp_path, rows, {"timeout_iters": 3, "batching_wait_iters": 0}, kv_blocks=8)
+    assert [r.rank for r in reqs] == [0, 1, 1, 0]
+    assert [r.first_token_s for r in reqs] == [1.0, 1.0, 4.0, 11.0]
+    assert (reqs[0].finish_s, reqs[2].finish_s) == (10.0, 5.0)
+
+
+def test_ranks_starting_a_prompt_by_hand():
+    """The head of each rank's queue only (per-rank FCFS), within its slots, tokens left and free blocks."""
+    from collections import deque
+    from pdsim.kvcache import RankedKVCache
+    from pdsim.scheduler import Limits, _ranks_starting_a_prompt
+    from pdsim.workload import Request
+
+    def req(i, rank, p):
+        r = Request(i, 0.0, p, 5)
+        r.rank = rank
+        return r
+    kv = RankedKVCache(8, 16, 0.0, 2)                        # 4 blocks a rank
+    w = deque([req(0, 0, 80), req(1, 0, 10), req(2, 1, 60)])
+    # rank 0's head needs 5 blocks (its 10-token follower would fit, but waits behind it); rank 1's fits
+    assert _ranks_starting_a_prompt(w, [], kv, Limits(), [100, 100], [False, False], False, 8) == [False, True]
+    # chunked: rank 0's head takes a 50-token chunk (4 blocks): fits
+    assert _ranks_starting_a_prompt(w, [], kv, Limits(), [50, 100], [True, False], True, 8) == [True, True]
+    # inflight, rank 1 busy with 50 tokens left: its 60-token head waits for a step of its own
+    assert _ranks_starting_a_prompt(w, [], kv, Limits(), [100, 50], [False, True], False, 8) == [False, False]
+    # idle, a prompt larger than the rank's budget runs alone: rank 1 (60 > 50, not busy) starts it
+    assert _ranks_starting_a_prompt(w, [], kv, Limits(), [100, 50], [False, False], False, 8) == [False, True]
+    # rank 1's one slot is taken; the instance's batch full stops every rank
+    assert _ranks_starting_a_prompt(w, [req(9, 1, 5)], kv, Limits(), [100, 100], [False, False], False, 1) == \
+        [False, False]
+    assert _ranks_starting_a_prompt(w, [req(9, 1, 5)], kv, Limits(max_running=1), [100, 100], [False, False],
+                                    False, 8) == [False, False]
+    # full reservation: the whole sequence (60 + 5 - 1 = 64 tokens, 4 blocks) still fits rank 1; 60 + 10 - 1 = 69
+    # (5 blocks) does not, though the prompt alone would
+    assert _ranks_starting_a_prompt(w, [], kv, Limits(reserve_full=True), [100, 100], [False, False], False,
+                                    8) == [False, True]
+    long = req(3, 1, 60)
+    long.output_tokens = 10
+    for full, want in ((True, [False, False]), (False, [False, True])):
+        assert _ranks_starting_a_prompt(deque([long]), [], kv, Limits(reserve_full=full), [100, 100],
+                                        [False, False], False, 8) == want
