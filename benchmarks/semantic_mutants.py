@@ -229,6 +229,11 @@ MUTANTS: list[Mutant] = [
            ("tests/test_dp_balance.py::"
             "test_a_rank_whose_pool_keeps_its_prompt_waiting_has_none_for_the_balance_by_hand",),
            "the DP balance counts a waiting prompt its rank's pool cannot start as that rank's context request"),
+    Mutant("cut-latency-counts-whole", "pdsim/topology.py",
+           "waited)\n            link.busy_s += env.now - t0\n", "waited)\n            link.busy_s += link.latency_s\n",
+           ("tests/test_topology_by_hand.py::"
+            "test_a_transfer_cut_in_its_latency_counts_only_the_latency_it_waited_by_hand",),
+           "a transfer cut off in its latency counts the whole latency as link busy time (busy past the wall)"),
     Mutant("ranked-kv-grows-from-the-instance", "pdsim/kvcache.py",
            "if need > self.rank_free[j] - (self.rank_watermark if admit else 0):",
            "if need > self.free_blocks - (self.rank_watermark if admit else 0):",

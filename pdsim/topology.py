@@ -795,8 +795,11 @@ class Disaggregated(_Serving):
                 moved = left if done.processed else min(left, rate * (env.now - t0))
                 sent[0] += moved
             left -= moved
-        link.busy_s += link.latency_s
-        yield env.timeout(link.latency_s)
+        t0 = env.now
+        try:
+            yield env.timeout(link.latency_s)
+        finally:                     # (a transfer cut off in its latency counts the part it waited)
+            link.busy_s += env.now - t0
 
     def _overlap_s(self, req: Request, link, wire_s: float, t_start: float, t_ready: float) -> float:
         """``kv_link.layerwise_overlap``: the wire seconds of this transfer sent while its prefill still ran.

@@ -1467,3 +1467,19 @@ def test_a_hand_off_waiting_for_the_link_is_lost_the_moment_its_prefill_instance
     assert r.token_s == pytest.approx([0.05, 0.35, 1.023238272], abs=1e-9)
     assert r.recomputed_tokens == 100 and r.fault_hits == 1
     assert next(e for e in res.topology.fault_log if "instance" in e)["requests_lost"] == 1
+
+
+def test_a_transfer_cut_in_its_latency_counts_only_the_latency_it_waited_by_hand():
+    # 1 prefill (0.05 s steps, batch 1), 2 decode instances; a link of ~0 s bandwidth time (x = 100 x 131072 B
+    # / 1e15 B/s) and 1 s latency.  r0 (100 + 3) at 0: prefill 0 - 0.05, reserves decode-0, on the wire 0.05 +
+    # x, then in its latency; r1 (at 0.05) prefills 0.05 - 0.10, reserves decode-1 and queues for the link.
+    # decode-0 fails at 0.55: r0's transfer stops 0.5 - x into its latency (busy 0.05 -> 0.55: 0.5, not 1 + x),
+    # r1 gets the link (1 + x), r0 goes again to decode-1 (1 + x): busy 2.5 + 2x, within the run's wall time.
+    x = 100 * KV_BYTES_PER_TOKEN / 1e15
+    topo = _dis(prefill={"max_running": 1}, decode={"instances": 2},
+                kv_link={"bandwidth_GBps": 1e6, "latency_us": 1e6})
+    res = _stream(topo, [(0.0, 100, 3), (0.05, 100, 3)],
+                  faults={"instances": [{"at_s": 0.55, "instance": "decode-0", "down_s": 10.0}]})
+    (link,) = res.topology.links
+    assert link.busy_s == pytest.approx(2.5 + 2 * x, abs=1e-12)
+    assert link.transfers == 2 and link.busy_s <= max(r.finish_s for r in res.requests)
