@@ -286,6 +286,7 @@ class Instance:
         self.epoch = 0                     # failures so far: KV held from an earlier epoch is gone
         self.down_s = 0.0                  # total time down (failure + warm-up), outages that ended
         self.down_since = self.down_until = 0.0
+        self._fresh: list[Request] = []    # accepted (decode) requests not yet in a step
         self._wake = env.event()
         self.proc = env.process(self.run())
 
@@ -317,6 +318,7 @@ class Instance:
         if self._win is not None:
             self.cut()
         req.decode_instance = self.name     # (a DP-balanced pool gave it a rank as it reserved its blocks)
+        self._fresh.append(req)             # its first decode step here starts when the next step is planned
         if self.kv.prefix_on:
             self.kv.commit(req)        # the transferred prompt blocks are shareable here from now on
         self.running.append(req)
@@ -356,6 +358,11 @@ class Instance:
                 self._wake = env.event()
                 yield self._wake
                 continue
+            if self._fresh:                 # requests whose KV arrived: their first decode step here starts now
+                for r in self._fresh:
+                    if r.blocks:            # (not dropped or preempted meanwhile)
+                        r.decode_step_s = env.now
+                self._fresh.clear()
             # (a host-tier prefix load pending for this step is paid by the step-by-step path: no window)
             if self.fast and plan.sampled == len(plan.items) == plan.tokens == len(self.running) \
                     and not plan.preempted and not self.kv.load_s:
@@ -404,6 +411,7 @@ class Instance:
         if self._win is not None:
             self.sync()              # steps that ended before the failure happened
             self._win = None
+        self._fresh.clear()
         self.failed = True
         self.set_down()
         self.epoch += 1

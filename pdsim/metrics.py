@@ -114,7 +114,7 @@ def warmup_mask(finish: np.ndarray, status: np.ndarray, n_warm: int) -> np.ndarr
 
 FRAME_CHUNK = 16_384   # requests turned into columns at a time (release=True drops their objects after each)
 _FLOAT_FIELDS = ("arrival_s", "first_token_s", "finish_s", "prefill_start_s", "prefill_end_s", "decode_start_s",
-                 "kv_wait_s", "kv_transfer_s", "kv_ready_s")
+                 "kv_wait_s", "kv_transfer_s", "decode_step_s")
 _INT_FIELDS = ("id", "prompt_tokens", "output_tokens", "preemptions", "recomputed_tokens", "fault_recomputed_tokens",
                "fault_hits")
 _TEXT_FIELDS = ("status", "instance", "decode_instance", "reject_reason")
@@ -194,9 +194,10 @@ def requests_table(results, client=None, release: bool = False) -> Table:
         rtt = client.network_rtt_s
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(fin & (streamed > 1), (finish - first) / np.maximum(streamed - 1, 1), np.nan)
-            # from the hand-off that reached decode (kv_ready_s), not the first prefill's end: a request whose KV a
-            # fault took is prefilled again, and that lost time is no decode queueing
-            dq = np.where(np.isnan(dstart), np.nan, dstart - fcols["kv_ready_s"] - kv_wait - kv_xfer)
+            # from its KV's arrival on the decode instance to the start of its first decode step there (the step in
+            # flight when it arrived, if any): decode room is reserved before the KV is sent, so there is no other
+            # decode-side queue; a request dropped before that step has none
+            dq = fcols["decode_step_s"] - dstart
         # one str object n times (np.full(n, name, dtype=object) makes a new str per row: ~60 MB at 1 M)
         topology = np.empty(n, object)
         topology.fill(res.name)

@@ -771,7 +771,6 @@ class Disaggregated(_Serving):
         if dec.balanced:
             dec.inbound.remove(req)
         req.status = UNFINISHED
-        req.kv_ready_s = t_ready           # (a prefill done again after a fault: that prefill's end)
         req.decode_start_s = env.now
         dec.accept(req)
 

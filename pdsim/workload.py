@@ -35,7 +35,7 @@ class Request:
     prefill_start_s: float = float("nan")   # first step that computed one of its tokens
     prefill_end_s: float = float("nan")     # prefill done (first token out) on the prefill side
     decode_start_s: float = float("nan")    # KV in place on the decode instance (disaggregated)
-    kv_ready_s: float = float("nan")        # its KV ready on the prefill side for the hand-off that reached decode
+    decode_step_s: float = float("nan")     # the start of its first decode step after the hand-off that reached decode
     kv_transfer_s: float = 0.0              # time on the KV link, queueing on it excluded
     kv_wait_s: float = 0.0                  # held on the prefill side for link or decode blocks
     preemptions: int = 0

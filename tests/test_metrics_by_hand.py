@@ -563,9 +563,10 @@ def _req(i, arrival, prompt, output, status="finished", **kw):
 def _pd_requests():
     """Five hand-made records of a disaggregated run (client default: first token = the decode side's)."""
     return [
-        # prefill 1.2-1.5, held 0.1 s, 0.2 s on the wire, decode start 1.9, tokens 1.5 | 2.0, 2.2, 2.6
+        # prefill 1.2-1.5, held 0.1 s, 0.2 s on the wire, KV on decode at 1.9, its first decode step 1.95-2.0,
+        # tokens 1.5 | 2.0, 2.2, 2.6
         _req(0, 1.0, 100, 4, first_token_s=1.5, finish_s=2.6, prefill_start_s=1.2, prefill_end_s=1.5,
-             decode_start_s=1.9, kv_wait_s=0.1, kv_transfer_s=0.2, decode_first_s=2.0, kv_ready_s=1.5,
+             decode_start_s=1.9, kv_wait_s=0.1, kv_transfer_s=0.2, decode_first_s=2.0, decode_step_s=1.95,
              token_s=[1.5, 2.0, 2.2, 2.6], preemptions=1, recomputed_tokens=10, fault_hits=2,
              instance="p-0", decode_instance="d-0"),
         # a one-token reply: done at the prefill's end, nothing decoded
@@ -576,11 +577,11 @@ def _pd_requests():
         # two tokens: the client sees the second as its first, so it streams only one: no TPOT, no ITL
         _req(3, 3.0, 10, 2, first_token_s=3.2, finish_s=3.5, prefill_start_s=3.0, prefill_end_s=3.2,
              decode_start_s=3.3, decode_first_s=3.5, token_s=[3.2, 3.5], instance="p-0", decode_instance="d-0",
-             kv_ready_s=3.2),
+             decode_step_s=3.4),
         # abandoned after its prefill (client gave up): a TTFT, no E2E, no TPOT
         _req(4, 4.0, 30, 8, status="abandoned", first_token_s=4.4, prefill_start_s=4.1, prefill_end_s=4.4,
              decode_start_s=4.6, decode_first_s=4.7, token_s=[4.4, 4.7, 4.9], instance="p-0", decode_instance="d-0",
-             kv_ready_s=4.4),
+             decode_step_s=4.6),
     ]
 
 
@@ -608,8 +609,8 @@ def test_requests_frame_of_hand_made_records(monkeypatch):
     assert df.queue_s.tolist() == pytest.approx([0.2, 0.1, nan, 0.0, 0.1], nan_ok=True)
     assert df.prefill_s.tolist() == pytest.approx([0.3, 0.2, nan, 0.2, 0.3], nan_ok=True)
     assert df.kv_wait_s.tolist() == [0.1, 0.0, 0.0, 0.0, 0.0] and df.kv_transfer_s.tolist() == [0.2, 0, 0, 0, 0]
-    # decode queue = decode start - KV ready (its prefill's end) - wait - transfer: 1.9 - 1.5 - 0.1 - 0.2 = 0.1; 0.1; 0.2
-    assert df.decode_queue_s.tolist() == pytest.approx([0.1, nan, nan, 0.1, 0.2], nan_ok=True)
+    # decode queue = its first decode step's start - its KV's arrival: 1.95 - 1.9, 3.4 - 3.3, 4.6 - 4.6
+    assert df.decode_queue_s.tolist() == pytest.approx([0.05, nan, nan, 0.1, 0.0], nan_ok=True)
     assert df.preemptions.tolist() == [1, 0, 0, 0, 0] and df.recomputed_tokens.tolist() == [10, 0, 0, 0, 0]
     assert df.fault_hits.tolist() == [2, 0, 0, 0, 0]
     assert df.instance.tolist() == ["p-0", "p-0", "", "p-0", "p-0"]

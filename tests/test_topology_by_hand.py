@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import scenario
-from pdsim import config
+from pdsim import config, metrics
 from pdsim.errors import ConfigError
 from pdsim.simulation import resolve_model, run_topology
 from pdsim.workload import Request
@@ -498,7 +498,6 @@ def test_decode_queue_takes_no_fault_recovery_time_by_hand():
     # 6..10: finish 1.135 + x.  Components: queue 0, prefill 0.05, KV wait 0.95, transfer x, decode queue 0
     # (the KV is taken the moment it arrives; before: 0.085, the decode work lost and the prefill done again,
     # measured from the first prefill's end), the rest (0.135) is decoding with the fault's recompute in it.
-    from pdsim import metrics
     x = 100 * KV_BYTES_PER_TOKEN / 1e15
     topo = _dis(kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
     res = _stream(topo, [(0.0, 100, 10)], faults={"instances": [{"at_s": 0.085, "instance": "decode-0",
@@ -509,6 +508,28 @@ def test_decode_queue_takes_no_fault_recovery_time_by_hand():
     df = metrics.requests_frame([res])
     got = [float(df[c][0]) for c in ("queue_s", "prefill_s", "kv_wait_s", "kv_transfer_s", "decode_queue_s")]
     assert got == pytest.approx([0.0, 0.05, 0.95, x, 0.0], abs=1e-9)
+
+
+def test_decode_queue_is_the_wait_for_the_step_in_flight_by_hand():
+    # 1P1D, prefill 0.05 s steps (batch 1), decode 0.03 s steps, a link of ~0 s (x = 100 x 131072 B / 1e15 B/s).
+    # r0 (100 + 10) at 0: prefill 0 - 0.05, on decode at 0.05 + x, decode steps from 0.05 + x every 0.03 s.
+    # r1 (100 + 3) at 0.05: prefill 0.05 - 0.10, on decode at 0.10 + x, mid-step (0.08 + x - 0.11 + x): it joins
+    # the next step at 0.11 + x (decode queue 0.01), tokens 2, 3 at 0.14 + x, 0.17 + x.  r0 joined an idle
+    # instance: 0.  The same step by step and with the fast path's windows.
+    x = 100 * KV_BYTES_PER_TOKEN / 1e15
+    for fast in (True, False):
+        topo = _dis(prefill={"max_running": 1}, decode={"cost_model": CONST(0.03)},
+                    kv_link={"bandwidth_GBps": 1e6, "latency_us": 0})
+        sc = scenario({"t": topo})
+        reqs = [Request(0, 0.0, 100, 10), Request(1, 0.05, 100, 3)]
+        (name, spec), = sc.topologies.items()
+        res = run_topology(sc, name, spec, reqs, resolve_model(sc), 0.1, fast=fast)
+        r0, r1 = res.requests
+        assert r1.decode_start_s == pytest.approx(0.10 + x, abs=1e-12)
+        assert r1.decode_step_s == pytest.approx(0.11 + x, abs=1e-9)
+        assert r1.finish_s == pytest.approx(0.17 + x, abs=1e-9)
+        df = metrics.requests_frame([res])
+        assert df.decode_queue_s.tolist() == pytest.approx([0.0, 0.01], abs=1e-9)
 
 
 def test_requests_lost_on_decode_go_back_to_prefill_past_its_queue_bound_by_hand():
@@ -1335,7 +1356,6 @@ def test_a_timeout_abandons_a_hand_off_waiting_for_a_link_that_is_down_by_hand()
     assert r.status == "abandoned" and r.finish_s == 1.0
     assert res.topology.links[0].transfers == 0
     _no_kv_left(res)
-    from pdsim import metrics
     df = metrics.requests_frame([res])
     assert np.isnan(df.ttft_s[0])         # the client saw no token
 
