@@ -266,7 +266,7 @@ MUTANTS: list[Mutant] = [
            ("tests/test_dp_balance.py::test_assign_rank_by_hand",),
            "a DP-balanced request joins the rank with the fewest prompt + generated tokens (TensorRT-LLM: prompts)"),
     Mutant("dp-balance-full-rank-ignored", "pdsim/scheduler.py",
-           "if all(ctx) and max(gen) < self.slots:", "if all(ctx):",
+           "if held[j] < slots and (", "if (",
            ("tests/test_dp_balance.py::test_a_rank_with_no_free_slot_holds_every_ranks_prompts_by_hand",),
            "the balance lets prompts go while a rank's batch slots are full"),
     Mutant("batch-wait-held-victim-lost", "pdsim/scheduler.py",

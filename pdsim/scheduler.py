@@ -333,7 +333,9 @@ class BalancedDP:
             else:
                 gen[r.rank] += 1
         all_gen = min(gen) > 0
-        if all(ctx) and max(gen) < self.slots:
+        # (TensorRT-LLM also asks that every rank have a free slot: implied, since a rank whose slots are full
+        # has no prompt to start)
+        if all(ctx):
             self.waited = 0
             if all_gen:
                 if self.batched < self.batching:
