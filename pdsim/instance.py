@@ -307,7 +307,8 @@ class Instance:
                 self.cut()
         req.instance = self.name
         if self.balanced:      # (on a decode instance, KV on the wire counts too: topology._reserve places it so)
-            req.rank = assign_rank(req, self.running + self.inbound, self.waiting, self.policy.ranks)
+            req.rank = assign_rank(req, self.running + self.inbound + list(self.awaiting.values()), self.waiting,
+                                   self.policy.ranks)
         self.waiting.append(req)
         self.outstanding_tokens += (req.known - req.computed) if self.role == "prefill" else req.remaining
         self.decode_work += req.output_tokens - req.generated

@@ -342,6 +342,7 @@ class Pool:
         for inst in self.instances:
             inst.reserved_count = 0        # decode side: reservations for KV still on the wire
             inst.inbound = []              # (a DP-balanced decode instance: those requests, for rank placement)
+            inst.awaiting = {}             # (and hand-offs placed on one of its ranks, waiting for its blocks)
             inst.block_bytes = self.block_bytes
             inst.pool_spec = spec
             if self.power is not None:
@@ -573,6 +574,7 @@ class Disaggregated(_Serving):
         # request id -> (its hand-off process, the prefill instance holding its KV): interrupted when the client
         # abandons it or when that instance fails (its copy is gone at once)
         self.handoffs: dict[int, tuple] = {}
+        self.placed: dict = {}              # request id -> the DP-balanced decode instance it waits on a rank of
         # request id -> the decode instance holding a reservation for its KV (from the reservation until the
         # KV is in place): its hand-off is interrupted the moment that instance fails
         self.reserved_on: dict[int, Instance] = {}
@@ -636,13 +638,22 @@ class Disaggregated(_Serving):
 
     def _reserve(self, dec, req):
         """Blocks on the decode side for the arriving KV; FIFO per decode instance."""
-        if dec.down or len(dec.running) + dec.reserved_count >= dec.limits.max_running:
+        if dec.down:
+            return False
+        if dec.balanced and req.id not in dec.awaiting:
+            # its rank there, fixed from its first try on this instance (TensorRT-LLM places a generation
+            # request as it fetches it, then waits for that rank's blocks); KV on the wire and hand-offs
+            # already waiting there count.  The KV lands in that rank's pool.
+            self._unplace(req)
+            req.rank = assign_rank(req, dec.running + dec.inbound + list(dec.awaiting.values()), dec.waiting,
+                                   dec.policy.ranks)
+            dec.awaiting[req.id] = req
+            self.placed[req.id] = dec
+        if len(dec.running) + dec.reserved_count >= dec.limits.max_running:
             return False
         dec.sync()
         # kv_reservation full: the decode side takes blocks for the whole sequence as it reserves
         total = max(req.computed, final_kv_tokens(req)) if dec.limits.reserve_full else req.computed
-        if dec.balanced:         # its rank there (KV on the wire counts): the KV lands in that rank's pool
-            req.rank = assign_rank(req, dec.running + dec.inbound, dec.waiting, dec.policy.ranks)
         if dec.kv.prefix_on:     # cache-aware transfer: blocks the decode instance holds are not sent
             hit = dec.kv.reserve_prefix(req, req.computed, total)
             if hit is None:
@@ -651,9 +662,16 @@ class Disaggregated(_Serving):
         elif not dec.kv.reserve(req, total):
             return False
         if dec.balanced:
+            self._unplace(req)
             dec.inbound.append(req)
         dec.blocks_taken()   # fewer free blocks: the decode window may not grow as planned
         return True
+
+    def _unplace(self, req) -> None:
+        """A hand-off no longer waiting on the rank a DP-balanced decode instance placed it on."""
+        d = self.placed.pop(req.id, None)
+        if d is not None:
+            d.awaiting.pop(req.id, None)
 
     def _pick_decode(self, req):
         live = [d for d in self.decode.instances if not d.down]
@@ -761,6 +779,7 @@ class Disaggregated(_Serving):
         finally:
             self.handoffs.pop(req.id, None)
             self.reserved_on.pop(req.id, None)
+            self._unplace(req)
         # the prefill side frees its copy; the decode side starts
         held = req.blocks
         req.blocks = src_blocks
@@ -851,6 +870,7 @@ class Disaggregated(_Serving):
         if inst.role == "decode":
             inst.reserved_count = 0          # reservations vanished with its memory
             inst.inbound = []
+            inst.awaiting = {}               # (hand-offs waiting there are placed again wherever they go)
             # hand-offs holding one stop now (queued for the link or on the wire) and pick another instance
             for rid in [rid for rid, d in self.reserved_on.items() if d is inst]:
                 self.handoffs[rid][0].interrupt("decode lost")

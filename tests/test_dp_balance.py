@@ -547,7 +547,8 @@ def test_nothing_lost_on_balanced_pd_pools_under_random_faults(seed, timeout):
     assert all(r.status == "finished" and r.generated == r.output_tokens for r in res.requests)
     for inst in res.topology.instances:
         assert inst.kv.free_blocks == inst.kv.total_blocks and inst.kv.rank_free == [60, 60]
-        assert not inst.kv.owner and inst.inbound == [] and inst.reserved_count == 0
+        assert not inst.kv.owner and inst.inbound == [] and inst.awaiting == {} and inst.reserved_count == 0
+    assert res.topology.placed == {}
 
 
 def test_capacity_estimates_count_whole_requests_per_rank_by_hand(tmp_path):
@@ -647,3 +648,21 @@ def test_ranks_starting_a_prompt_by_hand():
     for full, want in ((True, [False, False]), (False, [False, True])):
         assert _ranks_starting_a_prompt(deque([long]), [], kv, Limits(reserve_full=full), [100, 100],
                                         [False, False], False, 8) == want
+
+
+def test_a_hand_off_waiting_for_decode_blocks_keeps_its_rank_and_counts_there_by_hand(tmp_path):
+    """Balanced decode (4 blocks a rank), 1 s steps, a link of negligible time.  A, B (50 tokens, 10 out: 4
+    blocks each) fill ranks 0 and 1 from t=1 (A's tokens 2..10 at 2..10, B's at 3..11).  C (30 + 3, at 1) is
+    prefilled 1 -> 2 and placed on rank 0 (A and B one each, equal prompts: the lower rank), whose pool is
+    full: it waits there.  D (30 + 3, at 2) is prefilled 2 -> 3 and placed on rank 1, C counting on rank 0.
+    At 10 A leaves: C's KV lands on rank 0 a microsecond into the next step, so it joins the one after (tokens
+    2, 3 at 12, 13).  D keeps rank 1 and waits for B (done at 11), though rank 0 has 2 blocks free: it joins
+    the step at 12, tokens at 13, 14.  Placed again at each try, D would go to rank 0 beside C (finish 13)."""
+    reqs, res = _pd(tmp_path, ["0,50,10", "0,50,10", "1,30,3", "2,30,3"], {"bandwidth_GBps": 1e6, "latency_us": 1},
+                    prefill_blocks=1000, decode_instances=1, decode_blocks=8)
+    a, b, c, d = reqs
+    assert [r.rank for r in reqs] == [0, 1, 0, 1]
+    assert [r.finish_s for r in reqs] == pytest.approx([10.0, 11.0, 13.0, 14.0], abs=1e-5)
+    assert (c.kv_wait_s, d.kv_wait_s) == pytest.approx((8.0, 8.0), abs=1e-5)
+    dec = res.topology.pools[1].instances[0]
+    assert dec.awaiting == {} and dec.inbound == [] and res.topology.placed == {}
