@@ -246,6 +246,11 @@ MUTANTS: list[Mutant] = [
            "dec.running + dec.inbound + list(dec.awaiting.values())", "dec.running + dec.inbound",
            ("tests/test_dp_balance.py::test_a_hand_off_waiting_for_decode_blocks_keeps_its_rank_and_counts_there_by_hand",),
            "hand-offs waiting on a DP-balanced decode instance's ranks do not count when the next one is placed"),
+    Mutant("decode-step-lost-on-preemption", "pdsim/instance.py",
+           "            elif r in self.running or r in self.waiting:\n                keep.append(r)\n", "",
+           ("tests/test_topology_by_hand.py::"
+            "test_decode_queue_of_a_request_preempted_before_its_first_decode_step_by_hand",),
+           "a request preempted before its first decode step never gets one recorded (decode_queue_s NaN)"),
     Mutant("ranked-kv-grows-from-the-instance", "pdsim/kvcache.py",
            "if need > self.rank_free[j] - (self.rank_watermark if admit else 0):",
            "if need > self.free_blocks - (self.rank_watermark if admit else 0):",

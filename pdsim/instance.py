@@ -319,7 +319,8 @@ class Instance:
         if self._win is not None:
             self.cut()
         req.decode_instance = self.name     # (a DP-balanced pool gave it a rank as it reserved its blocks)
-        self._fresh.append(req)             # its first decode step here starts when the next step is planned
+        req.decode_step_s = float("nan")
+        self._fresh.append(req)             # its first decode step here: the first step planned with it
         if self.kv.prefix_on:
             self.kv.commit(req)        # the transferred prompt blocks are shareable here from now on
         self.running.append(req)
@@ -360,10 +361,7 @@ class Instance:
                 yield self._wake
                 continue
             if self._fresh:                 # requests whose KV arrived: their first decode step here starts now
-                for r in self._fresh:
-                    if r.blocks:            # (not dropped or preempted meanwhile)
-                        r.decode_step_s = env.now
-                self._fresh.clear()
+                self._mark_fresh(plan)
             # (a host-tier prefix load pending for this step is paid by the step-by-step path: no window)
             if self.fast and plan.sampled == len(plan.items) == plan.tokens == len(self.running) \
                     and not plan.preempted and not self.kv.load_s:
@@ -406,6 +404,19 @@ class Instance:
                 self._apply(plan, t0)
 
     # --- failure -------------------------------------------------------------------------
+    def _mark_fresh(self, plan) -> None:
+        """The requests whose KV arrived here that this step carries: their first decode step starts now.  One
+        preempted before it (it waits here to be computed again) keeps waiting for its first step; one gone
+        (dropped, or lost with the instance) is forgotten."""
+        in_step = {id(r) for r, _ in plan.items}
+        keep = []
+        for r in self._fresh:
+            if id(r) in in_step:
+                r.decode_step_s = self.env.now
+            elif r in self.running or r in self.waiting:
+                keep.append(r)
+        self._fresh = keep
+
     def fail(self) -> list[Request]:
         """Lose the GPU: the step in flight and every KV block.  Returns the requests to re-route
         (running ones must recompute their tokens; queued ones just move)."""

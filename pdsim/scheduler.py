@@ -391,7 +391,8 @@ def _ranks_starting_a_prompt(waiting, running: list, kv: KVCache, limits: Limits
     pool, slots or budget keep its queue waiting has none."""
     R = len(left)
     has = [False] * R
-    if len(running) >= limits.max_running:
+    room = limits.max_running - len(running)     # requests the instance's batch takes yet
+    if room <= 0:
         return has
     seen = [False] * R
     held = [0] * R
@@ -405,7 +406,8 @@ def _ranks_starting_a_prompt(waiting, running: list, kv: KVCache, limits: Limits
         n = req.known - req.computed
         if held[j] < slots and (n <= left[j] or (chunk and left[j] > 0) or not (busy[j] or chunk)):
             has[j] = kv.could_admit(req, _kv_want(req, req.computed + (min(n, left[j]) if chunk else n), limits))
-        if all(seen):
+            room -= has[j]
+        if all(seen) or room <= 0:
             break
     return has
 

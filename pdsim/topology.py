@@ -850,6 +850,7 @@ class Disaggregated(_Serving):
         """KV lost with a failed instance before it reached decode: prefill again (recompute) the prompt
         and the token it generated; as for a request lost on decode, one too long for a prefill instance
         now (the prompt filled its pool to the last block: prompt + 1 needs one more) recomputes on decode."""
+        self._unplace(req)                 # (no longer waiting on a decode rank: it must not count itself there)
         req.recomputed_tokens += req.computed
         req.fault_recomputed_tokens += req.computed
         req.computed = 0

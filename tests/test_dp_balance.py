@@ -666,3 +666,34 @@ def test_a_hand_off_waiting_for_decode_blocks_keeps_its_rank_and_counts_there_by
     assert (c.kv_wait_s, d.kv_wait_s) == pytest.approx((8.0, 8.0), abs=1e-5)
     dec = res.topology.pools[1].instances[0]
     assert dec.awaiting == {} and dec.inbound == [] and res.topology.placed == {}
+
+
+def test_a_waiting_hand_off_recomputed_on_decode_does_not_count_itself_by_hand(tmp_path):
+    """Prefill pool 4 blocks (64 tokens); balanced decode 8 blocks a rank.  A, B (60 + 40) decode on ranks 0, 1.
+    C (64 + 3, at 8) is prefilled 8 -> 9 and waits for rank 0's blocks (A holds 5+ of 8, C needs 4).  prefill-0
+    fails at 9.5: C's copy is gone and 65 tokens no longer fit a prefill instance, so it is recomputed on
+    decode.  Placed there, it must not count its own wait on rank 0: ranks 0 and 1 hold one request each with
+    equal prompts, so rank 0 (finish 42; counting itself it went to rank 1 and finished at 44)."""
+    reqs, _ = _pd(tmp_path, ["0,60,40", "1,60,40", "8,64,3"], {"bandwidth_GBps": 1e6, "latency_us": 1},
+                  prefill_blocks=4, decode_instances=1, decode_blocks=16,
+                  faults={"instances": [{"at_s": 9.5, "instance": "prefill-0", "down_s": 1.0}]})
+    c = reqs[2]
+    assert c.rank == 0 and c.finish_s == pytest.approx(42.0, abs=1e-5) and c.fault_hits == 1
+
+
+def test_ranks_starting_a_prompt_count_the_instances_batch_room():
+    """max_running 2 with one request running over 4 ranks (a slot each): room for one more, so only the first
+    rank whose head could start counts (the batch takes no second), as admission would take just one."""
+    from collections import deque
+    from pdsim.kvcache import RankedKVCache
+    from pdsim.scheduler import Limits, _ranks_starting_a_prompt
+    from pdsim.workload import Request
+    reqs = []
+    for i, rank in enumerate((1, 2, 3, 0)):
+        r = Request(i, 0.0, 10, 5)
+        r.rank = rank
+        reqs.append(r)
+    running, waiting = reqs[3:], deque(reqs[:3])
+    got = _ranks_starting_a_prompt(waiting, running, RankedKVCache(40, 16, 0.0, 4), Limits(max_running=2),
+                                   [100] * 4, [True, False, False, False], False, 1)
+    assert got == [False, True, False, False]

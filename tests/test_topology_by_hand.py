@@ -532,6 +532,25 @@ def test_decode_queue_is_the_wait_for_the_step_in_flight_by_hand():
         assert df.decode_queue_s.tolist() == pytest.approx([0.0, 0.01], abs=1e-9)
 
 
+def test_decode_queue_of_a_request_preempted_before_its_first_decode_step_by_hand():
+    # Decode pool of 4 blocks (no watermark), 0.01 s steps; default link.  A (40 + 10) decodes from 0.05 + x_A.
+    # B (16 + 5, at 0.01) is prefilled 0.05 - 0.10 and its KV lands mid-step; the next plan preempts it, the
+    # newest, for A's growth, and it waits on the decode instance until A leaves; the step that first carries
+    # it starts as A finishes: its decode queue is that wait (not NaN), with and without the fast path.
+    for fast in (True, False):
+        topo = _dis(decode={"kv_blocks": 4, "watermark": 0.0, "cost_model": CONST(0.01)})
+        sc = scenario({"t": topo})
+        (name, spec), = sc.topologies.items()
+        res = run_topology(sc, name, spec, [Request(0, 0.0, 40, 10), Request(1, 0.01, 16, 5)], resolve_model(sc),
+                           0.1, fast=fast)
+        a, b = res.requests
+        assert b.preemptions == 1 and b.status == "finished"
+        assert b.decode_step_s == pytest.approx(a.finish_s, abs=1e-12)
+        df = metrics.requests_frame([res])
+        assert df.decode_queue_s[1] == pytest.approx(a.finish_s - b.decode_start_s, abs=1e-12)
+        assert 0.03 < df.decode_queue_s[1] < 0.05
+
+
 def test_requests_lost_on_decode_go_back_to_prefill_past_its_queue_bound_by_hand():
     # prefill batch 1, max_queue 1 (0.05 s steps); decode 0.01 s steps; a link of ~0 s.
     #   r0 (10 + 50) decodes from 0.05 (tokens every 0.01 s); r1 (10 + 2) at 0.2 prefills 0.2 - 0.25;
