@@ -298,14 +298,16 @@ def test_a_part_way_prompt_gets_what_its_ranks_decodes_leave_by_hand(tmp_path):
     assert (reqs[40].first_token_s, reqs[41].first_token_s) == (7.0, 3.0)
 
 
-def test_a_rank_with_no_free_slot_holds_every_ranks_prompts_by_hand(tmp_path):
-    """max_running 4 over 2 ranks: 2 slots a rank.  A, B, C at 0 -> ranks 0, 1, 0 (all go: no decode yet).  E, F
-    at 2.5 -> rank 1 (the only one below the share), then rank 0 (equal prompts, the lower rank).  Every rank
-    has a prompt, but rank 0's two slots are full, so the count runs (1 at t=1 ... 5 at t=5 = timeout) and E
-    goes at t=5 (first token 6); F waits for a slot on rank 0 (A, C decode until 30).  Were a full rank not a
-    reason to hold, E would go at t=3."""
+@pytest.mark.parametrize("max_running", [4, 5])
+def test_a_rank_with_no_free_slot_holds_every_ranks_prompts_by_hand(tmp_path, max_running):
+    """max_running 4 (or 5: the instance's batch then has room for both) over 2 ranks: 2 slots a rank.  A, B, C
+    at 0 -> ranks 0, 1, 0 (all go: no decode yet).  E, F at 2.5 -> rank 1 (the only one below the share), then
+    rank 0 (equal prompts, the lower rank).  Both ranks have a prompt waiting, but rank 0's two slots are
+    full, so it has none to start and the count runs (1 at t=1 ... 5 at t=5 = timeout): E goes at t=5 (first
+    token 6); F waits for a slot on rank 0 (A, C decode until 30).  Were a full rank not a reason to hold,
+    E would go at t=3."""
     rows = ["0,10,30", "0,10,30", "0,10,30", "2.5,10,3", "2.5,10,3"]
-    reqs, res = _run(tmp_path, rows, {"timeout_iters": 5, "batching_wait_iters": 0}, max_running=4)
+    reqs, res = _run(tmp_path, rows, {"timeout_iters": 5, "batching_wait_iters": 0}, max_running=max_running)
     assert [r.rank for r in reqs] == [0, 1, 0, 1, 0]
     assert reqs[3].first_token_s == 6.0
     assert reqs[4].first_token_s > 30.0
