@@ -34,6 +34,14 @@ def _dis(prefill=None, decode=None, **extra):
             "decode": {"instances": 1, "kv_blocks": 1000, "cost_model": CONST(0.01), **(decode or {})}, **extra}
 
 
+def _lone_request_under_link_faults(links):
+    """1P1D (prefill 0.05 s, decode 0.01 s steps), a 1 GB/s link without latency, ``links`` faults: the one
+    request (100 + 2 at 0), finished."""
+    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
+    (r,) = _stream(topo, [(0.0, 100, 2)], faults={"links": links}).requests
+    return r
+
+
 def test_kv_link_speed_scales_with_the_prefill_gpus_and_counts_its_bytes():
     # prefill tp=2 x pp=2: 4 GPUs each send their shard at 1 GB/s, so 4 GB/s for the instance's KV.
     # prompt 400 tokens: 400 x 131072 B = 52,428,800 B; 100 us + 52,428,800 / 4e9 = 0.0001 + 0.0131072 s
@@ -296,10 +304,7 @@ def test_overlapping_link_outages_release_the_waiting_transfer_at_the_last_end_b
     # is down while any outage is (faults compose by the minimum fraction): the first outage's end (0.52)
     # leaves it down, the second's (0.6) brings it back; 0.6 + 100 x 131072 / 1e9 = 0.6131072, one decode
     # step: 0.6231072
-    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
-    res = _stream(topo, [(0.0, 100, 2)], faults={"links": [{"at_s": 0.02, "duration_s": 0.5},
-                                                           {"at_s": 0.1, "duration_s": 0.5}]})
-    (r,) = res.requests
+    r = _lone_request_under_link_faults([{"at_s": 0.02, "duration_s": 0.5}, {"at_s": 0.1, "duration_s": 0.5}])
     assert r.status == "finished" and r.finish_s == pytest.approx(0.6231072, abs=1e-9)
     assert r.kv_wait_s == pytest.approx(0.55, abs=1e-9)
 
@@ -310,11 +315,8 @@ def test_back_to_back_link_faults_hand_over_at_the_shared_instant_by_hand(order)
     # r0 (100 + 2) is prefilled by 0.05 and waits for the link; at 0.1 the outage ends as the 10% fault
     # begins: 100 x 131072 B at 1e8 B/s = 0.131072 s -> on decode at 0.231072, one decode step: 0.241072.
     # (A restore that set the link back to full speed ran it at 1 GB/s: 0.1131072.)
-    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
-    links = [{"at_s": 0.02, "duration_s": 0.08, "bandwidth_fraction": 0.0},
-             {"at_s": 0.1, "duration_s": 1.0, "bandwidth_fraction": 0.1}][::order]
-    res = _stream(topo, [(0.0, 100, 2)], faults={"links": links})
-    (r,) = res.requests
+    r = _lone_request_under_link_faults([{"at_s": 0.02, "duration_s": 0.08, "bandwidth_fraction": 0.0},
+                                         {"at_s": 0.1, "duration_s": 1.0, "bandwidth_fraction": 0.1}][::order])
     assert r.kv_wait_s == pytest.approx(0.05, abs=1e-9)
     assert r.kv_transfer_s == pytest.approx(0.131072, abs=1e-9)
     assert r.finish_s == pytest.approx(0.241072, abs=1e-9)
@@ -324,10 +326,8 @@ def test_back_to_back_link_faults_hand_over_at_the_shared_instant_by_hand(order)
 def test_overlapping_degraded_links_run_at_the_smallest_fraction_by_hand(order):
     # two faults over 0 - 10 s at 50% and 25%: the link runs at 25% whichever is listed last:
     # 100 x 131072 B / 2.5e8 B/s = 0.0524288 s
-    topo = _dis(kv_link={"bandwidth_GBps": 1, "latency_us": 0})
-    links = [{"at_s": 0.0, "duration_s": 10.0, "bandwidth_fraction": 0.5},
-             {"at_s": 0.0, "duration_s": 10.0, "bandwidth_fraction": 0.25}][::order]
-    (r,) = _stream(topo, [(0.0, 100, 2)], faults={"links": links}).requests
+    r = _lone_request_under_link_faults([{"at_s": 0.0, "duration_s": 10.0, "bandwidth_fraction": 0.5},
+                                         {"at_s": 0.0, "duration_s": 10.0, "bandwidth_fraction": 0.25}][::order])
     assert r.kv_transfer_s == pytest.approx(0.0524288, abs=1e-12)
 
 
