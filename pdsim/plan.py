@@ -125,6 +125,11 @@ class GoodputSpec(_Strict):
     # high rate is judged in steady state rather than on the first seconds of an empty cluster
     min_duration_s: float = Field(60.0, ge=0, allow_inf_nan=False)
     max_rounds: int = Field(14, ge=2, le=60)
+    # a config that only differs from a smaller one of its family in replicas (colocated) or in scale at the
+    # same prefill:decode ratio (disaggregated) waits for that one's search, then starts at its goodput
+    # scaled by size and steps out from there by the tolerance (Search.guess): the same bracket rule, far
+    # fewer simulations at the high rates that cost most
+    scale_guess: bool = True
     # steady state: the first warmup_fraction of each simulation's requests (an empty cluster filling
     # up) is simulated but not judged
     warmup_fraction: float = Field(0.2, ge=0, lt=0.9)
@@ -1053,7 +1058,13 @@ class DaskExecutor:
 # --- the search ----------------------------------------------------------------------------
 @dataclass
 class Search:
-    """Goodput bracketing for one config: lo passes (or 0), hi fails (or the bound)."""
+    """Goodput bracketing for one config: lo passes (or 0), hi fails (or the bound).
+
+    With a ``guess`` (a sibling's goodput scaled by size, :func:`_guide`) the search probes the guess,
+    then steps out from it in the direction its verdict points, by one tolerance first and doubling the
+    exponent each time (x f, x f^2, x f^4 ..., f = 1 / (1 - 0.999 tol)), until a verdict flips; then it
+    halves the bracket geometrically (its ends f^(2^j) apart: j probes).  The bracket rule is the same: a
+    pass at lo and a fail at hi within tol of hi."""
     cfg: Config
     tol: float
     lo: float = 0.0
@@ -1061,10 +1072,20 @@ class Search:
     points: dict = field(default_factory=dict)     # rate -> pooled result
     done: bool = False
     note: str = ""
+    guess: float | None = None
+    waiting: bool = False                          # for a smaller sibling's search (_guide)
+    probes: int = 0                                # rates simulated (the target-rate pass not counted)
+    verdicts: dict = field(default_factory=dict)   # rate -> passed
+    _walk: list = field(default_factory=list)      # the guided probes, in order
+    _split: bool = False                           # the walk has bracketed the goodput: halving
 
     def next_rate(self) -> float | None:
         if self.done:
             return None
+        if self.guess is not None:
+            r = self._guided()
+            if r is not None:
+                return r
         if self.lo == 0.0 and not self.points:
             return self.cfg.bound_rate * 0.5 if math.isfinite(self.cfg.bound_rate) else 1.0
         if math.isinf(self.hi):                      # no failure seen yet: go up
@@ -1086,9 +1107,51 @@ class Search:
             return None
         return 0.5 * (self.lo + self.hi)
 
+    def _guided(self) -> float | None:
+        """The next guided probe, or None once the walk is over (``guess`` is cleared: bisection)."""
+        bound = self.cfg.bound_rate
+        if not self._walk:
+            g = min(self.guess, bound)
+            if self.lo < g < self.hi:
+                self._walk.append(g)
+                return g
+            self.guess = None                        # the guess tells nothing the bracket does not
+            return None
+        last = self._walk[-1]
+        up = self.verdicts[last]
+        if len(self._walk) > 1 and up != self.verdicts[self._walk[-2]] or self._split:
+            # the verdict flipped: the bracket's ends are f^(2^j) apart; halve it geometrically (f^(2^(j-1)) ...)
+            # until it is within the tolerance: j more probes at most
+            self._split = True
+            if self.lo <= 0.0 or math.isinf(self.hi):
+                self.guess = None
+                return None
+            if self.hi - self.lo <= self.tol * self.hi:
+                self.done = True
+                return None
+            r = math.sqrt(self.lo * self.hi)
+            self._walk.append(r)
+            return r
+        # a pass at x and a fail at x * f close the bracket (hi - lo <= tol * hi, with room for rounding)
+        step = (1.0 / (1.0 - 0.999 * self.tol)) ** (2 ** (len(self._walk) - 1))
+        if up:
+            r = min(last * step, bound)
+            if r >= self.hi or r <= last:            # bracketed already, or at the bound: as without a guess
+                self.guess = None
+                return None
+        else:
+            r = last / step
+            if r <= self.lo or r < max(self.points) * 1e-3:
+                self.guess = None
+                return None
+        self._walk.append(r)
+        return r
+
     def update(self, rate: float, res: dict, target: float) -> None:
         self.points[rate] = res
-        if res.get("passes", res["pass_att"] >= target):
+        ok = bool(res.get("passes", res["pass_att"] >= target))
+        self.verdicts[rate] = ok
+        if ok:
             self.lo = max(self.lo, rate)
         else:
             self.hi = min(self.hi, rate)
@@ -1101,9 +1164,61 @@ class Search:
         """A guess at the rounds this search still needs (bracketing, then bisection)."""
         if self.done:
             return 0
+        if self.waiting:
+            return 1 + 2
+        if self.guess is not None:
+            return 2
         if math.isinf(self.hi) or self.lo == 0.0:
             return 1 + max(1, math.ceil(math.log2(1 / self.tol)))
         return max(1, math.ceil(math.log2(max((self.hi - self.lo) / (self.tol * self.hi), 1.0))) + 1)
+
+
+def _family(cfg: Config) -> tuple[str, int] | None:
+    """(family, size): configs whose topologies differ only in replicas (colocated) or in scale at one
+    prefill:decode instance ratio (disaggregated) share a family; size is replicas, or the instance counts'
+    common divisor.  None: a kind with no such scale."""
+    t = cfg.topology
+    if t.get("kind") == "colocated":
+        rest = {k: v for k, v in t.items() if k != "replicas"}
+        return json.dumps(rest, sort_keys=True, default=str), int(t.get("replicas", 1))
+    if t.get("kind") == "disaggregated" and isinstance(t.get("prefill"), dict) and isinstance(t.get("decode"), dict):
+        p, d = int(t["prefill"].get("instances", 1)), int(t["decode"].get("instances", 1))
+        g = math.gcd(p, d)
+        rest = dict(t, prefill={k: v for k, v in t["prefill"].items() if k != "instances"},
+                    decode={k: v for k, v in t["decode"].items() if k != "instances"})
+        return json.dumps([rest, p // g, d // g], sort_keys=True, default=str), g
+    return None
+
+
+def _guide(searches: dict) -> int:
+    """Hold each config's search until the smallest of its family (:func:`_family`) has finished, then start
+    it from that one's goodput (the geometric middle of its final bracket) x the size ratio (``Search.guess``);
+    returns how many searches were given a guess.
+    A reference that found no goodput, or was dominated, gives none (its lo says nothing of the capacity)."""
+    fams: dict = {}
+    for s in searches.values():
+        key = _family(s.cfg)
+        if key is not None:
+            fams.setdefault(key[0], []).append((key[1], s))
+    guided = 0
+    for members in fams.values():
+        members.sort(key=lambda m: (m[0], m[1].cfg.name))
+        n0, ref = members[0]
+        for n, s in members[1:]:
+            if s.done or n == n0:
+                s.waiting = False
+                continue
+            if not ref.done:
+                s.waiting = True
+                continue
+            if s.waiting:
+                s.waiting = False
+                if ref.lo > 0 and not ref.note.startswith("dominated"):
+                    # the middle of the reference's bracket (its goodput is in [lo, hi)), scaled by size
+                    mid = math.sqrt(ref.lo * ref.hi) if math.isfinite(ref.hi) else ref.lo
+                    s.guess = mid * n / n0
+                    guided += 1
+    return guided
 
 
 def _seed_passes(r: dict, target: float) -> bool:
@@ -1244,6 +1359,14 @@ class _Runner:
                 todo.append(i)
         if todo:
             from .progress import Bar
+
+            # the longest first (requests in the window), so a round does not end on one worker finishing a long
+            # run alone; results come back in the tasks' order whatever order they ran in
+            def size(i):
+                w = tasks[i]["scenario"]["workload"]
+                n = w.get("num_requests")
+                return float(n) if n is not None else float(w.get("duration_s") or 0) * float(w.get("rate") or 0)
+            todo.sort(key=lambda i: -size(i))
             with Bar(len(todo), "plan", unit="sim", enabled=self.progress) as bar:
                 done = self.ex.map(evaluate, [tasks[i] for i in todo], on_done=bar.update)
             for i, r in zip(todo, done):
@@ -1325,7 +1448,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
     if target_rate:
         for c in live:
             searches[c.name].update(target_rate, rows[c.name]["at_target"], att)
-    rounds = 0
+    rounds = guided = 0
     while True:
         # dominance: skip a config whose bound is below a rate that a config using no more of the
         # objective's resource ($/h, or GPUs for goodput_per_gpu) already passed; only undominated
@@ -1343,10 +1466,25 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
                 what = "GPUs" if per_gpu else "$/h"
                 s.done, s.note = True, f"dominated: bound {s.cfg.bound_rate:.3g} <= {dom.lo:.3g} req/s passed by " \
                                        f"{dom.cfg.name} with no more {what}"
-        batch = [(s.cfg, r) for s in searches.values() for r in [s.next_rate()] if r is not None]
-        if not batch or rounds >= spec.goodput.max_rounds:
+        # each search probes at most max_rounds rates; one held for its family's reference waits unprobed, and is
+        # let go in the round its reference finishes (_guide before and after the references ask their next rate)
+        rates: dict = {}
+        for release in (False, True):
+            if spec.goodput.scale_guess:
+                guided += _guide(searches)
+            for s in searches.values():
+                if not s.waiting and s.probes < spec.goodput.max_rounds and s.cfg.name not in rates:
+                    if release and s.done:
+                        continue
+                    r = s.next_rate()
+                    if r is not None:
+                        rates[s.cfg.name] = r
+        batch = [(s.cfg, rates[n]) for n, s in searches.items() if n in rates]
+        if not batch:
             break
         rounds += 1
+        for c, _ in batch:
+            searches[c.name].probes += 1
         left = sum(1 for s in searches.values() if not s.done)
         # ETA: the open search furthest from its tolerance needs about log2(width / tol) more rounds, each
         # taking what the finished ones took on average (the target-rate pass before them not counted)
@@ -1355,7 +1493,9 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
         if rounds == 1:
             rounds_t0 = now
         eta = f", ETA ~{(now - rounds_t0) / (rounds - 1) * more:.0f} s" if rounds > 1 else ""
-        runner.log(f"round {rounds}: {len(batch)} configs x up to {spec.goodput.seeds} seeds; {left} searches open{eta}")
+        held = sum(1 for s in searches.values() if s.waiting and not s.done)
+        runner.log(f"round {rounds}: {len(batch)} configs x up to {spec.goodput.seeds} seeds; {left} searches open"
+                   + (f" ({held} held for a smaller sibling)" if held else "") + eta)
         for (c, r), res in zip(batch, runner.run(batch)):
             searches[c.name].update(r, res, att)
     for name, s in searches.items():
@@ -1379,6 +1519,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
     result = _rank(plan, rows, runner)
     result["skipped"] = {"infeasible": infeasible, "pruned_by_bound": pruned_by_bound,
                          "dominated": sum(1 for s in searches.values() if s.note.startswith("dominated")),
+                         "guided_by_sibling": guided,
                          **runner.skipped, "cached": runner.cached,
                          "requests_not_simulated": runner.requests_total - runner.requests_settled,
                          "requests_total": runner.requests_total}
@@ -1644,6 +1785,7 @@ def print_table(result: dict, out=None, limit: int = 25) -> None:
     if sk:
         print(f"simulations saved: {sk.get('infeasible', 0)} configs infeasible alone, {sk['pruned_by_bound']} "
               f"pruned by the analytic bound, {sk['dominated']} dominated, "
+              f"{sk.get('guided_by_sibling', 0)} searches started from a smaller sibling's goodput, "
               f"{sk['worst_seed']} seeds skipped after a failed seed, {sk['early_stop_pass']} + "
               f"{sk['early_stop_fail']} runs stopped early (pass + fail; "
               f"{sk['requests_not_simulated']:,} of {sk['requests_total']:,} requests not simulated), "

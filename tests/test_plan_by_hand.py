@@ -879,7 +879,8 @@ def test_plan_table_by_hand_through_a_scripted_executor():
     search = {"devices": [{"name": "h100-sxm", "price_per_hour_usd": 1.0}], "colocated": {"replicas": [1, 2]},
               "pool": {"max_running": 1, "kv_blocks": 1000, "cost_model": {"kind": "constant", "step_s": 0.1}}}
     raw = _raw(search, workload={"arrival": "poisson", "num_requests": 100, "prompt_tokens": 8, "output_tokens": 1},
-               goodput={"min_duration_s": 0, "seeds": 1, "tolerance": 0.05, "confirm_top": 1, "confirm_factor": 2})
+               goodput={"min_duration_s": 0, "seeds": 1, "tolerance": 0.05, "confirm_top": 1, "confirm_factor": 2,
+                        "scale_guess": False})     # unguided searches (the guided: tests/test_plan_guess.py)
     plan = parse_plan(raw)
     x1, x2 = "colo-h100-sxm-tp1x1", "colo-h100-sxm-tp1x2"
     assert [(c.name, c.bound_rate) for c in plan.configs] == [(x1, pytest.approx(10.0)), (x2, pytest.approx(20.0))]
@@ -922,8 +923,8 @@ def test_plan_table_by_hand_through_a_scripted_executor():
                                   "early_stop": "fail"}
     assert one["points"]["1.25"]["worst_seed_attainment"] == 0.95 and one["points"]["1.25"]["early_stop"] is None
     # 7 search runs failed (4 + 3), each stopped with 40 of its requests not simulated
-    assert res["skipped"] == {"infeasible": 0, "pruned_by_bound": 0, "dominated": 0, "worst_seed": 0,
-                              "early_stop_pass": 0, "early_stop_fail": 7, "cached": 0, "requests_not_simulated": 7 * 40,
+    assert res["skipped"] == {"infeasible": 0, "pruned_by_bound": 0, "dominated": 0, "guided_by_sibling": 0,
+                              "worst_seed": 0, "early_stop_pass": 0, "early_stop_fail": 7, "cached": 0, "requests_not_simulated": 7 * 40,
                               "requests_total": 14 * 100 + 2 * 200}
 
 

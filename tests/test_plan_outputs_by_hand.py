@@ -52,7 +52,8 @@ ROWS = [_row(1, "A", 2, 3.14159, 12.3456, 1.23456, 6.1728, 12.3456 / 3.14159, 0.
         _row(4, "D", 1, 0.75, 0.0, 0.0, 0.0, 0.0, None, None, None, None, "infeasible",
              "TTFT: a lone prefill exceeds 0.5 s")]
 SKIPPED = {"infeasible": 1, "pruned_by_bound": 2, "dominated": 3, "worst_seed": 4, "early_stop_pass": 5,
-           "early_stop_fail": 6, "cached": 7, "requests_not_simulated": 12345, "requests_total": 1234567}
+           "early_stop_fail": 6, "cached": 7, "requests_not_simulated": 12345, "requests_total": 1234567,
+           "guided_by_sibling": 8}
 
 
 def _table(result, **kw) -> list[str]:
@@ -87,7 +88,8 @@ def test_table_cells_widths_and_summary_lines_by_hand():
         "expected error of A against measured runs (its goodput is judged on these TTFT/TPOT): "
         "prefill/decode: unvalidated",
         FOOTER,
-        "simulations saved: 1 configs infeasible alone, 2 pruned by the analytic bound, 3 dominated, 4 seeds "
+        "simulations saved: 1 configs infeasible alone, 2 pruned by the analytic bound, 3 dominated, 8 searches "
+        "started from a smaller sibling's goodput, 4 seeds "
         "skipped after a failed seed, 5 + 6 runs stopped early (pass + fail; 12,345 of 1,234,567 requests not "
         "simulated), 7 from cache",
         "", "recommended: A", ""]

@@ -140,7 +140,8 @@ def test_target_mode_prunes_judges_at_the_target_then_searches_up_from_it(capsys
     # 5 simulations: 4 of 100 requests and 1 of 200; the two misses (M@20, W@40) stopped with 40 unsettled each
     assert (res["simulations"], res["cached"]) == (5, 0)
     # not simulated: I infeasible, L below the target by its bound (counted apart)
-    assert res["skipped"] == {"infeasible": 1, "pruned_by_bound": 1, "dominated": 0, "worst_seed": 0, "early_stop_pass": 0,
+    assert res["skipped"] == {"infeasible": 1, "pruned_by_bound": 1, "dominated": 0, "guided_by_sibling": 0,
+                              "worst_seed": 0, "early_stop_pass": 0,
                               "early_stop_fail": 2, "cached": 0, "requests_not_simulated": 80,
                               "requests_total": 600}
 
