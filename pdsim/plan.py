@@ -1512,7 +1512,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
             row["note"] = f"at {r0:.3g} req/s: {_misses(s.points[r0], s.cfg.slo or spec.slo)}"
         if not s.done:
             row["note"] = (row["note"] + "; " if row["note"] else "") + "search stopped at max_rounds"
-    _confirm(plan, rows, runner)
+    ahead = _confirm(plan, rows, runner)
     ex_close = getattr(ex, "close", None)
     if executor is None and ex_close:
         ex_close()
@@ -1520,6 +1520,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
     result["skipped"] = {"infeasible": infeasible, "pruned_by_bound": pruned_by_bound,
                          "dominated": sum(1 for s in searches.values() if s.note.startswith("dominated")),
                          "guided_by_sibling": guided,
+                         **ahead,
                          **runner.skipped, "cached": runner.cached,
                          "requests_not_simulated": runner.requests_total - runner.requests_settled,
                          "requests_total": runner.requests_total}
@@ -1529,14 +1530,17 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
 MAX_CONFIRM_STEPS = 4      # goodput mode: a goodput that fails its long run is lowered at most this often
 
 
-def _confirm(plan: Plan, rows: dict, runner: _Runner) -> None:
+def _confirm(plan: Plan, rows: dict, runner: _Runner) -> dict:
     """Re-simulate the best ``confirm_top`` configs on long runs with fresh seeds before any is
     declared.  Target mode: at the target rate; a config that fails is demoted and the next one
     checked.  Goodput mode: at the goodput; one that fails has its goodput lowered by the tolerance
     and is checked again (at most MAX_CONFIRM_STEPS times, then demoted)."""
     g = plan.spec.goodput
+    # long runs by (config, rate); how many ran ahead of their turn on idle workers, and how many of those were used
+    ahead: dict = {}
+    counts = {"long_runs_ahead": 0, "long_runs_ahead_used": 0}
     if not g.confirm_top:
-        return
+        return counts
     cfgs = {c.name: c for c in plan.configs}
     target_rate = plan.spec.target.rate
     for _ in range(len(rows) * (MAX_CONFIRM_STEPS + 1)):
@@ -1544,12 +1548,33 @@ def _confirm(plan: Plan, rows: dict, runner: _Runner) -> None:
         todo = [r for r in ranked if r["meets"]][:g.confirm_top]
         todo = [r for r in todo if not (r.get("long_run") or {}).get("passed")]
         if not todo:
-            return
+            return counts
         rates = [target_rate or r["goodput"] for r in todo]
-        n_req = [_scenario_dict(plan, {}, x, 0, g.confirm_factor)["workload"].get("num_requests") for x in rates]
-        runner.log(f"long runs: {', '.join(r['config'] for r in todo)} ({g.confirm_factor:g}x the search window, "
-                   f"{n_req} requests, fresh seeds)")
-        for row, rate, res in zip(todo, rates, runner.confirm([(cfgs[r["config"]], x) for r, x in zip(todo, rates)])):
+        # a batch of long runs that would leave workers idle takes the next candidates' along ("ahead"): each
+        # long run is the same whenever it runs (fixed seeds), so the table is the same, only sooner if a
+        # candidate above fails (the executor's workers, so a plan's simulation count depends on them)
+        pending = [(r, x) for r, x in zip(todo, rates) if (r["config"], x) not in ahead]
+        workers = int(getattr(getattr(runner, "ex", None), "jobs", 1) or 1)
+        spare = (-len(pending)) % workers if pending else 0
+        extra = []
+        for r in ranked:
+            if len(extra) >= spare:
+                break
+            x = target_rate or r["goodput"]
+            if r["meets"] and r not in todo and not (r.get("long_run") or {}).get("passed") \
+                    and (r["config"], x) not in ahead:
+                extra.append((r, x))
+        if pending:
+            n_req = [_scenario_dict(plan, {}, x, 0, g.confirm_factor)["workload"].get("num_requests") for _, x in pending]
+            runner.log(f"long runs: {', '.join(r['config'] for r, _ in pending)} ({g.confirm_factor:g}x the search "
+                       f"window, {n_req} requests, fresh seeds)"
+                       + (f"; ahead on idle workers: {', '.join(r['config'] for r, _ in extra)}" if extra else ""))
+            both = pending + extra
+            for (r, x), res in zip(both, runner.confirm([(cfgs[r["config"]], x) for r, x in both])):
+                ahead[(r["config"], x)] = res
+            counts["long_runs_ahead"] += len(extra)
+        counts["long_runs_ahead_used"] += len(todo) - len(pending)
+        for row, rate, res in zip(todo, rates, [ahead[(r["config"], x)] for r, x in zip(todo, rates)]):
             row["long_run"] = dict(res, rate=rate)
             if res["passed"]:
                 continue
@@ -1563,6 +1588,7 @@ def _confirm(plan: Plan, rows: dict, runner: _Runner) -> None:
             else:
                 row["goodput"] = rate * (1 - g.tolerance)
                 row["note"] = (row["note"] + "; " if row["note"] else "") + f"goodput lowered: {what}"
+    return counts
 
 
 def _misses(r: dict, slo) -> str:

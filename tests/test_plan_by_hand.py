@@ -924,6 +924,7 @@ def test_plan_table_by_hand_through_a_scripted_executor():
     assert one["points"]["1.25"]["worst_seed_attainment"] == 0.95 and one["points"]["1.25"]["early_stop"] is None
     # 7 search runs failed (4 + 3), each stopped with 40 of its requests not simulated
     assert res["skipped"] == {"infeasible": 0, "pruned_by_bound": 0, "dominated": 0, "guided_by_sibling": 0,
+                              "long_runs_ahead": 0, "long_runs_ahead_used": 0,
                               "worst_seed": 0, "early_stop_pass": 0, "early_stop_fail": 7, "cached": 0, "requests_not_simulated": 7 * 40,
                               "requests_total": 14 * 100 + 2 * 200}
 

@@ -217,3 +217,45 @@ def test_run_plan_holds_the_larger_replicas_and_starts_them_from_the_scaled_good
     assert [round(r, 4) for c, r, *_ in ex.calls if c == "R4"] == [200.0, 50.0, 125.0, 162.5]
     assert {r["config"]: r["goodput"] for r in res["rows"]}["R4"] == 125.0
     assert res["skipped"]["guided_by_sibling"] == 0
+
+
+class _Workers(ScriptedExecutor):
+    """The scripted executor with ``jobs`` workers, as LocalExecutor says it has."""
+
+    def __init__(self, answer, jobs):
+        super().__init__(answer)
+        self.jobs, self.batches = jobs, []
+
+    def map(self, fn, tasks, on_done=None):
+        self.batches.append([t["scenario"]["workload"]["num_requests"] for t in tasks])
+        return super().map(fn, tasks, on_done)
+
+
+def test_long_runs_ahead_on_idle_workers_change_nothing_but_when_they_run():
+    # target mode, 10 req/s, one long run at a time (confirm_top 1, 2x: 200 requests).  A ($1/h) and B ($2/h)
+    # pass at the target; A fails its long run, B passes.  One worker: A's long run, then (A demoted) B's, in
+    # two batches.  Two workers: A's long run leaves one idle, so B's runs beside it, in the same batch, and
+    # is used when A fails; the table is the same.
+    configs = [("A", {"kind": "colocated", "device": "a"}, 1, 40.0), ("B", {"kind": "colocated", "device": "b"}, 2, 40.0),
+               ("C", {"kind": "colocated", "device": "c"}, 3, 40.0)]
+
+    def answer(name, rate, seed, n):
+        if n == 200:
+            return _res(name != "A", n)
+        return _res(name != "C" and rate <= 10, n)
+
+    tables = []
+    for jobs in (1, 2):
+        ex = _Workers(answer, jobs)
+        plan = _plan(configs, confirm_top=1, confirm_factor=2)
+        plan.spec.target.rate, plan.spec.objective = 10.0, "cheapest"
+        res = run_plan(plan, ex)
+        longs = [(c, n) for c, r, s, n, e in ex.calls if n == 200]
+        assert longs == [("A", 200), ("B", 200)]
+        long_batches = [b for b in ex.batches if 200 in b]
+        assert long_batches == ([[200], [200]] if jobs == 1 else [[200, 200]])
+        tables.append(([(r["config"], r["status"], r["long_run_attainment"]) for r in res["rows"]], res["winner"]))
+        assert (res["skipped"]["long_runs_ahead"], res["skipped"]["long_runs_ahead_used"]) == \
+            ((0, 0) if jobs == 1 else (1, 1))
+    assert tables[0] == tables[1]
+    assert tables[0][1] == "B" and tables[0][0][:2] == [("B", "ok", 1.0), ("A", "fails long run", 0.0)]

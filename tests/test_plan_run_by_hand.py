@@ -141,6 +141,7 @@ def test_target_mode_prunes_judges_at_the_target_then_searches_up_from_it(capsys
     assert (res["simulations"], res["cached"]) == (5, 0)
     # not simulated: I infeasible, L below the target by its bound (counted apart)
     assert res["skipped"] == {"infeasible": 1, "pruned_by_bound": 1, "dominated": 0, "guided_by_sibling": 0,
+                              "long_runs_ahead": 0, "long_runs_ahead_used": 0,
                               "worst_seed": 0, "early_stop_pass": 0,
                               "early_stop_fail": 2, "cached": 0, "requests_not_simulated": 80,
                               "requests_total": 600}
