@@ -1190,11 +1190,12 @@ def _family(cfg: Config) -> tuple[str, int] | None:
     return None
 
 
-def _guide(searches: dict) -> int:
+def _guide(searches: dict, max_probes: int | None = None) -> int:
     """Hold each config's search until the smallest of its family (:func:`_family`) has finished, then start
     it from that one's goodput (the geometric middle of its final bracket) x the size ratio (``Search.guess``);
     returns how many searches were given a guess.
-    A reference that found no goodput, or was dominated, gives none (its lo says nothing of the capacity)."""
+    A reference that found no goodput, or was dominated, gives none (its lo says nothing of the capacity); one
+    stopped at ``max_probes`` before it was done lets its family go unguided."""
     fams: dict = {}
     for s in searches.values():
         key = _family(s.cfg)
@@ -1208,12 +1209,12 @@ def _guide(searches: dict) -> int:
             if s.done or n == n0:
                 s.waiting = False
                 continue
-            if not ref.done:
+            if not ref.done and (max_probes is None or ref.probes < max_probes):
                 s.waiting = True
                 continue
             if s.waiting:
                 s.waiting = False
-                if ref.lo > 0 and not ref.note.startswith("dominated"):
+                if ref.done and ref.lo > 0 and not ref.note.startswith("dominated"):
                     # the middle of the reference's bracket (its goodput is in [lo, hi)), scaled by size
                     mid = math.sqrt(ref.lo * ref.hi) if math.isfinite(ref.hi) else ref.lo
                     s.guess = mid * n / n0
@@ -1471,7 +1472,7 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
         rates: dict = {}
         for release in (False, True):
             if spec.goodput.scale_guess:
-                guided += _guide(searches)
+                guided += _guide(searches, spec.goodput.max_rounds)
             for s in searches.values():
                 if not s.waiting and s.probes < spec.goodput.max_rounds and s.cfg.name not in rates:
                     if release and s.done:

@@ -259,3 +259,18 @@ def test_long_runs_ahead_on_idle_workers_change_nothing_but_when_they_run():
             ((0, 0) if jobs == 1 else (1, 1))
     assert tables[0] == tables[1]
     assert tables[0][1] == "B" and tables[0][0][:2] == [("B", "ok", 1.0), ("A", "fails long run", 0.0)]
+
+
+def test_a_reference_stopped_at_max_rounds_lets_its_family_search_unguided():
+    # max_rounds 2, goodput mode, tolerance 25%.  R1 (bound 100) fails everywhere: 50 F, 12.5 F, and its two
+    # probes are spent before it is done ("search stopped at max_rounds").  R2 was held for it; once R1 can
+    # probe no more, R2 is let go without a guess (R1 found no goodput) and searches as an unguided config:
+    # 100 F, 25 P in its own two probes - not left unprobed with the goodput it never measured
+    topo = {"kind": "colocated", "device": "h100-sxm", "tp": 1}
+    configs = [("R1", {**topo, "replicas": 1}, 1, 100.0), ("R2", {**topo, "replicas": 2}, 2, 200.0)]
+    ex = ScriptedExecutor(lambda name, rate, seed, n: _res(name == "R2" and rate <= 30, n))
+    res = run_plan(_plan(configs, max_rounds=2), ex)
+    assert [(c, r) for c, r, *_ in ex.calls] == [("R1", 50.0), ("R1", 12.5), ("R2", 100.0), ("R2", 25.0)]
+    rows = {r["config"]: r for r in res["rows"]}
+    assert rows["R2"]["goodput"] == 25.0 and rows["R2"]["note"].endswith("search stopped at max_rounds")
+    assert rows["R1"]["status"] == "misses SLO at every rate" and res["skipped"]["guided_by_sibling"] == 0
