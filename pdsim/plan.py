@@ -1056,13 +1056,17 @@ class DaskExecutor:
 
 
 # --- the search ----------------------------------------------------------------------------
+GUESS_STEP = 1.05    # a guided search's first step, at least: the spread of the sibling guesses on the chat plan
+
+
 @dataclass
 class Search:
     """Goodput bracketing for one config: lo passes (or 0), hi fails (or the bound).
 
     With a ``guess`` (a sibling's goodput scaled by size, :func:`_guide`) the search probes the guess,
-    then steps out from it in the direction its verdict points, by one tolerance first and doubling the
-    exponent each time (x f, x f^2, x f^4 ..., f = 1 / (1 - 0.999 tol)), until a verdict flips; then it
+    then steps out from it in the direction its verdict points, by one tolerance first (at least
+    GUESS_STEP) and doubling the exponent each time (x f, x f^2, x f^4 ..., f = 1 / (1 - 0.999 tol); never
+    wider than x 2 up or / 4 down), until a verdict flips or the next step would leave the bracket; then it
     halves the bracket geometrically (its ends f^(2^j) apart: j probes).  The bracket rule is the same: a
     pass at lo and a fail at hi within tol of hi."""
     cfg: Config
@@ -1075,6 +1079,7 @@ class Search:
     guess: float | None = None
     waiting: bool = False                          # for a smaller sibling's search (_guide)
     probes: int = 0                                # rates simulated (the target-rate pass not counted)
+    stopped: bool = False                          # max_rounds probes made before it was done
     verdicts: dict = field(default_factory=dict)   # rate -> passed
     _walk: list = field(default_factory=list)      # the guided probes, in order
     _split: bool = False                           # the walk has bracketed the goodput: halving
@@ -1108,7 +1113,7 @@ class Search:
         return 0.5 * (self.lo + self.hi)
 
     def _guided(self) -> float | None:
-        """The next guided probe, or None once the walk is over (``guess`` is cleared: bisection)."""
+        """The next guided probe, or None once the walk is over (``guess`` cleared: the unguided rules)."""
         bound = self.cfg.bound_rate
         if not self._walk:
             g = min(self.guess, bound)
@@ -1117,33 +1122,43 @@ class Search:
                 return g
             self.guess = None                        # the guess tells nothing the bracket does not
             return None
-        last = self._walk[-1]
-        up = self.verdicts[last]
-        if len(self._walk) > 1 and up != self.verdicts[self._walk[-2]] or self._split:
-            # the verdict flipped: the bracket's ends are f^(2^j) apart; halve it geometrically (f^(2^(j-1)) ...)
-            # until it is within the tolerance: j more probes at most
+        if not self._split:
+            last = self._walk[-1]
+            up = self.verdicts[last]
+            if len(self._walk) == 1 or up == self.verdicts[self._walk[-2]]:
+                # a pass at x and a fail at x * f close the bracket (hi - lo <= tol * hi, with room for rounding);
+                # the first step is at least GUESS_STEP, the spread of the guesses, and a step is never wider
+                # than the unguided search's (x 2 up, / 4 down)
+                first = max(1.0 / (1.0 - 0.999 * self.tol), GUESS_STEP)
+                cap = 2.0 if up else 4.0
+                k = len(self._walk) - 1          # (in logs: first^(2^k) overflows a float long before k = 60)
+                step = cap if k >= 60 else math.exp(min(math.log(first) * 2 ** k, math.log(cap)))
+                if up:
+                    r = min(last * step, bound)
+                    if r <= last:                    # at the bound: as without a guess ("reaches the analytic bound")
+                        self.guess = None
+                        return None
+                    if r < self.hi:
+                        self._walk.append(r)
+                        return r
+                else:
+                    r = last / step
+                    if r < max(self.points) * 1e-3:  # at a trickle: as without a guess
+                        self.guess = None
+                        return None
+                    if r > self.lo:
+                        self._walk.append(r)
+                        return r
+            # the verdict flipped, or the next step would leave the bracket: halve it geometrically (a bracket
+            # f^(2^j) wide takes j probes) until it is within the tolerance
             self._split = True
-            if self.lo <= 0.0 or math.isinf(self.hi):
-                self.guess = None
-                return None
-            if self.hi - self.lo <= self.tol * self.hi:
-                self.done = True
-                return None
-            r = math.sqrt(self.lo * self.hi)
-            self._walk.append(r)
-            return r
-        # a pass at x and a fail at x * f close the bracket (hi - lo <= tol * hi, with room for rounding)
-        step = (1.0 / (1.0 - 0.999 * self.tol)) ** (2 ** (len(self._walk) - 1))
-        if up:
-            r = min(last * step, bound)
-            if r >= self.hi or r <= last:            # bracketed already, or at the bound: as without a guess
-                self.guess = None
-                return None
-        else:
-            r = last / step
-            if r <= self.lo or r < max(self.points) * 1e-3:
-                self.guess = None
-                return None
+        if self.lo <= 0.0 or math.isinf(self.hi):
+            self.guess = None
+            return None
+        if self.hi - self.lo <= self.tol * self.hi:
+            self.done = True
+            return None
+        r = math.sqrt(self.lo * self.hi)
         self._walk.append(r)
         return r
 
@@ -1209,7 +1224,7 @@ def _guide(searches: dict, max_probes: int | None = None) -> int:
             if s.done or n == n0:
                 s.waiting = False
                 continue
-            if not ref.done and (max_probes is None or ref.probes < max_probes):
+            if not ref.done and not ref.stopped and (max_probes is None or ref.probes < max_probes):
                 s.waiting = True
                 continue
             if s.waiting:
@@ -1252,6 +1267,8 @@ class _Runner:
         self.simulated = self.cached = 0
         self.skipped = {"worst_seed": 0, "early_stop_pass": 0, "early_stop_fail": 0}
         self.requests_total = self.requests_settled = 0      # over simulations run (not cached)
+        self.memo: dict = {}          # long runs run ahead of their turn, by task, until confirm asks for them
+        self.reused = 0
         self.t0 = time.perf_counter()
         if cache_dir:
             cache_dir.mkdir(parents=True, exist_ok=True)
@@ -1300,28 +1317,39 @@ class _Runner:
                 p["passes"] = p["all_met"]
         return pooled
 
-    def confirm(self, cfg_rates: list[tuple[Config, float]]) -> list[dict]:
+    def _long_task(self, cfg: Config, rate: float, seed: int, factor: float) -> dict:
+        # run to the end (no early stop): a demotion reports a real estimate and its interval
+        t = self._task(cfg, rate, seed, scale=factor)
+        # (attainment mode: the share at the error is what that mode judges)
+        if cfg.p90_factors and cfg.margin is None and self.plan.spec.slo.mode == "attainment":
+            t["error_factors"] = list(cfg.p90_factors)
+        return t
+
+    def first_long_task(self, cfg: Config, rate: float) -> dict:
+        """The first task :meth:`confirm` runs for (cfg, rate): its first seed, at confirm_factor."""
+        return self._long_task(cfg, rate, self.plan.spec.seed + CONFIRM_SEED_OFFSET, self.plan.spec.goodput.confirm_factor)
+
+    def confirm(self, cfg_rates: list[tuple[Config, float]], riders: list[tuple[Config, float]] = ()) -> list[dict]:
         """Long runs on fresh seeds: each (config, rate) over confirm_factor x the search window,
         doubled while the batch-means interval is wider than +-ci_halfwidth and still holds the
-        target (up to confirm_max_factor).  Passes only if every seed's attainment meets the target."""
+        target (up to confirm_max_factor).  Passes only if every seed's attainment meets the target.
+        ``riders``: (config, rate) whose first long run goes along in the first batch, on workers that batch
+        would leave idle; their results are only kept (``memo``) for when confirm is asked for them."""
         g = self.plan.spec.goodput
         target = self.plan.spec.slo.attainment_target
         per: list[list[dict]] = [[] for _ in cfg_rates]
         live = list(range(len(cfg_rates)))
+        extra = [self.first_long_task(c, x) for c, x in riders]
         for i in range(g.confirm_seeds):
             seed = self.plan.spec.seed + CONFIRM_SEED_OFFSET + i
             factor = {j: g.confirm_factor for j in live}
             todo = list(live)
             while todo:
-                # run to the end (no early stop): a demotion reports a real estimate and its interval
-                tasks = [self._task(*cfg_rates[j], seed, scale=factor[j]) for j in todo]
-                for t, j in zip(tasks, todo):
-                    # (attainment mode: the share at the error is what that mode judges)
-                    if cfg_rates[j][0].p90_factors and cfg_rates[j][0].margin is None \
-                            and self.plan.spec.slo.mode == "attainment":
-                        t["error_factors"] = list(cfg_rates[j][0].p90_factors)
+                tasks = [self._long_task(*cfg_rates[j], seed, factor[j]) for j in todo]
                 again = []
-                for j, r in zip(todo, self._results(tasks)):
+                done = self._results(tasks + extra, ahead=len(extra))
+                extra = []
+                for j, r in zip(todo, done):
                     ci = r.get("ci")
                     if ci and ci[1] - ci[0] > 2 * g.ci_halfwidth and ci[0] < target <= ci[1] \
                             and factor[j] * 2 <= g.confirm_max_factor:
@@ -1348,10 +1376,17 @@ class _Runner:
                         "ok": worst["ok"], **worst_p, "p_so_far": worst.get("p_so_far", False)})
         return out
 
-    def _results(self, tasks: list[dict]) -> list[dict]:
+    def _results(self, tasks: list[dict], ahead: int = 0) -> list[dict]:
+        """Each task's result, in the tasks' order: from ``memo`` (a long run run ahead), the disk cache, or the
+        executor.  The last ``ahead`` tasks are long runs run ahead of their turn: their results go to ``memo``."""
         results: list[dict | None] = [None] * len(tasks)
         todo = []
         for i, t in enumerate(tasks):
+            m = self.memo.get(json.dumps(t, sort_keys=True))
+            if m is not None:                # run earlier in this plan (a long run that went along ahead)
+                results[i] = m
+                self.reused += 1
+                continue
             hit = self._load(t)
             if hit is not None:
                 results[i] = hit
@@ -1366,12 +1401,15 @@ class _Runner:
             def size(i):
                 w = tasks[i]["scenario"]["workload"]
                 n = w.get("num_requests")
-                return float(n) if n is not None else float(w.get("duration_s") or 0) * float(w.get("rate") or 0)
+                rate = w.get("rate") or (w.get("trace") or {}).get("rate_scale") or 1.0
+                return float(n) if n is not None else float(w.get("duration_s") or 0) * float(rate)
             todo.sort(key=lambda i: -size(i))
             with Bar(len(todo), "plan", unit="sim", enabled=self.progress) as bar:
                 done = self.ex.map(evaluate, [tasks[i] for i in todo], on_done=bar.update)
             for i, r in zip(todo, done):
                 results[i] = r
+                if i >= len(tasks) - ahead:
+                    self.memo[json.dumps(tasks[i], sort_keys=True)] = r
                 self._store(tasks[i], r)
                 if r.get("early"):
                     self.skipped[f"early_stop_{r['early']}"] += 1
@@ -1454,10 +1492,16 @@ def run_plan(plan: Plan, executor=None, cache_dir: Path | None = None, progress:
         # dominance: skip a config whose bound is below a rate that a config using no more of the
         # objective's resource ($/h, or GPUs for goodput_per_gpu) already passed; only undominated
         # configs dominate, and a search already at its bound is complete, not dominated
+        # (a search that made its max_rounds probes is settled first: the unguided rules of its next rate decide
+        # whether its bracket closed, as when every search stopped at the same round)
+        for s in searches.values():
+            if not s.done and not s.stopped and s.probes >= spec.goodput.max_rounds:
+                s.stopped = True
+                s.next_rate()
         per_gpu = spec.objective == "goodput_per_gpu"
         res_of = (lambda c: c.gpus) if per_gpu else (lambda c: c.usd_per_hour)
         for s in sorted(searches.values(), key=lambda x: (res_of(x.cfg), x.cfg.name)):
-            if s.done or s.lo >= s.cfg.bound_rate:
+            if s.done or s.stopped or s.lo >= s.cfg.bound_rate:
                 continue
             dom = next((f for f in searches.values() if f is not s and f.lo > 0 and not f.note.startswith("dominated")
                         and res_of(f.cfg) <= res_of(s.cfg)
@@ -1537,8 +1581,7 @@ def _confirm(plan: Plan, rows: dict, runner: _Runner) -> dict:
     checked.  Goodput mode: at the goodput; one that fails has its goodput lowered by the tolerance
     and is checked again (at most MAX_CONFIRM_STEPS times, then demoted)."""
     g = plan.spec.goodput
-    # long runs by (config, rate); how many ran ahead of their turn on idle workers, and how many of those were used
-    ahead: dict = {}
+    # how many first long runs ran ahead of their turn on idle workers, and how many of those were then used
     counts = {"long_runs_ahead": 0, "long_runs_ahead_used": 0}
     if not g.confirm_top:
         return counts
@@ -1551,31 +1594,35 @@ def _confirm(plan: Plan, rows: dict, runner: _Runner) -> dict:
         if not todo:
             return counts
         rates = [target_rate or r["goodput"] for r in todo]
-        # a batch of long runs that would leave workers idle takes the next candidates' along ("ahead"): each
-        # long run is the same whenever it runs (fixed seeds), so the table is the same, only sooner if a
-        # candidate above fails (the executor's workers, so a plan's simulation count depends on them)
-        pending = [(r, x) for r, x in zip(todo, rates) if (r["config"], x) not in ahead]
+        # a batch of long runs that would leave workers idle takes the next candidates' first long runs along
+        # ("ahead", at most confirm_top, none longer than the longest of the batch): a long run is the same
+        # whenever it runs (fixed seeds), so the table is the same, only sooner when a candidate above fails; the
+        # simulation count depends on the executor's workers
+        memo = getattr(runner, "memo", None)
         workers = int(getattr(getattr(runner, "ex", None), "jobs", 1) or 1)
-        spare = (-len(pending)) % workers if pending else 0
-        extra = []
-        for r in ranked:
-            if len(extra) >= spare:
-                break
-            x = target_rate or r["goodput"]
-            if r["meets"] and r not in todo and not (r.get("long_run") or {}).get("passed") \
-                    and (r["config"], x) not in ahead:
-                extra.append((r, x))
-        if pending:
-            n_req = [_scenario_dict(plan, {}, x, 0, g.confirm_factor)["workload"].get("num_requests") for _, x in pending]
-            runner.log(f"long runs: {', '.join(r['config'] for r, _ in pending)} ({g.confirm_factor:g}x the search "
-                       f"window, {n_req} requests, fresh seeds)"
-                       + (f"; ahead on idle workers: {', '.join(r['config'] for r, _ in extra)}" if extra else ""))
-            both = pending + extra
-            for (r, x), res in zip(both, runner.confirm([(cfgs[r["config"]], x) for r, x in both])):
-                ahead[(r["config"], x)] = res
-            counts["long_runs_ahead"] += len(extra)
-        counts["long_runs_ahead_used"] += len(todo) - len(pending)
-        for row, rate, res in zip(todo, rates, [ahead[(r["config"], x)] for r, x in zip(todo, rates)]):
+        pairs = [(cfgs[r["config"]], x) for r, x in zip(todo, rates)]
+        riders = []
+        if memo is not None and workers > 1:
+            def size(x):
+                return _scenario_dict(plan, {}, x, 0, g.confirm_factor)["workload"].get("num_requests") or 0
+            counts["long_runs_ahead_used"] += sum(
+                1 for c, x in pairs if json.dumps(runner.first_long_task(c, x), sort_keys=True) in memo)
+            spare = min((-len(todo)) % workers, g.confirm_top)
+            longest = max(size(x) for x in rates)
+            for r in ranked:
+                if len(riders) >= spare:
+                    break
+                x = target_rate or r["goodput"]
+                if r["meets"] and r not in todo and not (r.get("long_run") or {}).get("passed") and size(x) <= longest \
+                        and json.dumps(runner.first_long_task(cfgs[r["config"]], x), sort_keys=True) not in memo:
+                    riders.append((cfgs[r["config"]], x))
+            counts["long_runs_ahead"] += len(riders)
+        n_req = [_scenario_dict(plan, {}, x, 0, g.confirm_factor)["workload"].get("num_requests") for x in rates]
+        runner.log(f"long runs: {', '.join(r['config'] for r in todo)} ({g.confirm_factor:g}x the search window, "
+                   f"{n_req} requests, fresh seeds)"
+                   + (f"; ahead on idle workers: {', '.join(c.name for c, _ in riders)}" if riders else ""))
+        results = runner.confirm(pairs, riders=riders) if riders else runner.confirm(pairs)
+        for row, rate, res in zip(todo, rates, results):
             row["long_run"] = dict(res, rate=rate)
             if res["passed"]:
                 continue

@@ -1912,3 +1912,47 @@ def test_a_two_token_reply_behind_the_pd_proxy_has_no_tpot_to_miss(monkeypatch):
     assert cfg.infeasible == "TPOT: a lone decode step exceeds 0.001 s for 100%"
     (cfg,) = _bounds(pd, slo={**slo, "mode": "percentile", "tpot_percentile": 50}).values()
     assert cfg.infeasible == ""
+
+
+class _Jobs(_Script):
+    """The scripted executor with ``jobs`` workers (LocalExecutor's attribute), recording each batch's
+    (config, rate, requests)."""
+
+    def __init__(self, answer, jobs):
+        super().__init__(answer)
+        self.jobs, self.batches = jobs, []
+
+    def map(self, fn, tasks, on_done=None):
+        self.batches.append([(next(iter(t["scenario"]["topologies"])), t["scenario"]["workload"]["rate"],
+                              t["scenario"]["workload"]["num_requests"]) for t in tasks])
+        return super().map(fn, tasks, on_done)
+
+
+def test_long_runs_ahead_take_only_shorter_candidates_never_double_and_are_used_when_asked():
+    # goodput per $/h, confirm_top 1, 4 workers, windows of at least 20 s (x 3 for a long run), 100 requests
+    # otherwise.  Goodputs 12, 13, 11, 14 req/s on the $1 ... $4 configs: per $/h 12, 6.5, 3.67, 3.5, so the
+    # $1 one is run long first, at 12 req/s: 240 x 3 = 720 requests.  Spare workers 3, but at most confirm_top
+    # (1) go along, and none longer than 720: the $2 config's (13 req/s: 780) is not taken, the $3 one's
+    # (11: 660) is.  The $1 run fails (lowered 5% to 11.4 and run again: 684), the $3 rider's interval is wide
+    # (it would double) but a rider never doubles in the batch it rides.  Second round: $1 at 11.4 passes
+    # (the rider taken then: the $2's 780 is longer than 684: none; the $3 one is memoised, not re-taken).
+    plan = _four(goodput={"confirm_top": 1, "confirm_factor": 3, "min_duration_s": 20})
+    names = [c.name for c in plan.configs]
+    rows = _rows(plan, [12.0, 13.0, 11.0, 14.0])
+
+    def answer(c, rate, seed, n):
+        if c == names[0]:
+            return _res(190 if rate < 12 else 170, n=200)
+        return dict(_res(190, n=200), ci=[0.85, 0.97])        # wide and holding the target: would double
+    ex = _Jobs(answer, jobs=4)
+    runner = _Runner(plan, ex, None, False)
+    counts = _confirm(plan, rows, runner)
+    assert ex.batches == [[(names[0], 12.0, 720), (names[2], 11.0, 660)], [(names[0], 12.0 * 0.95, 684)]]
+    assert counts == {"long_runs_ahead": 1, "long_runs_ahead_used": 0}
+    assert rows[names[0]]["long_run"]["passed"] and rows[names[0]]["goodput"] == 12.0 * 0.95
+    # the rider's result is kept for when it is asked: confirm at (the $3 config, 11) sends its first run (x3)
+    # to no worker, then doubles it as any long run whose interval is that wide: x6, x12, x24 (x48 > 40)
+    ex.batches.clear()
+    res = runner.confirm([(plan.configs[2], 11.0)])
+    assert ex.batches == [[(names[2], 11.0, 1320)], [(names[2], 11.0, 2640)], [(names[2], 11.0, 5280)]]
+    assert runner.reused == 1 and res[0]["factor"] == 24.0

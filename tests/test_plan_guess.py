@@ -274,3 +274,50 @@ def test_a_reference_stopped_at_max_rounds_lets_its_family_search_unguided():
     rows = {r["config"]: r for r in res["rows"]}
     assert rows["R2"]["goodput"] == 25.0 and rows["R2"]["note"].endswith("search stopped at max_rounds")
     assert rows["R1"]["status"] == "misses SLO at every rate" and res["skipped"]["guided_by_sibling"] == 0
+
+
+def test_a_search_whose_last_allowed_probe_closes_its_bracket_is_done_not_stopped():
+    # max_rounds 5, one config (bound 100) passing up to 30, tolerance 25%: 50 F, 12.5 P, 31.25 F, 21.875 P,
+    # 26.5625 P - the fifth probe closes [26.5625, 31.25] (4.69 <= 7.81).  The search is done, with no "stopped
+    # at max_rounds" note (its next rate, asked once more after the last probe, says so), as before searches
+    # counted their own probes
+    topo = {"kind": "colocated", "device": "h100-sxm", "tp": 1}
+    ex = ScriptedExecutor(lambda name, rate, seed, n: _res(rate <= 30, n))
+    res = run_plan(_plan([("R1", {**topo, "replicas": 1}, 1, 100.0)], max_rounds=5), ex)
+    row = res["rows"][0]
+    assert len(ex.calls) == 5 and row["goodput"] == 26.5625 and row["status"] == "ok" and row["note"] == ""
+    # a family reference that closes on its last allowed probe still gives its family a guess: R2 starts at
+    # 2 x sqrt(26.5625 x 31.25) = 57.62 (P: R2 passes up to 60), then x f (f = 1.3329) = 76.80 F: done
+    ex = ScriptedExecutor(lambda name, rate, seed, n: _res(rate <= (30 if name == "R1" else 60), n))
+    res = run_plan(_plan([("R1", {**topo, "replicas": 1}, 1, 100.0), ("R2", {**topo, "replicas": 2}, 2, 200.0)],
+                         max_rounds=5), ex)
+    assert [round(r, 2) for c, r, *_ in ex.calls if c == "R2"] == [57.62, 76.8]
+    assert res["skipped"]["guided_by_sibling"] == 1
+
+
+def test_a_guided_walk_that_would_leave_the_bracket_halves_it_and_never_outsteps_the_unguided():
+    # target mode: 10 passed; guess 40, passes up to 11: 40 F, 40 / f = 38.00 F, 38.00 / f^2 = 34.30 F,
+    # 34.30 / f^4 = 27.94 F, 27.94 / f^8 = 18.55 F; the next, 18.55 / f^16 = 8.17, would cross the pass at 10:
+    # the walk stops and halves [10, 18.55] geometrically: 13.62 F, 11.67 F, 10.80 P; [10.80, 11.67] is 0.87 >
+    # 5% of 11.67: 11.23 F; [10.80, 11.23] is 0.43 <= 0.56: done at 10.80
+    s = Search(_cfg(100.0), TOL, guess=40.0)
+    s.update(10.0, {"pass_att": 1.0}, 0.9)
+    seen = _drive(s, lambda r: r <= 11)
+    assert [round(x, 2) for x in seen] == [40.0, 38.0, 34.3, 27.94, 18.55, 13.62, 11.67, 10.8, 11.23]
+    assert s.lo <= 11 < s.hi and s.hi - s.lo <= TOL * s.hi
+    # a step is never wider than the unguided doubling: no bound, passing everywhere, tolerance 25%: f = 1.333,
+    # then f^2 = 1.78, then f^4 = 3.16 -> capped at 2, so 1, 1.333, 2.370, 4.740, 9.481 ...
+    s = Search(_cfg(math.inf), 0.25, guess=1.0)
+    for _ in range(5):
+        r = s.next_rate()
+        s.update(r, {"pass_att": 1.0}, 0.9)
+    w = s._walk
+    assert [round(b / a, 3) for a, b in zip(w, w[1:])] == [1.333, 1.777, 2.0, 2.0]
+    # tolerance 1%: the first step is GUESS_STEP (5%), not 1%: guess 20 passing up to 22: 20 P, 21 P, 21 x
+    # 1.05^2 = 23.15 F, then halving [21, 23.15] geometrically down to 1%: 22.05 F, 21.52 P, 21.78 P, 21.92 P:
+    # [21.92, 22.05] is within 1%: seven probes (unguided from half the bound: 50, 12.5, 31.25 ... ten)
+    s = Search(_cfg(100.0), 0.01, guess=20.0)
+    seen = _drive(s, lambda r: r <= 22)
+    assert [round(x, 2) for x in seen] == [20.0, 21.0, 23.15, 22.05, 21.52, 21.78, 21.92]
+    assert len(_drive(Search(_cfg(100.0), 0.01), lambda r: r <= 22)) == 10
+    assert s.lo <= 22 < s.hi and s.hi - s.lo <= 0.01 * s.hi
