@@ -86,6 +86,20 @@ def chromium_render(html_path, tmp_path):
     return dom.stdout, dom.stderr, img
 
 
+def drive_search(s, passes, limit: int = 40) -> list[float]:
+    """The rates a ``pdsim.plan.Search`` asks for until it is done, each answered pass or fail by
+    ``passes(rate)`` (attainment 1 or 0 against a 0.9 target); a search that has not ended after ``limit``
+    rates fails here."""
+    seen = []
+    for _ in range(limit):
+        r = s.next_rate()
+        if r is None:
+            return seen
+        seen.append(r)
+        s.update(r, {"pass_att": 1.0 if passes(r) else 0.0}, 0.9)
+    raise AssertionError(f"the search did not end: {seen}")
+
+
 class ScriptedExecutor:
     """A ``pdsim plan`` executor that answers each task from ``answer(config, rate, seed, requests)`` instead of
     simulating it, and records what it was asked: (config, rate, seed, requests, early) per task; with a

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import simpy
 
-from conftest import ScriptedExecutor
+from conftest import ScriptedExecutor, drive_search
 
 from pdsim.plan import Config, Search, _JudgeSink, _passes_needed, _seed_passes, batch_means_ci
 from pdsim.workload import FINISHED, REJECTED
@@ -159,14 +159,7 @@ def _cfg(bound):
 
 def _drive(s: Search, passes) -> list[float]:
     """The rates the search asks for until it is done (at most 30: a search that never ends fails here)."""
-    seen = []
-    for _ in range(30):
-        r = s.next_rate()
-        if r is None:
-            return seen
-        seen.append(r)
-        s.update(r, {"pass_att": 1.0 if passes(r) else 0.0}, 0.9)
-    raise AssertionError(f"the search did not end: {seen}")
+    return drive_search(s, passes, limit=30)
 
 
 def test_goodput_search_sequence_by_hand():

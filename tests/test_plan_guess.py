@@ -15,7 +15,7 @@ import math
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from conftest import ScriptedExecutor
+from conftest import ScriptedExecutor, drive_search
 from pdsim.plan import Config, Search, _family, _guide, parse_plan, run_plan
 
 TOL = 0.05
@@ -27,14 +27,7 @@ def _cfg(bound, topology=None, name="c"):
 
 
 def _drive(s: Search, passes) -> list[float]:
-    seen = []
-    for _ in range(40):
-        r = s.next_rate()
-        if r is None:
-            return seen
-        seen.append(r)
-        s.update(r, {"pass_att": 1.0 if passes(r) else 0.0}, 0.9)
-    raise AssertionError(f"the search did not end: {seen}")
+    return drive_search(s, passes)
 
 
 def _approx(xs, want):
