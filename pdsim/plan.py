@@ -1605,9 +1605,10 @@ def _confirm(plan: Plan, rows: dict, runner: _Runner) -> dict:
         if memo is not None and workers > 1:
             def size(x):
                 return _scenario_dict(plan, {}, x, 0, g.confirm_factor)["workload"].get("num_requests") or 0
-            counts["long_runs_ahead_used"] += sum(
-                1 for c, x in pairs if json.dumps(runner.first_long_task(c, x), sort_keys=True) in memo)
-            spare = min((-len(todo)) % workers, g.confirm_top)
+            known = sum(1 for c, x in pairs if json.dumps(runner.first_long_task(c, x), sort_keys=True) in memo)
+            counts["long_runs_ahead_used"] += known
+            # (the runs to do now: one whose first run went ahead earlier sends nothing to a worker)
+            spare = min((-(len(todo) - known)) % workers, g.confirm_top) if len(todo) > known else 0
             longest = max(size(x) for x in rates)
             for r in ranked:
                 if len(riders) >= spare:

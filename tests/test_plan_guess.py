@@ -228,9 +228,11 @@ def test_long_runs_ahead_on_idle_workers_change_nothing_but_when_they_run():
     # target mode, 10 req/s, one long run at a time (confirm_top 1, 2x: 200 requests).  A ($1/h) and B ($2/h)
     # pass at the target; A fails its long run, B passes.  One worker: A's long run, then (A demoted) B's, in
     # two batches.  Two workers: A's long run leaves one idle, so B's runs beside it, in the same batch, and
-    # is used when A fails; the table is the same.
+    # is used when A fails; the table is the same.  D ($4/h) also passes at the target: once A fails, B's long
+    # run is known, nothing is sent, and D's must not go "ahead" alone (it would run for nothing, and the plan
+    # would wait for it).
     configs = [("A", {"kind": "colocated", "device": "a"}, 1, 40.0), ("B", {"kind": "colocated", "device": "b"}, 2, 40.0),
-               ("C", {"kind": "colocated", "device": "c"}, 3, 40.0)]
+               ("C", {"kind": "colocated", "device": "c"}, 3, 40.0), ("D", {"kind": "colocated", "device": "d"}, 4, 40.0)]
 
     def answer(name, rate, seed, n):
         if n == 200:
@@ -251,7 +253,7 @@ def test_long_runs_ahead_on_idle_workers_change_nothing_but_when_they_run():
         assert (res["skipped"]["long_runs_ahead"], res["skipped"]["long_runs_ahead_used"]) == \
             ((0, 0) if jobs == 1 else (1, 1))
     assert tables[0] == tables[1]
-    assert tables[0][1] == "B" and tables[0][0][:2] == [("B", "ok", 1.0), ("A", "fails long run", 0.0)]
+    assert tables[0][1] == "B" and tables[0][0][:3] == [("B", "ok", 1.0), ("D", "ok", None), ("A", "fails long run", 0.0)]
 
 
 def test_a_reference_stopped_at_max_rounds_lets_its_family_search_unguided():
