@@ -216,8 +216,16 @@ def splits_mla_steps(cost) -> bool:
     """Whether ``cost`` prices a mixed MLA step's decodes and chunks apart (:meth:`RooflineCost.step`'s
     ``decodes``, through any engine / power-cap wrapper; a pipelined pool's stages do not)."""
     import inspect
-    return bool(getattr(getattr(cost, "model", None), "is_mla", False)) and \
-        "decodes" in inspect.signature(cost.step).parameters
+    if not getattr(getattr(cost, "model", None), "is_mla", False):
+        return False
+    # every layer must take ``decodes``: a wrapper that passes it on (a power cap) over one that does not (a
+    # pipelined pool's stages) would hand it to a step that cannot take it
+    c = cost
+    while c is not None:
+        if "decodes" not in inspect.signature(c.step).parameters:
+            return False
+        c = c.__dict__.get("inner") if hasattr(c, "__dict__") else None
+    return True
 
 
 def decode_part(items):

@@ -245,3 +245,28 @@ def test_provisioned_kw_is_the_peak_alive_at_once_at_the_cap_where_set():
     assert tl == {"prefill": [(0.0, 1), (10.0, 2), (20.0, 1)], "decode": [(0.0, 1), (30.0, 2)]}
     assert s["gpus"] == 3
     assert s["energy"]["provisioned_kW"] == pytest.approx(1.7, rel=1e-12)
+
+
+def test_a_power_cap_over_a_pipelined_mla_pool_prices_its_mixed_steps_as_the_stages_do():
+    # A pipelined pool's stages price a mixed MLA step whole (no separate decodes); a power cap wraps them and
+    # took ``decodes`` from its own signature, so the first mixed step of DeepSeek-V3 at pp 2 under a cap
+    # raised TypeError.  Whether to split is now asked of every layer of the wrapping.  A cap these small
+    # steps never reach (500 W on a 700 W H200) throttles nothing: every latency equals the uncapped run's.
+    from conftest import scenario
+
+    from pdsim import metrics
+    from pdsim.costmodel import splits_mla_steps
+    from pdsim.simulation import simulate
+
+    base = {"kind": "colocated", "device": "h200", "tp": 8, "ep": 8, "pp": 2, "kv_blocks": 2000}
+    out = []
+    for extra in ({}, {"power_cap_W": 500}):
+        sc = scenario({"t": {**base, **extra}}, model="deepseek-v3", num_requests=4, rate=50, prompt_tokens=600,
+                      output_tokens=20).model_copy(update={"weight_dtype": "fp8"})
+        res = simulate(sc)
+        inst = res[0].topology.instances[0]
+        assert not splits_mla_steps(inst.cost) and isinstance(inst.cost, CappedCost) == bool(extra)
+        df = metrics.requests_frame(res)
+        assert (df.status == "finished").all()
+        out.append(df[["ttft_s", "tpot_s", "e2e_s"]].to_numpy())
+    assert np.array_equal(out[0], out[1])
