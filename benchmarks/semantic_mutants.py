@@ -382,6 +382,11 @@ MUTANTS: list[Mutant] = [
            "and size(x) <= longest", "and True",
            ("tests/test_plan_by_hand.py::test_long_runs_ahead_take_only_shorter_candidates_never_double_and_are_used_when_asked",),
            "a long run longer than the batch's longest goes along ahead (the batch waits for it)"),
+    Mutant("pp-prefill-bound-at-all-micro-batches", "pdsim/plan.py",
+           "spreads = range(1, mb + 1) if", "spreads = [mb] if",
+           ("tests/test_pp.py::test_the_plans_prefill_bound_under_pp_takes_the_cheapest_micro_batch_count",),
+           "the plan's prefill bound of a pipelined pool prices every step at micro_batches micro-batches "
+           "(not a bound when fewer are cheaper)"),
     Mutant("plan-bound-ignores-decode", "pdsim/plan.py",
            "per_req = p_mean * prefill_s_per_token(p) + d_mean * decode_s_per_token(p)",
            "per_req = p_mean * prefill_s_per_token(p)",

@@ -469,14 +469,19 @@ def plan_base_rate(plan: Plan, with_span: bool = False):
 def prefill_bound_s_per_token(cm, spec, p_max: int) -> float:
     """Least linear-layer time per prompt token over the step sizes the scheduler can form: up to the token
     budget and max_running prompts, or one whole prompt above the budget.  A pipelined pool overlaps its
-    micro-batches, so T tokens are priced spread over them; a DP-attention pool's ranks each take T / ranks
-    (its best case: as many prompts as ranks), never T on one rank, which would not bound the rate."""
+    micro-batches, so T tokens are priced spread over 1 ... micro_batches of them (a step holds as many as it
+    has prompts, up to micro_batches: fewer can be cheaper per token, e.g. when a stage's time does not fall
+    with its tokens); a DP-attention pool's ranks each take T / ranks (its best case: as many prompts as
+    ranks), never T on one rank, which would not bound the rate."""
     t_max = max(min(spec.token_budget, spec.max_running * p_max), min(p_max, spec.max_running * p_max))
     best = math.inf
     ranks = getattr(cm, "attn_dp", 1)
-    spread = max(getattr(cm, "micro_batches", 1), ranks if isinstance(ranks, int) else 1)
+    mb = getattr(cm, "micro_batches", 1)
+    spreads = range(1, mb + 1) if isinstance(mb, int) and mb > 1 else \
+        [max(1, ranks if isinstance(ranks, int) else 1)]
     for T in {t_max, min(spec.token_budget, t_max), min(p_max, t_max)}:
-        best = min(best, cm.step(T, 0.0, 0, 0, spread).time_s / T)
+        for spread in spreads:
+            best = min(best, cm.step(T, 0.0, 0, 0, spread).time_s / T)
     return best
 
 

@@ -312,3 +312,26 @@ def test_plan_searches_pipeline_depths():
     assert got["colo-h100-sxm-tp1pp2x1"].gpus == 2 and got["colo-h100-sxm-tp1pp2x1"].topology["pp"] == 2
     assert got["pd-h100-sxm-1p1pp2-1d1pp4-infiniband"].gpus == 6
     assert all(0 < c.bound_rate < math.inf for c in plan.configs)
+
+
+def test_the_plans_prefill_bound_under_pp_takes_the_cheapest_micro_batch_count():
+    # A constant 0.01 s stage pass, pp 2, micro_batches 4, token budget 2048, prompts of at most 1000 tokens.
+    # A step of 2048 tokens in 4 micro-batches takes 4 x 0.01 s (each stage runs four passes, more than the
+    # 2-pass trip); in 2 micro-batches max(2 x 0.01, trip 2 x 0.01) = 0.02 s; in 1, the trip 0.02 s; 1000
+    # tokens at best 0.02 s too.  The least per prompt token is 0.02 / 2048 s.  Priced only at 4 micro-batches
+    # the bound was 0.04 / 2048: twice what the pool then does (a step holds as many micro-batches as it has
+    # prompts, here two), so the plan capped the search below a goodput the config reaches.
+    from pdsim.plan import prefill_bound_s_per_token
+    pool = {"cost_model": {"kind": "constant", "step_s": 0.01}, "pp": 2, "micro_batches": 4, "kv_blocks": 5000,
+            "max_batched_tokens": 2048}
+    spec = config.PoolSpec(**pool)
+    cm = make_cost(spec, get_model("llama-3.1-8b"), "bf16", "bf16", None, "p")
+    assert [cm.step(2048, 0.0, 0, 0, b).time_s for b in (1, 2, 4)] == pytest.approx([0.02, 0.02, 0.04], rel=1e-12)
+    bound = prefill_bound_s_per_token(cm, spec, 1000)
+    assert bound == pytest.approx(0.02 / 2048, rel=1e-12)
+    # and it bounds the simulation: 40 prompts of 1000 tokens (one output token each) arriving at 2000 req/s
+    # keep the pool busy at no less than the bound per prompt token
+    res = simulate(_sc({"kind": "colocated", **pool}, rate=2000, num_requests=40, prompt_tokens=1000,
+                       output_tokens=1))
+    inst = res[0].topology.instances[0]
+    assert bound <= inst.busy_s / 40_000
