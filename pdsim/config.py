@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, ValidationError, model_validator
 
 from .errors import ConfigError
 
@@ -219,7 +219,7 @@ class PoolSpec(_Strict):
     # stage, checked against the model in models.validate_pp); micro_batches in flight (default pp, as vLLM's
     # virtual engines)
     pp: Annotated[int, Field(ge=1, le=1024)] = 1
-    pp_layers: list[int] | None = None
+    pp_layers: list[StrictInt] | None = None     # (strict: `true` or 16.0 is not a layer count)
     micro_batches: Annotated[int, Field(ge=1, le=4096)] | None = None
     # DP attention (MoE, ep = tp): each GPU an attention rank with its own requests' KV, experts over all
     dp_attention: bool = False
@@ -492,7 +492,7 @@ class DisaggregatedSpec(_Strict):
         if self.autoscaler is not None:
             check_autoscaler(self.autoscaler, {"prefill": self.prefill.instances, "decode": self.decode.instances})
             if self.autoscaler.policy == "mix":
-                for k in ("device", "tp", "pp", "ep", "dp_attention"):   # the same GPUs, the same layout
+                for k in ("device", "tp", "pp", "pp_layers", "ep", "dp_attention"):   # the same GPUs and layout
                     if getattr(self.prefill, k) != getattr(self.decode, k):
                         raise ValueError(f"autoscaler.policy: mix switches GPUs between the pools: prefill.{k} "
                                          f"(={getattr(self.prefill, k)}) must equal decode.{k} "

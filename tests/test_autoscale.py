@@ -394,6 +394,10 @@ def test_role_switching_fast_path_equals_step_by_step():
     # found in review: a 4-GPU tp2 x pp2 prefill instance became a 2-GPU decode one (GPU-hours fell)
     ({**PD, "prefill": {"instances": 2, "tp": 2, "pp": 2}, "decode": {"instances": 2, "tp": 2},
       "autoscaler": {"policy": "mix"}}, r"prefill\.pp \(=2\) must equal decode\.pp \(=1\)"),
+    # found in review: the same pp, another layer split (a switch keeps the weights where they are)
+    ({**PD, "prefill": {"instances": 2, "pp": 2, "pp_layers": [20, 12]},
+      "decode": {"instances": 2, "pp": 2, "pp_layers": [16, 16]}, "autoscaler": {"policy": "mix"}},
+     r"prefill\.pp_layers \(=\[20, 12\]\) must equal decode\.pp_layers \(=\[16, 16\]\)"),
 ])
 def test_role_switching_needs_matching_pools(topo, match):
     with pytest.raises(ConfigError, match=match):

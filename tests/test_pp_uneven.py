@@ -323,6 +323,15 @@ def test_bad_pp_layers_is_one_line_naming_the_key(tmp_path, capsys, pool, needle
 def test_bad_pp_layers_elsewhere_is_one_line(tmp_path, capsys):
     err = _err(_run_yaml(tmp_path, "llama-3.1-8b", "pp: 2, pp_layers: [a, b]"), capsys)
     assert "topologies.a.pp_layers" in err
+
+
+@pytest.mark.parametrize("pool,needle", [
+    ("pp: 2, pp_layers: [true, 31]", "topologies.a.pp_layers.0 = True"),     # found in review: ran as [1, 31]
+    ("pp: 2, pp_layers: [16, 16.0]", "topologies.a.pp_layers.1 = 16.0"),
+])
+def test_pp_layers_are_whole_numbers_not_booleans_or_floats(tmp_path, capsys, pool, needle):
+    err = _err(_run_yaml(tmp_path, "llama-3.1-8b", pool), capsys)
+    assert needle in err and "valid integer" in err
     p = tmp_path / "d.yaml"
     p.write_text("model: llama-3.1-8b\nworkload: {rate: 2, num_requests: 3}\ntopologies:\n"
                  "  pd: {kind: disaggregated, prefill: {device: h200, pp: 3, pp_layers: [10, 10, 10]}, "
