@@ -206,20 +206,29 @@ def _cap(kv) -> str:
     return f"{kv.max_request_blocks()}" + (f" per attention rank ({kv.ranks} ranks)" if kv.ranked else "")
 
 
+def stage_kv_memory(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, device) -> list[tuple[float, float]]:
+    """[(KV memory, bytes per block)] of one GPU of each pipeline stage: its free memory as :func:`kv_blocks`
+    (or the engine) sizes it with the stage's own weights, and block_size tokens of its own layers' KV."""
+    stage_w = model.stage_weight_bytes(weight_dtype, pool.tp, pool.ep, pool.pp, pool.pp_layers)
+    stage_kv = model.stage_kv_bytes_per_token(kv_dtype, pool.tp, pool.pp, pool.pp_layers)
+    out = []
+    for w, kv in zip(stage_w, stage_kv):
+        free = device.memory_bytes * pool.gpu_memory_utilization - w - pool.activation_reserve_GiB * GiB
+        if pool.engine is not None:
+            from .engines import kv_cache_bytes
+            free = kv_cache_bytes(pool, model, weight_dtype, device.memory_bytes, weights=w)["kv_bytes"]
+        out.append((free, pool.block_size * kv))
+    return out
+
+
 def _uneven_stage_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, device, block_bytes: float,
                          key: str) -> tuple[int, float]:
     """:func:`kv_blocks` of a pipeline whose stages hold different numbers of layers: min over the stages
     of (stage j's free memory // its block bytes), free memory as :func:`kv_blocks` (or the engine) sizes
     it with stage j's weights."""
     stage_w = model.stage_weight_bytes(weight_dtype, pool.tp, pool.ep, pool.pp, pool.pp_layers)
-    stage_kv = model.stage_kv_bytes_per_token(kv_dtype, pool.tp, pool.pp, pool.pp_layers)
     blocks = None
-    for j, (w, kv) in enumerate(zip(stage_w, stage_kv)):
-        free = device.memory_bytes * pool.gpu_memory_utilization - w - pool.activation_reserve_GiB * GiB
-        if pool.engine is not None:
-            from .engines import kv_cache_bytes
-            free = kv_cache_bytes(pool, model, weight_dtype, device.memory_bytes, weights=w)["kv_bytes"]
-        bb = pool.block_size * kv
+    for j, (w, (free, bb)) in enumerate(zip(stage_w, stage_kv_memory(pool, model, weight_dtype, kv_dtype, device))):
         if free < bb:
             raise ConfigError(
                 f"{model.name} weights ({w / GiB:.1f} GiB per GPU of pipeline stage {j} at tp={pool.tp} "
@@ -280,9 +289,12 @@ class Pool:
                                   key=f"{key}.speculative", value=spec.speculative.method)
             from . import speculative
             if spec.kv_blocks is None:
+                # uneven stages: the draft lives on the last stage only, each stage's own memory bounds the pool
+                stages = stage_kv_memory(spec, model, ctx.weight_dtype, ctx.kv_dtype, self.device) \
+                    if self.pp_layers is not None and len(set(self.pp_layers)) > 1 and not spec.dp_attention else None
                 blocks = speculative.kv_blocks(spec.speculative, model, blocks, self.block_bytes, spec.tp,
                                                ctx.weight_dtype, ctx.kv_dtype, key, spec.pp, spec.ep,
-                                               spec.dp_attention)
+                                               spec.dp_attention, stages)
             self.draft_weight_bytes_per_gpu = speculative.draft_weight_bytes_per_gpu(
                 spec.speculative, model, ctx.weight_dtype, spec.tp, spec.ep, spec.dp_attention, key)
             self.spec_dec = speculative.build(spec.speculative, spec, self.cost, model, ctx.weight_dtype,
