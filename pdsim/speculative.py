@@ -114,7 +114,8 @@ def draft_weight_bytes_per_gpu(spec, target_model, weight_dtype: str, tp: int, e
 
 
 def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weight_dtype: str,
-              kv_dtype: str, key: str, pp: int = 1, ep: int = 1, dp_attention: bool = False) -> int:
+              kv_dtype: str, key: str, pp: int = 1, ep: int = 1, dp_attention: bool = False,
+              stages=None) -> int:
     """The pool's KV blocks once the draft's weights and its KV per token share the memory.
 
     ``blocks`` x ``block_bytes`` is what the pool had for the target's KV; the draft's weights
@@ -122,11 +123,26 @@ def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weig
     (1 + draft KV / target KV) x ``block_bytes``.  A fraction-priced draft takes no memory.
     Under pipeline parallelism the draft sits on the last stage, whose GPUs hold 1 / pp of the
     target's KV per token: there a token costs (1 + pp x draft KV / target KV) of its share, and
-    that stage (uniform stages assumed) bounds the pool."""
+    with uniform stages that stage bounds the pool.  Uneven stages (``stages``: each stage's
+    [(KV memory, bytes per block)] on one GPU, :func:`pdsim.topology.stage_kv_memory`): the
+    fewest blocks any stage has room for, the draft's weights and its KV (a block's draft KV per
+    GPU: the whole target's per-GPU block bytes, the stages' sum, x draft KV / target KV) on the
+    last stage only."""
     shape = draft_shape(spec, target_model, f"{key}.speculative")
     if shape is None:
         return blocks
     weights = draft_weight_bytes_per_gpu(spec, target_model, weight_dtype, tp, ep, dp_attention, key)
+    if stages is not None:
+        draft_bb = sum(bb for _, bb in stages) * shape.kv_bytes_per_token(kv_dtype) \
+            / target_model.kv_bytes_per_token(kv_dtype)
+        new = min(int(free // bb) for free, bb in stages[:-1])
+        free, bb = stages[-1]
+        new = min(new, int((free - weights) // (bb + draft_bb)))
+        if new < 1:
+            raise ConfigError(f"the draft ({shape.name}, {weights / 2**30:.2f} GiB per GPU) leaves no memory "
+                              "for the KV cache on the last pipeline stage", key=f"{key}.speculative",
+                              value=spec.method)
+        return new
     ratio = pp * shape.kv_bytes_per_token(kv_dtype) / target_model.kv_bytes_per_token(kv_dtype)
     left = blocks * block_bytes - weights
     new = int(left // (block_bytes * (1.0 + ratio)))

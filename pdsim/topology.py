@@ -206,20 +206,29 @@ def _cap(kv) -> str:
     return f"{kv.max_request_blocks()}" + (f" per attention rank ({kv.ranks} ranks)" if kv.ranked else "")
 
 
+def stage_kv_memory(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, device) -> list[tuple[float, float]]:
+    """[(KV memory, bytes per block)] of one GPU of each pipeline stage: its free memory as :func:`kv_blocks`
+    (or the engine) sizes it with the stage's own weights, and block_size tokens of its own layers' KV."""
+    stage_w = model.stage_weight_bytes(weight_dtype, pool.tp, pool.ep, pool.pp, pool.pp_layers)
+    stage_kv = model.stage_kv_bytes_per_token(kv_dtype, pool.tp, pool.pp, pool.pp_layers)
+    out = []
+    for w, kv in zip(stage_w, stage_kv):
+        free = device.memory_bytes * pool.gpu_memory_utilization - w - pool.activation_reserve_GiB * GiB
+        if pool.engine is not None:
+            from .engines import kv_cache_bytes
+            free = kv_cache_bytes(pool, model, weight_dtype, device.memory_bytes, weights=w)["kv_bytes"]
+        out.append((free, pool.block_size * kv))
+    return out
+
+
 def _uneven_stage_blocks(pool: PoolSpec, model, weight_dtype: str, kv_dtype: str, device, block_bytes: float,
                          key: str) -> tuple[int, float]:
     """:func:`kv_blocks` of a pipeline whose stages hold different numbers of layers: min over the stages
     of (stage j's free memory // its block bytes), free memory as :func:`kv_blocks` (or the engine) sizes
     it with stage j's weights."""
     stage_w = model.stage_weight_bytes(weight_dtype, pool.tp, pool.ep, pool.pp, pool.pp_layers)
-    stage_kv = model.stage_kv_bytes_per_token(kv_dtype, pool.tp, pool.pp, pool.pp_layers)
     blocks = None
-    for j, (w, kv) in enumerate(zip(stage_w, stage_kv)):
-        free = device.memory_bytes * pool.gpu_memory_utilization - w - pool.activation_reserve_GiB * GiB
-        if pool.engine is not None:
-            from .engines import kv_cache_bytes
-            free = kv_cache_bytes(pool, model, weight_dtype, device.memory_bytes, weights=w)["kv_bytes"]
-        bb = pool.block_size * kv
+    for j, (w, (free, bb)) in enumerate(zip(stage_w, stage_kv_memory(pool, model, weight_dtype, kv_dtype, device))):
         if free < bb:
             raise ConfigError(
                 f"{model.name} weights ({w / GiB:.1f} GiB per GPU of pipeline stage {j} at tp={pool.tp} "
@@ -280,9 +289,12 @@ class Pool:
                                   key=f"{key}.speculative", value=spec.speculative.method)
             from . import speculative
             if spec.kv_blocks is None:
+                # uneven stages: the draft lives on the last stage only, each stage's own memory bounds the pool
+                stages = stage_kv_memory(spec, model, ctx.weight_dtype, ctx.kv_dtype, self.device) \
+                    if self.pp_layers is not None and len(set(self.pp_layers)) > 1 and not spec.dp_attention else None
                 blocks = speculative.kv_blocks(spec.speculative, model, blocks, self.block_bytes, spec.tp,
                                                ctx.weight_dtype, ctx.kv_dtype, key, spec.pp, spec.ep,
-                                               spec.dp_attention)
+                                               spec.dp_attention, stages)
             self.draft_weight_bytes_per_gpu = speculative.draft_weight_bytes_per_gpu(
                 spec.speculative, model, ctx.weight_dtype, spec.tp, spec.ep, spec.dp_attention, key)
             self.spec_dec = speculative.build(spec.speculative, spec, self.cost, model, ctx.weight_dtype,
@@ -823,7 +835,8 @@ class Disaggregated(_Serving):
         """``kv_link.layerwise_overlap``: the wire seconds of this transfer sent while its prefill still ran.
 
         Layer l's KV is ready at prefill start + compute x l / L, so layers 1..L-1 may leave during the
-        prefill, and only while the link was idle (since ``link.free_at``, its previous transfer's end).  A
+        prefill (under pipeline parallelism each stage's own layers over its own links, see below), and only
+        while the link was idle (since ``link.free_at``, its previous transfer's end).  A
         transfer that does not start the moment its prefill ends (it queued behind the link, waited for
         decode blocks or for a link that was down) overlaps nothing, nor does a prefill done again after
         a failure (its compute window is not the first prefill's).  The latency is never overlapped."""
@@ -831,8 +844,30 @@ class Disaggregated(_Serving):
             return 0.0
         L = self.model.layers
         compute_s = req.prefill_end_s - req.prefill_start_s
-        idle_s = req.prefill_end_s - max(req.prefill_start_s + compute_s / L, link.free_at)
-        return min(wire_s * (L - 1) / L, max(0.0, idle_s))
+        split = self.prefill.pp_layers
+        if split is None:
+            idle_s = req.prefill_end_s - max(req.prefill_start_s + compute_s / L, link.free_at)
+            return min(wire_s * (L - 1) / L, max(0.0, idle_s))
+        # Pipeline: stage j's GPUs hold and send only its n_j layers, over its own tp links, and compute them
+        # only during its part of the prefill.  ASSUMPTION (as at pp = 1): the layers take compute / L each,
+        # so stage j computes from start + c_j tau (c_j: the layers before it) to start + (c_j + n_j) tau
+        # (exact for constant / linear stages, which cost n_j / L of a lone prefill each).  Every layer's KV
+        # is bytes / L and the link's speed is the busiest stage's (n_max layers on its tp links), so one
+        # layer takes w = wire_s / n_max on any stage's links.  Stage j's k-th layer is ready at a_j + k tau and
+        # leaves after its (k-1)-th, from link.free_at on (the previous transfer's end); its last one lands at
+        #     max(free_at + n_j w, a_j + tau + n_j w, a_j + n_j tau + w)
+        # (the k = 1 and k = n_j terms of max_k a_j + k tau + (n_j - k + 1) w, linear in k).  The transfer ends
+        # with its slowest stage (the latency after it, never overlapped); the rest is what was sent early.
+        tau = compute_s / L
+        w = wire_s / max(split)
+        done = req.prefill_end_s + w          # the last stage's last layer leaves once the prefill ends
+        c = 0
+        for n in split:
+            a = req.prefill_start_s + c * tau
+            c += n
+            end = req.prefill_end_s if c == L else req.prefill_start_s + c * tau
+            done = max(done, link.free_at + n * w, a + tau + n * w, end + w)
+        return max(0.0, wire_s - (done - req.prefill_end_s))
 
     def _unreserve(self, dec, dec_epoch: int, req: Request) -> None:
         """Give back a decode reservation (unless the decode instance lost it in a failure)."""

@@ -426,6 +426,29 @@ def test_a_draft_under_pipeline_parallelism_sits_on_the_last_stage():
         assert r.status == "finished" and r.generated == 40
 
 
+@pytest.mark.parametrize("split, expect", [([10, 22], 31_556), ([22, 10], 44_746), ([16, 16], 41_110)])
+def test_a_draft_under_an_uneven_pipeline_takes_memory_on_the_last_stage_only(split, expect):
+    # Llama-3.1-8B on 2 stages of one H100 (80 GiB x 0.9 - 2 GiB reserve = 75,161,927,680 B for weights + KV),
+    # Llama-3.2-1B draft (2,471,493,632 B of weights, 32,768 B of KV a token) on the LAST stage.  Target: a layer
+    # is 218,103,808 params = 436,207,616 B, the embedding and the LM head 128256 x 4096 x 2 = 1,050,673,152 B
+    # each (first / last stage), KV 4,096 B a token a layer, 16-token blocks.  The pool keeps the fewest blocks
+    # any stage has room for:
+    #   [10, 22]: stage 0: 10 layers + embedding = 5,412,749,312 B -> 69,749,178,368 free / (16 x 10 x 4096 =
+    #     655,360) = 106,428; stage 1: 22 layers + LM head = 10,647,240,704 B, minus the draft's weights:
+    #     62,043,193,344 / (16 x 22 x 4096 + 16 x 32,768 = 1,966,080) = 31,556 -> 31,556
+    #   [22, 10]: stage 0: 64,514,686,976 / 1,441,792 = 44,746; stage 1 (draft): (69,749,178,368 - 2,471,493,632)
+    #     / (655,360 + 524,288) = 57,032 -> 44,746
+    #   (both were 28,687: the draft's weights and 2 x its KV against the busiest stage's 44,746 blocks of
+    #   1,441,792 B: (44,746 x 1,441,792 - 2,471,493,632) // (1,441,792 x 1.5))
+    #   [16, 16] (uniform, unchanged): 67,131,932,672 // 1,048,576 = 64,022 blocks without the draft, then
+    #     (64,022 x 1,048,576 - 2,471,493,632) // (1,048,576 x (1 + 2 x 32 / 128)) = 41,110
+    topos = {"spec": {"kind": "colocated", "device": "h100-sxm", "pp": 2, "pp_layers": split,
+                      "speculative": {"k": 3, "acceptance": 0.8, "draft_model": "llama-3.2-1b"}}}
+    (res,) = simulate(scenario(topos, num_requests=1, rate=1, prompt_tokens=20, output_tokens=3))
+    assert res.topology.instances[0].kv.total_blocks == expect
+    assert res.requests[0].status == "finished"
+
+
 def test_mtp_under_pipeline_parallelism_is_one_layer_on_one_stage():
     topo = {"c": {"kind": "colocated", "device": "h100-sxm", "tp": 4, "pp": 2, "kv_blocks": 3000,
                   "speculative": {"method": "mtp", "k": 2, "acceptance": 1.0}}}

@@ -1522,3 +1522,51 @@ def test_a_transfer_cut_in_its_latency_counts_only_the_latency_it_waited_by_hand
     (link,) = res.topology.links
     assert link.busy_s == pytest.approx(2.5 + 2 * x, abs=1e-12)
     assert link.transfers == 2 and link.busy_s <= max(r.finish_s for r in res.requests)
+
+
+# --- layer-wise KV overlap under pipeline parallelism: each stage sends its own layers over its own links,
+# ready only while that stage computes.  Stage j (n_j layers, c_j before it) computes from start + c_j tau to
+# start + (c_j + n_j) tau, tau = prefill / L; one layer's KV takes w on its stage's links; its last layer
+# leaves at max(stage start + tau + n_j w, stage end + w) (link idle before the prefill); the transfer ends with
+# the slowest stage, then the latency.  llama-3.1-8b: 32 layers, 131072 B of KV per token (4096 B per layer).
+
+def _layerwise(prefill, bandwidth_GBps, latency_us=0):
+    topo = _dis(prefill=prefill, kv_link={"bandwidth_GBps": bandwidth_GBps, "latency_us": latency_us,
+                                          "layerwise_overlap": True})
+    (r,) = _stream(topo, [(0.0, 400, 2)]).requests
+    return r
+
+
+def test_layerwise_overlap_under_pipeline_sends_each_stages_layers_during_that_stage():
+    # prefill pp=2 (16 + 16 layers), 0.05 s per stage: the lone prompt's prefill is 0 - 0.1 s, tau = 0.1 / 32
+    # = 3.125 ms a layer; stage 0 computes layers 1-16 in [0, 0.05], stage 1 layers 17-32 in [0.05, 0.1].
+    # 400 tokens: 400 x 4096 B = 1,638,400 B per layer; each stage's one link at 0.1 GB/s: w = 16.384 ms a
+    # layer (the link model's 2 x 0.1 GB/s for 52,428,800 B: 0.262144 s = 16 w).  The link is the bottleneck:
+    # stage 0 sends from 0.003125 to 0.003125 + 16 w = 0.265269; stage 1's first layer is ready at 0.053125,
+    # its 16 layers leave back to back until 0.053125 + 0.262144 = 0.315269 -> visible 0.315269 - 0.1
+    # = 0.215269 s (not 0.165269: overlap as if layer 1 of 32 were ready at 0.003125 on both links)
+    r = _layerwise({"pp": 2}, 0.1)
+    assert r.prefill_end_s == pytest.approx(0.1, abs=1e-12)
+    assert r.kv_transfer_s == pytest.approx(0.215269, abs=1e-12)
+    assert r.decode_start_s == pytest.approx(0.315269, abs=1e-12)
+
+
+def test_layerwise_overlap_under_an_uneven_pipeline_waits_for_the_last_stage():
+    # pp_layers [12, 20], 0.05 s a stage: the lone prefill is 0.1 s (each stage n_j / 16 of 0.05 s: 0.0375
+    # and 0.0625), tau = 3.125 ms.  The link model: 1e8 x 32 / 20 = 1.6e8 B/s, 52,428,800 B in 0.32768 s =
+    # 20 w, w = 1,638,400 B / 1e8 = 16.384 ms a layer on any stage's link.  Stage 0 (layers 1-12, [0, 0.0375]):
+    # 0.003125 + 12 w = 0.199733.  Stage 1 (layers 13-32, [0.0375, 0.1]): 0.0375 + 0.003125 + 20 w = 0.368305,
+    # the end; + 100 us latency -> visible 0.368305 - 0.1 + 0.0001 = 0.268405 s (overlap as one link from
+    # layer 1 at 0.003125 would give 0.230905)
+    r = _layerwise({"pp": 2, "pp_layers": [12, 20]}, 0.1, latency_us=100)
+    assert r.prefill_end_s == pytest.approx(0.1, abs=1e-12)
+    assert r.kv_transfer_s == pytest.approx(0.268405, abs=1e-12)
+
+
+def test_layerwise_overlap_under_pipeline_when_compute_is_the_bottleneck():
+    # pp=2 as above, each stage's link at 10 GB/s: w = 1,638,400 B / 1e10 = 0.16384 ms < tau = 3.125 ms, so
+    # every layer leaves as soon as it is ready: stage 1's last layer (32) is ready at 0.1 and lands at 0.1 +
+    # w; stage 0's at 0.05 + w.  Visible: w + 10 us latency = 0.00017384 s (one of 32 layers on both links'
+    # 20 GB/s, 52,428,800 / 2e10 / 32 = 0.08192 ms, would hide half of the last layer's time)
+    r = _layerwise({"pp": 2}, 10, latency_us=10)
+    assert r.kv_transfer_s == pytest.approx(0.00017384, abs=1e-12)
