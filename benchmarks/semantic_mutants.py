@@ -387,6 +387,17 @@ MUTANTS: list[Mutant] = [
            ("tests/test_pp.py::test_the_plans_prefill_bound_under_pp_takes_the_cheapest_micro_batch_count",),
            "the plan's prefill bound of a pipelined pool prices every step at micro_batches micro-batches "
            "(not a bound when fewer are cheaper)"),
+    Mutant("pp-overlap-stages-ready-from-the-start", "pdsim/topology.py",
+           "            a = req.prefill_start_s + c * tau\n", "            a = req.prefill_start_s\n",
+           ("tests/test_topology_by_hand.py::test_layerwise_overlap_under_pipeline_sends_each_stages_layers_during_that_stage",
+            "tests/test_topology_by_hand.py::test_layerwise_overlap_under_an_uneven_pipeline_waits_for_the_last_stage"),
+           "under PP every stage's layers are taken as ready from the prefill's start (a later stage computes its "
+           "layers only during its part of the prefill)"),
+    Mutant("spec-draft-on-every-uneven-stage", "pdsim/speculative.py",
+           "new = min(int(free // bb) for free, bb in stages[:-1])",
+           "new = min(int((free - weights) // (bb + draft_bb)) for free, bb in stages[:-1])",
+           ("tests/test_speculative.py::test_a_draft_under_an_uneven_pipeline_takes_memory_on_the_last_stage_only",),
+           "with uneven stages the draft's weights and KV are charged on every stage, not the last only"),
     Mutant("plan-bound-ignores-decode", "pdsim/plan.py",
            "per_req = p_mean * prefill_s_per_token(p) + d_mean * decode_s_per_token(p)",
            "per_req = p_mean * prefill_s_per_token(p)",
