@@ -937,11 +937,12 @@ class RooflineCost(CostModel):
         return [t + t_a * n for t, n in zip(t_s, self._split)], f_s + att.flops * L, b_s + att.bytes * L
 
     def stage_transfer_s(self, tokens) -> float:
-        """Activations of ``tokens`` tokens (hidden x bf16) from one stage to the next: point to point over
-        the device's interconnect (its latency, and its bandwidth at the collectives' link efficiency)."""
+        """Activations of ``tokens`` tokens from one stage to the next: the hidden states and the residual
+        (vLLM's IntermediateTensors between pipeline ranks), hidden x bf16 each, point to point over the
+        device's interconnect (its latency, and its bandwidth at the collectives' link efficiency)."""
         if tokens <= 0:
             return 0.0
-        return kernels.p2p_roofline(self.device, tokens * self.model.hidden * 2.0)
+        return kernels.p2p_roofline(self.device, tokens * self.model.hidden * 2.0 * 2)
 
     def overhead_s(self) -> float:
         """The device's flat per-step engine overhead (once per micro-batch under pipeline parallelism)."""

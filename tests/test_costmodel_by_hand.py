@@ -199,9 +199,10 @@ def test_pipeline_stages_by_hand():
     assert times == pytest.approx([(3296 + 160) * 1e-6, (2 * 3296 + 1024) * 1e-6], rel=1e-12)
     assert f == 3 * (2304 + 192) + 1024 and b == 3 * 2368 + 160 + 672
     assert rc.overhead_s() == pytest.approx(100e-6, rel=1e-12)
-    # activations of 2 tokens to the next stage: 2*8*2 = 32 B at 1e6 B/s (+ the 0 latency); none for 0 tokens
-    assert rc.stage_transfer_s(2) == pytest.approx(32e-6, rel=1e-12) and rc.stage_transfer_s(0) == 0.0
-    assert rc.stage_transfer_s(1) == pytest.approx(16e-6, rel=1e-12)
+    # activations of 2 tokens to the next stage, hidden states and residual: 2 x (2*8*2) = 64 B at 1e6 B/s (+ the
+    # 0 latency); none for 0 tokens
+    assert rc.stage_transfer_s(2) == pytest.approx(64e-6, rel=1e-12) and rc.stage_transfer_s(0) == 0.0
+    assert rc.stage_transfer_s(1) == pytest.approx(32e-6, rel=1e-12)
     # arrays over two decode steps: step 1 adds 128 us of attention per layer (test_k_decode_steps_by_hand)
     times, f, b = rc.stage_times(2, np.array([6.0, 8.0]), np.array([8.0, 10.0]), 2, 2)
     assert times[0] == pytest.approx([3456e-6, 3584e-6], rel=1e-12)

@@ -68,8 +68,9 @@ def test_lone_request_on_the_roofline_is_the_sum_of_its_stages_plus_transfers():
     one_allreduce = bd["allreduce"]["time_s"] / (2 * (L // 2) + 1)
     stage0 = whole - bd["lm_head"]["time_s"] - bd["step_overhead"]["time_s"]
     stage1 = whole - bd["embed"]["time_s"] - bd["step_overhead"]["time_s"] - one_allreduce
-    # activations: 1000 tokens x 4096 hidden x 2 bytes over NVLink4 (450 GB/s x 0.58 link efficiency, 6 us)
-    transfer = 6e-6 + P * 4096 * 2 / (450e9 * 0.58)
+    # activations: 1000 tokens x 4096 hidden x 2 bytes, hidden states and residual (vLLM's IntermediateTensors),
+    # over NVLink4 (450 GB/s x 0.58 link efficiency, 6 us)
+    transfer = 6e-6 + 2 * P * 4096 * 2 / (450e9 * 0.58)
     overhead = 800e-6                        # the device file's step_overhead_us
     res = simulate(_sc({"kind": "colocated", "device": "h100-sxm", "tp": tp, "pp": 2}, prompt_tokens=P))
     assert metrics.requests_frame(res).ttft_s[0] == pytest.approx(overhead + stage0 + stage1 + transfer, rel=1e-9)
