@@ -48,7 +48,8 @@ micro-batched pipeline.  ``step`` itself never depends on ``pp``.
 
 DP attention (``dp_attention``, ep = tp): every op but the routed experts runs on the busiest attention
 rank's share of the batch with whole (unsharded) weights; the routed experts on all the step's tokens / ep;
-no all-reduce; the all-to-all moves a rank's own tokens.  A request's tokens are never split over ranks:
+no all-reduce; the all-to-all sends a rank's own tokens, each to every other rank holding one of its
+experts (:func:`alltoall_fanout`).  A request's tokens are never split over ranks:
 a step's decodes stay spread evenly over the ranks (their KV lives there), its prompt chunks go whole,
 largest first, each onto the rank with the fewest tokens, and the step takes as long as its slowest rank,
 each rank's attention on its own kernel (:func:`busiest_rank`, which the simulator's steps use); a step of
@@ -67,6 +68,8 @@ own layer count.  Callers without sliding layers pass no ``swa`` and run the cod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import math
 
 import numpy as np
 
@@ -88,6 +91,26 @@ def expert_hit_probs(k: int, experts: int, skew: float = 0.0) -> np.ndarray:
         rest = k - full.sum()
         q[~full] *= rest / q[~full].sum()
     return q
+
+
+def alltoall_fanout(k: int, experts: int, ep: int, skew: float = 0.0) -> float:
+    """Expected copies of one token an expert-parallel all-to-all sends off its GPU: one to each other rank
+    that holds at least one of its top-k experts (DeepEP's and pplx's dispatch send a token once per
+    destination rank; the combine returns as many).  Uniform routing over ``experts`` experts, ``experts / ep``
+    on each rank: a given rank holds none of a token's k distinct experts with probability
+    C(E - E/ep, k) / C(E, k), so (ep - 1) x (1 - that) copies (DeepSeek-V3, 256 experts, top 8, ep 8: 4.63).
+    With a popularity ``skew`` (experts placed round robin in popularity order, :func:`expert_hit_probs`'s
+    q_e / k the popularity) rank r, holding a share P_r of the popularity, is missed by a token's k picks
+    with probability (1 - P_r)^k (picks with replacement: at skew 0+ that gives 4.60 for DeepSeek-V3, the
+    exact 4.63 at 0), and a token's own rank is any of the ep alike: (ep - 1) / ep x the ranks hit."""
+    if ep <= 1:
+        return 0.0
+    if not skew:
+        per = experts // ep
+        return (ep - 1) * (1.0 - math.comb(experts - per, k) / math.comb(experts, k))
+    share = expert_hit_probs(k, experts, skew) / k
+    hit = sum(1.0 - (1.0 - float(share[r::ep].sum())) ** k for r in range(ep))
+    return (ep - 1) / ep * hit
 
 
 def expected_distinct_experts(tokens, k: int, experts: int, skew: float = 0.0):
@@ -469,6 +492,12 @@ class RooflineCost(CostModel):
             # robin in popularity order (rank 0 holds the 1st, (ep+1)th, ... most popular), as a balancer
             # would place them without replicating experts
             self._hot_q = expert_hit_probs(k, E, self.expert_skew)[::self.ep] if self.expert_skew else None
+            self.a2a_fanout = alltoall_fanout(k, E, self.ep, self.expert_skew)
+            # bytes of a token on the wire per all-to-all kernel: dispatch in fp8 for fp8 / fp4 weights (DeepEP's
+            # low-latency kernels, aiconfigurator's serving rule), bf16 otherwise; combine in bf16; the op
+            # prices the mean of the two
+            wire = 1.0 if self.weight_dtype in ("fp8", "fp4") else 2.0
+            self.a2a_token_bytes = h * (wire + 2.0) / 2.0
             if S:
                 sw = S * w // ta
                 self.linears += [("shared_gate_up", 2 * sw, h, "Lm"), ("shared_down", h, sw, "Lm")] if m.gated_mlp \
@@ -613,9 +642,11 @@ class RooflineCost(CostModel):
             n_ar = 2 * L + (1 if first else 0)
             ops.append(Op("allreduce", "allreduce", n_ar, 0.0, 0.0, (Ta * h * 2.0, ta)))
         if ep > 1 and self.moe_layers and self.attn_dp > 1:
-            # dispatch and combine per MoE layer: bf16 tokens, (ep - 1)/ep of them leave each GPU each way
-            # (under DP attention: the busiest rank's own tokens)
-            ops.append(Op("alltoall", "alltoall", 2 * Lm, 0.0, 0.0, (Ta * h * 2.0 * (ep - 1) / ep, ep)))
+            # dispatch and combine per MoE layer, under DP attention of the busiest rank's own tokens: each goes
+            # to every other rank holding one of its top-k experts (alltoall_fanout copies), fp8 or bf16 on
+            # the wire going, bf16 coming back (a2a_token_bytes: the mean of the two kernels)
+            ops.append(Op("alltoall", "alltoall", 2 * Lm, 0.0, 0.0,
+                          (Ta * self.a2a_token_bytes * self.a2a_fanout, ep, Ta)))
         if stage is None:
             ops.append(Op("step_overhead", "overhead", 1, 0.0, 0.0))
         return ops
@@ -731,14 +762,13 @@ class RooflineCost(CostModel):
         if op.kind == "alltoall":
             keys = self.a2a_keys
             if keys is not None:
-                # the DeepEP tables by tokens on a GPU (recovered from the op's bytes, T h 2 (ep - 1) / ep):
-                # low-latency kernels up to the most tokens they were measured at, high-throughput beyond
-                bytes_, ep = op.args
-                tokens = bytes_ * ep / ((ep - 1) * self.model.hidden * 2.0)
+                # the DeepEP tables by tokens on a GPU: low-latency kernels up to the most tokens they were
+                # measured at, high-throughput beyond
+                bytes_, ep, tokens = op.args
                 ll, ht = keys.get("ll"), keys.get("ht")
                 pick = ll if ll is not None and (tokens <= ll[1] or ht is None) else ht
                 return kernels.alltoall_time(dev, tokens, pick[0], bytes_, ep)
-            return kernels.alltoall_roofline(dev, *op.args), kernels.ROOFLINE
+            return kernels.alltoall_roofline(dev, *op.args[:2]), kernels.ROOFLINE
         if op.kind == "overhead":
             return dev.step_overhead_s, kernels.ROOFLINE
         raise AssertionError(op.kind)

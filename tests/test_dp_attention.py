@@ -8,6 +8,8 @@ the step-by-step loop for the fast path.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -52,7 +54,7 @@ def test_weights_and_kv_per_gpu_by_hand():
 def test_a_decode_step_by_its_parts():
     """64 decoding requests at context 2000 on 8 ranks: each rank's attention is a one-GPU instance's on its
     8 requests (all 128 heads); the routed experts see all 64 tokens over 8 EP ranks, as with TP attention;
-    no all-reduce; the all-to-all moves a rank's 8 tokens, 7/8 of them off the GPU, each way per MoE layer."""
+    no all-reduce; the all-to-all sends each of a rank's 8 tokens to every other rank holding one of its experts."""
     dp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8, 0.0, 1, True)
     tp = RooflineCost(DS, H200, 8, "fp8", "fp8", 8)
     one = RooflineCost(DS, H200, 1, "fp8", "fp8")
@@ -65,7 +67,10 @@ def test_a_decode_step_by_its_parts():
         assert got[op] == tp.breakdown(*agg(b))[op]
     assert "allreduce" not in got and "allreduce" in tp.breakdown(*agg(b))
     e = H200.spec.efficiency
-    one_a2a = (e.allreduce_base_us + 7 * e.allreduce_per_peer_us) * 1e-6 + 8 * h_bytes() * 7 / 8 \
+    # a rank's 8 tokens, each to the 7 x (1 - C(224, 8) / C(256, 8)) = 4.63 other ranks that hold one of its
+    # experts, 7168 x 1.5 B a copy (fp8 dispatch, bf16 combine, averaged over the two kernels)
+    fan = 7 * (1 - math.comb(224, 8) / math.comb(256, 8))
+    one_a2a = (e.allreduce_base_us + 7 * e.allreduce_per_peer_us) * 1e-6 + 8 * 7168 * 1.5 * fan \
         / (H200.interconnect_Bps * e.allreduce)
     assert got["alltoall"]["time_s"] == pytest.approx(2 * 58 * one_a2a, rel=1e-12)
     assert sum(v["time_s"] for v in got.values()) == pytest.approx(dp.step(*agg(b)).time_s, rel=1e-12)

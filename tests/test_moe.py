@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pdsim import config, metrics
 from pdsim.__main__ import main
-from pdsim.costmodel import CostModel, RooflineCost, expected_distinct_experts, expert_hit_probs
+from pdsim.costmodel import CostModel, RooflineCost, alltoall_fanout, expected_distinct_experts, expert_hit_probs
 from pdsim.devices import get_device
 from pdsim.errors import ConfigError
 from pdsim.models import ModelShape, get_model
@@ -179,10 +179,18 @@ def test_alltoall_only_under_dp_attention_and_tp_attention_keeps_every_allreduce
     assert count[0]["allreduce"] == count[1]["allreduce"] == 2 * 61 + 1
     assert ep8["allreduce"]["time_s"] == ep1["allreduce"]["time_s"]
     # DP attention over 8 ranks: 64 requests, 8 on the busiest rank; 58 MoE layers each dispatch and combine
-    # that rank's 8 tokens x 7168 x 2 B, 7/8 of them leaving the GPU; no all-reduce
+    # that rank's 8 tokens; each token goes to every other rank holding one of its 8 experts (32 of the 256 on
+    # each rank): 7 x (1 - C(224, 8) / C(256, 8)) = 4.6328 copies; dispatch in fp8 (fp8 weights), combine in
+    # bf16: 7168 x (1 + 2) / 2 B a copy per kernel on average; no all-reduce
     dp = RooflineCost(ds, H200, 8, "fp8", "fp8", 8, dp_attention=True).ops(64, 64e3, 64064, 64, 64)
     a2a = next(o for o in dp if o.name == "alltoall")
-    assert a2a.count == 2 * 58 and a2a.args == (8 * 7168 * 2 * 7 / 8, 8)
+    fan = 7 * (1 - math.comb(224, 8) / math.comb(256, 8))
+    assert round(fan, 4) == 4.6328
+    assert a2a.count == 2 * 58 and a2a.args[1:] == (8, 8)
+    assert a2a.args[0] == pytest.approx(8 * 7168 * 1.5 * fan, rel=1e-12)
+    # bf16 weights: bf16 both ways
+    bf = RooflineCost(ds, H200, 8, "bf16", "bf16", 8, dp_attention=True).ops(64, 64e3, 64064, 64, 64)
+    assert next(o for o in bf if o.name == "alltoall").args[0] == pytest.approx(8 * 7168 * 2 * fan, rel=1e-12)
     assert not any(o.name == "allreduce" for o in dp)
 
 
@@ -331,3 +339,20 @@ def test_estimate_deepseek_prints_per_op_times(capsys):
         assert f"  {op} " in out
     # bf16 DeepSeek-V3 does not fit 8 H200s: the step time stands, the KV line says why there is none
     assert "KV cache: none" in out and "do not fit" in out
+
+
+def test_alltoall_fanout_by_hand():
+    # a token goes once to each other rank holding at least one of its k experts:
+    # DeepSeek-V3 (256 experts, top 8, ep 8: 32 a rank): 7 x (1 - C(224, 8) / C(256, 8)) = 4.6328 copies
+    assert alltoall_fanout(8, 256, 8) == pytest.approx(7 * (1 - math.comb(224, 8) / math.comb(256, 8)), rel=1e-15)
+    # Mixtral-8x7B (8 experts, top 2) over 2 ranks: the other rank holds none of the 2 with C(4, 2) / C(8, 2) =
+    # 6 / 28: 22 / 28 copies; over 8 ranks (one expert each): the 2 experts are on 2 ranks, one of them maybe
+    # its own: 7 x (1 - C(7, 2) / C(8, 2)) = 7 x 7 / 28 = 1.75
+    assert alltoall_fanout(2, 8, 2) == pytest.approx(22 / 28, rel=1e-15)
+    assert alltoall_fanout(2, 8, 8) == pytest.approx(1.75, rel=1e-15)
+    assert alltoall_fanout(8, 256, 1) == 0.0
+    # top-1 under a skew: 4 experts, popularity 1, 1/2, 1/3, 1/4, round robin over 2 ranks: the token lands on
+    # exactly one rank, its own with probability 1/2: 0.5 copies whatever the skew
+    assert alltoall_fanout(1, 4, 2, skew=1.0) == pytest.approx(0.5, rel=1e-12)
+    # a skew concentrates the picks on fewer ranks: fewer copies than uniform routing's
+    assert alltoall_fanout(8, 256, 8, skew=1.0) < alltoall_fanout(8, 256, 8, skew=0.5) < alltoall_fanout(8, 256, 8)
