@@ -358,21 +358,24 @@ def cmd_list(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from .output import OutputFolder
     from .sweep import print_goodput, run_sweep, write_sweep_outputs
     out = Path(args.out or f"reports/{Path(args.scenario).stem}-sweep")
-    ex = None
-    if args.scheduler:               # as plan: a Dask cluster instead of local processes
-        if args.jobs:
-            raise ConfigError("only used without --scheduler (Dask workers are sized by the cluster)",
-                              key="--jobs", value=args.jobs)
-        from .plan import DaskExecutor
-        ex = DaskExecutor(args.scheduler)
-    try:
-        result = run_sweep(args.scenario, args.set, args.jobs, progress=not args.quiet, executor=ex)
-    finally:
-        if ex is not None:
-            ex.close()
-    path = write_sweep_outputs(result, out)
+    if args.scheduler and args.jobs:
+        raise ConfigError("only used without --scheduler (Dask workers are sized by the cluster)",
+                          key="--jobs", value=args.jobs)
+    # as pdsim run: --out checked, created and locked before any point runs, the files staged and moved in
+    with OutputFolder(out):
+        ex = None
+        if args.scheduler:               # as plan: a Dask cluster instead of local processes
+            from .plan import DaskExecutor
+            ex = DaskExecutor(args.scheduler)
+        try:
+            result = run_sweep(args.scenario, args.set, args.jobs, progress=not args.quiet, executor=ex)
+        finally:
+            if ex is not None:
+                ex.close()
+        path = write_sweep_outputs(result, out)
     print_goodput(result)
     print(f"\nwrote {out}/ (sweep.csv, sweep.json, {path.name}): {len(result['rows'])} rows in "
           f"{result['wall_s']:.1f} s", file=sys.stderr)
