@@ -578,3 +578,21 @@ def test_set_reaches_a_topology_whose_name_has_dots():
     sc = load(str(Path(__file__).resolve().parents[1] / "scenarios" / "spec-decode.yaml"),
               ["topologies.draft-a0.7.decode.power_cap_W=300"])
     assert sc.topologies["draft-a0.7"].decode.power_cap_W == 300
+
+
+# ====================================================== summary.json's vllm bench aliases and the warm-up
+
+def test_vllm_completed_leaves_out_the_warmup_as_request_throughput_does(tmp_path: Path, capsys) -> None:
+    """vllm bench serve excludes its warm-up from `completed` and from the throughputs; pdsim's
+    `request_throughput` (the measured finished requests / sim_end_s) already did, `completed` counted them."""
+    scen = _write(tmp_path / "s.yaml", TINY.replace("output_tokens: 10}", "output_tokens: 10}\nclient: {warmup_requests: 2}"))
+    assert main(["run", str(scen), "--out", str(tmp_path / "out"), "--quiet", "--no-report"]) == 0
+    capsys.readouterr()
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    df = pd.read_csv(tmp_path / "out" / "requests.csv")
+    for name, t in s["topologies"].items():
+        d = df[df.topology == name]
+        measured = int(((d.status == "finished") & ~d.warmup.astype(bool)).sum())
+        assert t["requests"]["finished"] == 5 and t["warmup_excluded"] == 2
+        assert t["completed"] == measured == 3
+        assert t["request_throughput"] == pytest.approx(t["completed"] / t["sim_end_s"], rel=1e-12)
