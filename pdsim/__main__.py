@@ -346,7 +346,13 @@ def _kv_capacity(pool, model, args, request_tokens: int) -> dict:
 def cmd_report(args) -> int:
     from .report import build_report, validate_run_folder
     validate_run_folder(Path(args.dir))     # a missing, half-written or corrupt folder: one line, exit 2
-    path = build_report(Path(args.dir))
+    from jinja2.exceptions import UndefinedError
+    try:
+        path = build_report(Path(args.dir))
+    except (KeyError, ValueError, TypeError, UndefinedError) as exc:   # what the checks above did not foresee
+        what = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"cannot be drawn: {exc.__class__.__name__} {what}; rerun pdsim run to write a complete "
+                          "folder", file=str(args.dir)) from None
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
