@@ -358,8 +358,9 @@ def default_bin_s(sc: Scenario, stream: list[Request]) -> float:
 
 def check_topologies(sc: Scenario, model: ModelShape | None = None, bin_s: float | None = None) -> None:
     """Build every topology of ``sc`` as :func:`simulate` does, simulating nothing: raises the InputError a
-    run would (weights that do not fit, a bad tp...).  Cheap (no request stream unless ``bin_s`` needs one
-    it was not given), so ``pdsim sweep`` checks each point with it before running any."""
+    run would (weights that do not fit, a bad tp...).  Cheap (no request stream: without ``bin_s`` the
+    timeseries bin is a placeholder, which no build check reads), so ``pdsim sweep`` checks each point with it
+    before running any."""
     model = model if model is not None else resolve_model(sc)
     bin_s = bin_s if bin_s is not None else (sc.timeseries_bin_s or 1.0)   # the bin width cannot make a build fail
     for name, spec in sc.topologies.items():

@@ -1,7 +1,9 @@
 """``pdsim sweep SCENARIO --set workload.rate=2:20:2``: a scenario over a grid of values, in a local process pool.
 
 A ``--set KEY=lo:hi:step`` (numbers, hi included) or ``--set KEY=a,b,c`` is an axis of the grid; any other
-``--set`` applies to every point.  Every point's scenario is validated before anything is simulated.  For
+``--set`` applies to every point (a key both swept and fixed is refused).  Every point's scenario is validated,
+and its topologies built (``simulation.check_topologies``), before anything is simulated; a point that fails
+then or while it runs is named with the scenario file in one line.  For
 each point and topology it keeps SLO attainment, TTFT/TPOT percentiles and cost, and per topology the
 goodput: DistServe's highest swept value whose attainment (and every lower value's) meets the target,
 with the crossing interpolated linearly between the last passing and the first failing point.  Goodput is
