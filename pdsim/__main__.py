@@ -346,7 +346,13 @@ def _kv_capacity(pool, model, args, request_tokens: int) -> dict:
 def cmd_report(args) -> int:
     from .report import build_report, validate_run_folder
     validate_run_folder(Path(args.dir))     # a missing, half-written or corrupt folder: one line, exit 2
-    path = build_report(Path(args.dir))
+    from jinja2.exceptions import UndefinedError
+    try:
+        path = build_report(Path(args.dir))
+    except (KeyError, ValueError, TypeError, UndefinedError) as exc:   # what the checks above did not foresee
+        what = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"cannot be drawn: {exc.__class__.__name__} {what}; rerun pdsim run to write a complete "
+                          "folder", file=str(args.dir)) from None
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -358,21 +364,24 @@ def cmd_list(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from .output import OutputFolder
     from .sweep import print_goodput, run_sweep, write_sweep_outputs
     out = Path(args.out or f"reports/{Path(args.scenario).stem}-sweep")
-    ex = None
-    if args.scheduler:               # as plan: a Dask cluster instead of local processes
-        if args.jobs:
-            raise ConfigError("only used without --scheduler (Dask workers are sized by the cluster)",
-                              key="--jobs", value=args.jobs)
-        from .plan import DaskExecutor
-        ex = DaskExecutor(args.scheduler)
-    try:
-        result = run_sweep(args.scenario, args.set, args.jobs, progress=not args.quiet, executor=ex)
-    finally:
-        if ex is not None:
-            ex.close()
-    path = write_sweep_outputs(result, out)
+    if args.scheduler and args.jobs:
+        raise ConfigError("only used without --scheduler (Dask workers are sized by the cluster)",
+                          key="--jobs", value=args.jobs)
+    # as pdsim run: --out checked, created and locked before any point runs, the files staged and moved in
+    with OutputFolder(out):
+        ex = None
+        if args.scheduler:               # as plan: a Dask cluster instead of local processes
+            from .plan import DaskExecutor
+            ex = DaskExecutor(args.scheduler)
+        try:
+            result = run_sweep(args.scenario, args.set, args.jobs, progress=not args.quiet, executor=ex)
+        finally:
+            if ex is not None:
+                ex.close()
+        path = write_sweep_outputs(result, out)
     print_goodput(result)
     print(f"\nwrote {out}/ (sweep.csv, sweep.json, {path.name}): {len(result['rows'])} rows in "
           f"{result['wall_s']:.1f} s", file=sys.stderr)

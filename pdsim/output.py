@@ -300,7 +300,9 @@ def vllm_aliases(t: dict) -> dict:
     if thr.get("output_tokens_per_s") is not None:
         out["output_throughput"] = thr["output_tokens_per_s"]
     if isinstance(t.get("requests"), dict) and "finished" in t["requests"]:
-        out["completed"] = t["requests"]["finished"]
+        # the measured requests, as request_throughput counts them: vllm bench serve's warm-up is not in
+        # its `completed` (every client.warmup_requests row is a finished one)
+        out["completed"] = t["requests"]["finished"] - (t.get("warmup_excluded") or 0)
     for ours, theirs in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("itl_s", "itl"), ("e2e_s", "e2el")):
         st = t.get(ours)
         if not isinstance(st, dict):

@@ -805,6 +805,7 @@ REQUIRED_REQUEST_COLUMNS = ["topology", "request_id", "arrival_s", "prompt_token
 REQUIRED_TIMESERIES_COLUMNS = ["topology", "pool", "t_s", "busy_fraction", "mfu", "mbu", "batch_size",
                                "queued_max", "kv_blocks_used_max", "kv_blocks_total"]
 _RERUN = "rerun pdsim run to write a complete folder"
+OPTIONAL_REQUEST_COLUMNS = ["warmup"]      # read when there: the rows client.warmup_requests left out of the SLO
 
 
 def _read_csv(path: Path, required: list, **kw) -> "pd.DataFrame":
@@ -842,12 +843,125 @@ def _read_parquet(path: Path, required: list) -> "pd.DataFrame":
         missing = [c for c in required if c not in names]
         if missing:
             raise ConfigError(f"lacks the column(s) {', '.join(missing)}; {_RERUN}", file=str(path))
-        return pd.read_parquet(path, columns=list(required))
+        return pd.read_parquet(path, columns=list(required) + [c for c in OPTIONAL_REQUEST_COLUMNS if c in names])
     except ConfigError:
         raise
     except Exception as exc:          # pyarrow's ArrowInvalid / OSError for a cut or foreign file
         reason = " ".join(str(exc).split())[:200]
         raise ConfigError(f"not a readable Parquet file ({reason}); {_RERUN}", file=str(path)) from None
+
+
+def _check_numeric(df, cols: list, path: Path) -> None:
+    """Every non-empty cell of ``cols`` a number (a cell of text: one line naming its row)."""
+    import pandas as pd
+
+    from .errors import ConfigError
+    for c in cols:
+        if pd.api.types.is_numeric_dtype(df[c]):
+            continue
+        bad = (pd.to_numeric(df[c], errors="coerce").isna() & df[c].notna()).to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ConfigError(f"not a number; {_RERUN}", file=str(path), line=i + 2,   # +1 header, +1 counting from 1
+                              key=c, value=df[c].iloc[i])
+
+
+STATUSES = ("finished", "rejected", "abandoned", "unfinished")
+# latencies a finished request always has (a one-token reply has no TPOT; a PD pool no decode_queue_s...)
+FINISHED_HAS = ("ttft_s", "e2e_s")
+DURATION_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s", "kv_wait_s", "kv_transfer_s",
+                    "decode_queue_s")
+
+
+def _check_request_values(df, rp: Path) -> None:
+    """One row per request and topology, a known status, and durations that are finite and >= 0 (present
+    where a finished request must have them)."""
+    from .errors import ConfigError
+
+    def fail(mask, reason, key):
+        i = int(np.flatnonzero(mask)[0])
+        v = df[key].iloc[i]
+        raise ConfigError(f"{reason}; {_RERUN}", file=str(rp), line=i + 2, key=key,
+                          value=v.item() if isinstance(v, np.generic) else v, has_value=True)
+    dup = df.duplicated(["topology", "request_id"]).to_numpy()
+    if dup.any():
+        fail(dup, "a second row of the same request: the file was edited or comes from different runs",
+             "request_id")
+    status = df["status"].astype(object)
+    bad = ~status.isin(STATUSES).to_numpy()
+    if bad.any():
+        fail(bad, f"not a request status (one of {', '.join(STATUSES)})", "status")
+    fin = (status == "finished").to_numpy()
+    for c in DURATION_COLUMNS:
+        v = np.asarray(df[c], np.float64)
+        present = ~np.isnan(v)
+        bad = present & ~(np.isfinite(v) & (v >= 0))
+        if bad.any():
+            fail(bad, "not a duration (finite, >= 0 seconds)", c)
+        if c in FINISHED_HAS and (fin & ~present).any():
+            fail(fin & ~present, "empty, but the row's request finished, so it has one", c)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_summary_values(summary: dict, sp: Path) -> None:
+    """The scenario's SLO and every figure the report shows: numbers (or null) where numbers belong."""
+    from .errors import ConfigError
+    sc = summary.get("scenario")
+    slo = sc.get("slo") if isinstance(sc, dict) else None
+    if not isinstance(slo, dict):
+        raise ConfigError(f"missing: the run's scenario and its SLO; {_RERUN}", file=str(sp),
+                          key="scenario" if not isinstance(sc, dict) else "scenario.slo")
+    for k in ("ttft_s", "tpot_s", "attainment_target"):
+        v = slo.get(k)
+        if not _is_number(v) or not math.isfinite(v):
+            raise ConfigError(f"not a number; {_RERUN}", file=str(sp), key=f"scenario.slo.{k}", value=v,
+                              has_value=True)
+    for name, t in summary["topologies"].items():
+        if not isinstance(t, dict):
+            raise ConfigError(f"not a topology's summary; {_RERUN}", file=str(sp), key=f"topologies.{name}")
+        for k in [k for k, _, _ in SUMMARY_KEYS] + [f"requests.{s}" for s in STATUSES]:
+            v = _get(t, k)
+            if v is not None and not _is_number(v):
+                raise ConfigError(f"not a number; {_RERUN}", file=str(sp), key=f"topologies.{name}.{k}", value=v,
+                                  has_value=True)
+
+
+def _check_recomputed(summary: dict, df, sp: Path, rp: Path) -> None:
+    """summary.json's request counts and SLO attainment per topology as requests.csv gives them, computed by
+    the code the run used (metrics.slo_attainment).  A latency within 1e-8 of a bound may sit on either side
+    of it once written with 9 significant digits: the attainment may be anything between the two readings."""
+    from types import SimpleNamespace
+
+    from . import metrics
+    from .errors import ConfigError
+    slo = summary["scenario"]["slo"]
+    topo_col = df["topology"].astype(str).to_numpy()
+    for name, t in summary["topologies"].items():
+        d = df[topo_col == str(name)]
+        st = d["status"].to_numpy()
+        for s in STATUSES:
+            want = _get(t, f"requests.{s}")
+            got = int((st == s).sum())
+            if want is not None and want != got:
+                raise ConfigError(f"summary.json counts {want} {s} requests for this topology: the files were edited "
+                                  f"or come from different runs; {_RERUN}", file=str(rp),
+                                  key=f"{s} rows of topology {name}", value=got, has_value=True)
+        if "warmup" in d:
+            d = d[~d["warmup"].astype(str).str.lower().isin(("true", "1", "1.0")).to_numpy()]
+        want = t.get("slo_attainment")
+        lo, hi = (metrics.slo_attainment(d, SimpleNamespace(ttft_s=slo["ttft_s"] * f, tpot_s=slo["tpot_s"] * f))
+                  for f in (1 - 1e-8, 1 + 1e-8))
+        if want is None:
+            ok = len(d) == 0
+        else:
+            ok = len(d) > 0 and lo - 1e-9 <= want <= hi + 1e-9
+        if not ok:
+            raise ConfigError(f"not the share of requests.csv's rows meeting the SLO ({lo if lo == hi else (lo, hi)}"
+                              f"): the files were edited or come from different runs; {_RERUN}", file=str(sp),
+                              key=f"topologies.{name}.slo_attainment", value=want, has_value=True)
 
 
 def validate_run_folder(out_dir: Path) -> dict:
@@ -857,7 +971,10 @@ def validate_run_folder(out_dir: Path) -> dict:
     folder; summary.json, requests.csv (or requests.parquet) or timeseries.csv is missing, empty or unreadable; a required column
     is absent; or requests.csv's rows per topology differ from summary.json's request totals (files from
     different runs, or a run interrupted while writing). Row counts recorded under summary.json's
-    ``outputs`` (pdsim run writes them) are checked too.
+    ``outputs`` (pdsim run writes them) are checked too, and so is what an edit would break: one row per
+    request, known statuses, finite durations >= 0 (a finished request has its TTFT and E2E), the scenario's
+    SLO and the figures the report shows being numbers, each topology's status counts and SLO attainment as
+    requests.csv gives them (metrics.slo_attainment), and timeseries.csv's topologies and numbers.
     """
     import pandas as pd
 
@@ -896,7 +1013,7 @@ def validate_run_folder(out_dir: Path) -> dict:
     if rp.suffix == ".parquet":
         df = _read_parquet(rp, REQUIRED_REQUEST_COLUMNS)
     else:
-        df = _read_csv(rp, REQUIRED_REQUEST_COLUMNS, usecols=lambda c: c in REQUIRED_REQUEST_COLUMNS,
+        df = _read_csv(rp, REQUIRED_REQUEST_COLUMNS, usecols=lambda c: c in REQUIRED_REQUEST_COLUMNS + OPTIONAL_REQUEST_COLUMNS,
                        dtype={"topology": str, "status": str})
     expected_rows = (outputs.get(rp.name) or {}).get("rows")
     if isinstance(expected_rows, int) and len(df) != expected_rows:
@@ -912,20 +1029,24 @@ def validate_run_folder(out_dir: Path) -> dict:
             raise ConfigError(f"summary.json counts {want} requests for this topology: the run was cut short or "
                               f"the files come from different runs; {_RERUN}", file=str(rp),
                               key=f"rows of topology {name}", value=got, has_value=True)
-    for c in REQUIRED_REQUEST_COLUMNS:
-        if c in ("topology", "status") or pd.api.types.is_numeric_dtype(df[c]):
-            continue
-        bad = (pd.to_numeric(df[c], errors="coerce").isna() & df[c].notna()).to_numpy()
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ConfigError(f"not a number; {_RERUN}", file=str(rp), line=i + 2,   # +1 header, +1 counting from 1
-                              key=c, value=df[c].iloc[i])
+    _check_numeric(df, [c for c in REQUIRED_REQUEST_COLUMNS if c not in ("topology", "status")], rp)
+
+    _check_request_values(df, rp)
+    _check_summary_values(summary, sp)
+    _check_recomputed(summary, df, sp, rp)
 
     tp = out_dir / "timeseries.csv"
     if tp.is_file() and tp.stat().st_size <= 1:     # no instance series at all: the report draws none
         n_ts = 0
     else:
-        n_ts = len(_read_csv(tp, REQUIRED_TIMESERIES_COLUMNS))
+        ts = _read_csv(tp, REQUIRED_TIMESERIES_COLUMNS, dtype={"topology": str, "pool": str})
+        n_ts = len(ts)
+        bad = ~ts["topology"].astype(str).isin([str(n) for n in topos]).to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ConfigError(f"a topology that summary.json does not have: the files come from different runs; "
+                              f"{_RERUN}", file=str(tp), line=i + 2, key="topology", value=ts["topology"].iloc[i])
+        _check_numeric(ts, [c for c in REQUIRED_TIMESERIES_COLUMNS if c not in ("topology", "pool")], tp)
     expected_rows = (outputs.get("timeseries.csv") or {}).get("rows")
     if isinstance(expected_rows, int) and n_ts != expected_rows:
         raise ConfigError(f"summary.json says {expected_rows} rows: the run was cut short or the files come from "

@@ -356,15 +356,25 @@ def default_bin_s(sc: Scenario, stream: list[Request]) -> float:
     return max(0.01, float(f"{span / 200:.1g}"))
 
 
+def check_topologies(sc: Scenario, model: ModelShape | None = None, bin_s: float | None = None) -> None:
+    """Build every topology of ``sc`` as :func:`simulate` does, simulating nothing: raises the InputError a
+    run would (weights that do not fit, a bad tp...).  Cheap (no request stream: without ``bin_s`` the
+    timeseries bin is a placeholder, which no build check reads), so ``pdsim sweep`` checks each point with it
+    before running any."""
+    model = model if model is not None else resolve_model(sc)
+    bin_s = bin_s if bin_s is not None else (sc.timeseries_bin_s or 1.0)   # the bin width cannot make a build fail
+    for name, spec in sc.topologies.items():
+        env = simpy.Environment()
+        build(name, spec, env, Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s), Sink(env))
+
+
 def simulate(sc: Scenario, progress: bool = False, fast: bool = True) -> list[TopologyResult]:
     """Every topology of ``sc`` on the same request stream.  ``fast=False``: step-by-step reference loop."""
     model = resolve_model(sc)
     stream = generate(sc, model)
     bin_s = default_bin_s(sc, stream)
     # build every topology once before simulating any, so a bad pool fails in seconds, not after a long run
-    for name, spec in sc.topologies.items():
-        env = simpy.Environment()
-        build(name, spec, env, Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s), Sink(env))
+    check_topologies(sc, model, bin_s)
     out = []
     names = list(sc.topologies)
     for name, spec in sc.topologies.items():

@@ -1,7 +1,9 @@
 """``pdsim sweep SCENARIO --set workload.rate=2:20:2``: a scenario over a grid of values, in a local process pool.
 
 A ``--set KEY=lo:hi:step`` (numbers, hi included) or ``--set KEY=a,b,c`` is an axis of the grid; any other
-``--set`` applies to every point.  Every point's scenario is validated before anything is simulated.  For
+``--set`` applies to every point (a key both swept and fixed is refused).  Every point's scenario is validated,
+and its topologies built (``simulation.check_topologies``), before anything is simulated; a point that fails
+then or while it runs is named with the scenario file in one line.  For
 each point and topology it keeps SLO attainment, TTFT/TPOT percentiles and cost, and per topology the
 goodput: DistServe's highest swept value whose attainment (and every lower value's) meets the target,
 with the crossing interpolated linearly between the last passing and the first failing point.  Goodput is
@@ -64,6 +66,11 @@ def parse_axes(sets: list[str]) -> tuple[list[str], list[tuple[str, list]]]:
             fixed.append(item)
     if len({k for k, _ in axes}) != len(axes):
         raise ConfigError("a key is swept twice", key="--set", value=", ".join(k for k, _ in axes))
+    # a key both fixed and swept: the axis would win at every point while sweep.json's "fixed" and the page's
+    # header still showed the fixed value
+    both = [k for k, _ in axes if k in {f.split("=", 1)[0].strip() for f in fixed}]
+    if both:
+        raise ConfigError("is both swept and fixed; give it once", key=f"--set {both[0]}")
     n = math.prod(len(v) for _, v in axes) if axes else 0
     if n > MAX_POINTS:
         raise ConfigError(f"the grid has {n} points; at most {MAX_POINTS}", key="--set")
@@ -173,6 +180,19 @@ def passes_and_fails(xs: list, att: list, target: float) -> dict:
     return {"passes_at": [x for x, a in pts if a >= target], "fails_at": [x for x, a in pts if a < target]}
 
 
+def point_label(pt: dict) -> str:
+    """A grid point as its settings: ``model=llama-3.1-70b, workload.rate=4``."""
+    return ", ".join(f"{k}={v}" for k, v in pt.items())
+
+
+def point_error(scenario, pt: dict, exc) -> ConfigError:
+    """``exc`` (an InputError found at one point) as one line naming the scenario file and the point."""
+    text, prefix = str(exc), f"{scenario}: "
+    if text.startswith(prefix):            # config.load names the file already: once is enough
+        text = text[len(prefix):]
+    return ConfigError(text, file=str(scenario), key=f"at the point {point_label(pt)}")
+
+
 def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress: bool = True,
               executor=None) -> dict:
     """The grid: in this process (jobs 1), a local process pool, or ``executor`` (a
@@ -186,9 +206,15 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
     raw = config.read_yaml(scenario)
     base_dir = str(Path(scenario).resolve().parent)
     targets = {}          # each point's attainment target: an axis may set it (slo.attainment_target=0.5,0.9)
+    from .errors import InputError
+    from .simulation import check_topologies
     for pt in points:     # validate every point before simulating any: a bad value fails in a second
         ov = fixed + [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in pt.items()]
-        sc = config.load(scenario, ov)
+        try:
+            sc = config.load(scenario, ov)
+            check_topologies(sc)        # built as simulate builds them (weights that do not fit...), nothing run
+        except InputError as exc:
+            raise point_error(scenario, pt, exc) from None
         targets[json.dumps(pt, sort_keys=True, default=str)] = sc.slo.attainment_target
         tasks.append({"raw": raw, "file": str(scenario), "base_dir": base_dir, "overrides": ov, "point": pt})
     jobs = max(1, min(jobs or (os.cpu_count() or 1), len(tasks)))
@@ -205,13 +231,23 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
         elif jobs == 1:
             results = []
             for t in tasks:
-                results.append(run_point(t))
+                try:
+                    results.append(run_point(t))
+                except InputError as exc:
+                    raise point_error(scenario, t["point"], exc) from None
                 bar.update(1, str(t["point"]))
         else:
             from concurrent.futures import ProcessPoolExecutor, as_completed
             with ProcessPoolExecutor(max_workers=jobs) as ex:
-                futures = [ex.submit(run_point, t) for t in tasks]
+                futures = {ex.submit(run_point, t): t for t in tasks}
                 for f in as_completed(futures):
+                    exc = f.exception()
+                    if exc is not None:     # the first failing point: drop the pending ones, name this one
+                        for g in futures:
+                            g.cancel()
+                        if isinstance(exc, InputError):
+                            raise point_error(scenario, futures[f]["point"], exc) from None
+                        raise exc
                     bar.update(1)
                 results = [f.result() for f in futures]
     rows = [row for r in results for row in r["rows"]]
@@ -253,13 +289,31 @@ def run_sweep(scenario: str, sets: list[str], jobs: int | None = None, progress:
             "verdicts": verdicts, "untouched": untouched, "wall_s": time.perf_counter() - t0, "jobs": jobs}
 
 
+SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep.html")
+
+
 def write_sweep_outputs(result: dict, out: Path) -> Path:
+    """sweep.csv, sweep.json and sweep.html, written into a staging folder inside ``out`` and then moved into
+    place (``os.replace``, one by one): a failure while writing leaves the previous sweep's files as they were."""
+    import shutil
+    import tempfile
+
     import pandas as pd
+
+    from .output import STAGING_PREFIX
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(result["rows"]).to_csv(out / "sweep.csv", index=False, float_format="%.9g")
-    (out / "sweep.json").write_text(json.dumps({k: v for k, v in result.items() if k != "series"}, indent=2,
-                                               default=str))
-    return build_sweep_report(result, out)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+    try:
+        pd.DataFrame(result["rows"]).to_csv(staging / "sweep.csv", index=False, float_format="%.9g")
+        (staging / "sweep.json").write_text(json.dumps({k: v for k, v in result.items() if k != "series"},
+                                                       indent=2, default=str))
+        build_sweep_report(result, staging)
+        for name in SWEEP_FILES:
+            os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out / "sweep.html"
 
 
 def _estimate(g: dict) -> str:

@@ -226,6 +226,91 @@ def test_report_refuses_a_folder_that_is_not_one_whole_run(good_run: Path, tmp_p
     assert not (d / "report.html").exists(), "a report was drawn from a broken folder"
 
 
+def _edit_csv(p: Path, fn) -> None:
+    df = pd.read_csv(p)
+    fn(df)
+    df.to_csv(p, index=False)
+
+
+def _edit_summary(d: Path, fn) -> None:
+    s = json.loads((d / "summary.json").read_text())
+    fn(s)
+    (d / "summary.json").write_text(json.dumps(s))
+
+
+def _set(df, row, col, v):
+    df[col] = df[col].astype(object)
+    df.loc[row, col] = v
+
+
+_AGAIN = "rerun pdsim run to write a complete folder"
+TAMPERED = {
+    # name: (the edit, the file named, the rest of the one line) -- each rendered (rc 0) or crashed before
+    "duplicate-row": (lambda d: _edit_csv(d / "requests.csv", lambda df: df.__setitem__(
+        "request_id", df["request_id"].where(df.index != 1, df["request_id"][0]))), "requests.csv:3",
+        "request_id = 0: a second row of the same request: the file was edited or comes from different runs"),
+    "ttft-99": (lambda d: _edit_csv(d / "requests.csv", lambda df: _set(df, 0, "ttft_s", 99)), "summary.json",
+                "topologies.a.slo_attainment = 1.0: not the share of requests.csv's rows meeting the SLO (0.8): "
+                "the files were edited or come from different runs"),
+    "ttft-negative": (lambda d: _edit_csv(d / "requests.csv", lambda df: _set(df, 0, "ttft_s", -5)),
+                      "requests.csv:2", "ttft_s = -5.0: not a duration (finite, >= 0 seconds)"),
+    "ttft-empty": (lambda d: _edit_csv(d / "requests.csv", lambda df: _set(df, 0, "ttft_s", None)),
+                   "requests.csv:2", "ttft_s = nan: empty, but the row's request finished, so it has one"),
+    "status-bogus": (lambda d: _edit_csv(d / "requests.csv", lambda df: _set(df, 0, "status", "bogus")),
+                     "requests.csv:2",
+                     "status = 'bogus': not a request status (one of finished, rejected, abandoned, unfinished)"),
+    "attainment-edited": (lambda d: _edit_summary(d, lambda s: s["topologies"]["a"].update(slo_attainment=0.1)),
+                          "summary.json", "topologies.a.slo_attainment = 0.1: not the share of requests.csv's rows "
+                          "meeting the SLO (1.0): the files were edited or come from different runs"),
+    "attainment-text": (lambda d: _edit_summary(d, lambda s: s["topologies"]["a"].update(slo_attainment="high")),
+                        "summary.json", "topologies.a.slo_attainment = 'high': not a number"),
+    "p90-text": (lambda d: _edit_summary(d, lambda s: s["topologies"]["a"]["ttft_s"].update(p90="x")),
+                 "summary.json", "topologies.a.ttft_s.p90 = 'x': not a number"),
+    "finished-count": (lambda d: _edit_summary(d, lambda s: s["topologies"]["a"]["requests"].update(
+        finished=4, unfinished=1)), "requests.csv", "finished rows of topology a = 5: summary.json counts 4 "
+        "finished requests for this topology: the files were edited or come from different runs"),
+    "timeseries-topology": (lambda d: _edit_csv(d / "timeseries.csv", lambda df: _set(df, 0, "topology", "zzz")),
+                            "timeseries.csv:2", "topology = 'zzz': a topology that summary.json does not have: "
+                            "the files come from different runs"),
+    "no-scenario": (lambda d: _edit_summary(d, lambda s: s.pop("scenario")), "summary.json",
+                    "scenario: missing: the run's scenario and its SLO"),
+    "no-slo": (lambda d: _edit_summary(d, lambda s: s["scenario"].pop("slo")), "summary.json",
+               "scenario.slo: missing: the run's scenario and its SLO"),
+    "busy-text": (lambda d: _edit_csv(d / "timeseries.csv", lambda df: _set(df, 0, "busy_fraction", "abc")),
+                  "timeseries.csv:2", "busy_fraction = 'abc': not a number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_report_refuses_an_edited_folder_in_one_line(good_run: Path, tmp_path: Path, capsys, case: str) -> None:
+    """Files that are whole but disagree with each other or with what a run writes: one exact line, exit 2."""
+    import shutil
+    d = tmp_path / "out"
+    shutil.copytree(good_run, d)
+    (d / "report.html").unlink()
+    spoil, where, what = TAMPERED[case]
+    spoil(d)
+    rc = main(["report", str(d)])
+    assert capsys.readouterr().err == f"pdsim: error: {d}/{where}: {what}; {_AGAIN}\n"
+    assert rc == 2 and not (d / "report.html").exists()
+
+
+def test_report_names_the_folder_when_drawing_fails(good_run: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """What the checks did not foresee (a KeyError, ValueError, jinja2 UndefinedError while drawing): one line."""
+    import shutil
+
+    import pdsim.report
+    d = tmp_path / "out"
+    shutil.copytree(good_run, d)
+
+    def broken(out_dir, **kw):
+        raise KeyError("slo")
+    monkeypatch.setattr(pdsim.report, "build_report", broken)
+    rc = main(["report", str(d)])
+    assert capsys.readouterr().err == f"pdsim: error: {d}: cannot be drawn: KeyError 'slo'; {_AGAIN}\n"
+    assert rc == 2
+
+
 @pytest.mark.parametrize("case", ["missing", "empty", "a-file"])
 def test_report_on_a_missing_or_empty_place(tmp_path: Path, capsys, case: str) -> None:
     d = tmp_path / "d"
@@ -578,3 +663,21 @@ def test_set_reaches_a_topology_whose_name_has_dots():
     sc = load(str(Path(__file__).resolve().parents[1] / "scenarios" / "spec-decode.yaml"),
               ["topologies.draft-a0.7.decode.power_cap_W=300"])
     assert sc.topologies["draft-a0.7"].decode.power_cap_W == 300
+
+
+# ====================================================== summary.json's vllm bench aliases and the warm-up
+
+def test_vllm_completed_leaves_out_the_warmup_as_request_throughput_does(tmp_path: Path, capsys) -> None:
+    """vllm bench serve excludes its warm-up from `completed` and from the throughputs; pdsim's
+    `request_throughput` (the measured finished requests / sim_end_s) already did, `completed` counted them."""
+    scen = _write(tmp_path / "s.yaml", TINY.replace("output_tokens: 10}", "output_tokens: 10}\nclient: {warmup_requests: 2}"))
+    assert main(["run", str(scen), "--out", str(tmp_path / "out"), "--quiet", "--no-report"]) == 0
+    capsys.readouterr()
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    df = pd.read_csv(tmp_path / "out" / "requests.csv")
+    for name, t in s["topologies"].items():
+        d = df[df.topology == name]
+        measured = int(((d.status == "finished") & ~d.warmup.astype(bool)).sum())
+        assert t["requests"]["finished"] == 5 and t["warmup_excluded"] == 2
+        assert t["completed"] == measured == 3
+        assert t["request_throughput"] == pytest.approx(t["completed"] / t["sim_end_s"], rel=1e-12)

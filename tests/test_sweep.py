@@ -228,3 +228,80 @@ def test_percentile_mode_goodput_follows_each_runs_own_verdict_by_hand(tmp_path)
     # the same scenario judged by attainment: 65% >= 50% at 120
     res = run_sweep(str(sc), ["workload.rate=50,120", "slo.mode=attainment"], jobs=1, progress=False)
     assert res["goodput"]["c"]["status"] == "above the swept range"
+
+
+TINY_SWEEP = ("model: llama-3.1-8b\nworkload: {arrival: poisson, rate: 1, num_requests: 5, prompt_tokens: 100, "
+              "output_tokens: 10}\ntopologies: {c: {kind: colocated, device: h100-sxm}}\n")
+
+
+@pytest.fixture
+def no_points(monkeypatch):
+    """run_point replaced by a recorder: a check that must happen before any point runs leaves it uncalled."""
+    import pdsim.sweep
+    calls = []
+    monkeypatch.setattr(pdsim.sweep, "run_point", lambda t: calls.append(t) or {"point": t["point"], "rows": []})
+    return calls
+
+
+def test_a_point_that_cannot_be_built_fails_before_any_runs_naming_file_and_point(tmp_path, capsys, no_points):
+    """llama-3.1-70b's weights do not fit one H100: found while validating, not after the other points ran."""
+    sc = tmp_path / "s.yaml"
+    sc.write_text(TINY_SWEEP)
+    rc = main(["sweep", str(sc), "--set", "model=llama-3.1-8b,llama-3.1-70b", "--out", str(tmp_path / "o"),
+               "--jobs", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"pdsim: error: {sc}: at the point model=llama-3.1-70b: ") and "do not fit" in err, err
+    assert no_points == [] and not (tmp_path / "o").exists()
+
+
+def test_a_point_failing_while_it_runs_is_named(tmp_path, capsys, monkeypatch):
+    import pdsim.sweep
+    from pdsim.errors import InputError
+
+    def fails_at_4(task):
+        if task["point"]["workload.rate"] == 4:
+            raise InputError("found bad at run time", key="workload.trace.path")
+        return {"point": task["point"], "rows": []}
+    monkeypatch.setattr(pdsim.sweep, "run_point", fails_at_4)
+    sc = tmp_path / "s.yaml"
+    sc.write_text(TINY_SWEEP)
+    rc = main(["sweep", str(sc), "--set", "workload.rate=2,4", "--out", str(tmp_path / "o"), "--jobs", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == (f"pdsim: error: {sc}: at the point workload.rate=4: workload.trace.path: "
+                               "found bad at run time\n"), err
+
+
+def test_sweep_out_that_is_a_file_fails_before_any_point_runs(tmp_path, capsys, no_points):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(TINY_SWEEP)
+    f = tmp_path / "afile"
+    f.write_text("keep me")
+    rc = main(["sweep", str(sc), "--set", "workload.rate=1,2", "--out", str(f), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == f"pdsim: error: --out = '{f}': exists and is not a folder; give a folder path\n", err
+    assert no_points == [] and f.read_text() == "keep me"
+
+
+def test_sweep_out_locked_by_another_run_fails_at_once(tmp_path, capsys, no_points):
+    from filelock import FileLock
+    sc = tmp_path / "s.yaml"
+    sc.write_text(TINY_SWEEP)
+    out = tmp_path / "o"
+    out.mkdir()
+    with FileLock(str(out / ".pdsim.lock")):
+        rc = main(["sweep", str(sc), "--set", "workload.rate=1,2", "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "another pdsim run is writing to this folder" in err, err
+    assert no_points == []
+
+
+def test_a_key_both_swept_and_fixed_is_refused(tmp_path, capsys, no_points):
+    """The axis would win at every point while sweep.json's "fixed" and the page's header showed rate=50."""
+    sc = tmp_path / "s.yaml"
+    sc.write_text(TINY_SWEEP)
+    rc = main(["sweep", str(sc), "--set", "workload.rate=22:34:4", "--set", "workload.rate=50", "--out",
+               str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == "pdsim: error: --set workload.rate: is both swept and fixed; give it once\n", err
+    assert no_points == [] and not (tmp_path / "o").exists()
