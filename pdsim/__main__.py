@@ -136,6 +136,16 @@ def print_rejections(summary: dict, out=None) -> None:
                   + (" (none was served)" if r["rejected"] == r["total"] else ""), file=out)
 
 
+def print_horizon_cuts(summary: dict, horizon_s, closed: bool = False, out=None) -> None:
+    """One stderr line per topology whose horizon cut requests off the stream: they are not in its results."""
+    out = out or sys.stderr
+    for name, s in summary.items():
+        if s.get("cut_by_horizon"):
+            print(f"pdsim: {name}: horizon_s = {horizon_s:g} s cut {s['cut_by_horizon']} requests "
+                  f"{'its clients had not sent by then' if closed else 'arriving at or after it'}; the run has "
+                  f"the other {s['requests']['total']} (summary.json cut_by_horizon)", file=out)
+
+
 def print_error_bands(summary: dict, out=None) -> None:
     """The TTFT/TPOT error measured against real runs for each pool's engine and GPU (pdsim validate)."""
     from .validate import band_text
@@ -196,6 +206,7 @@ def cmd_run(args) -> int:
         print_summary(summary["topologies"])
         print_error_bands(summary["topologies"])
     print_rejections(summary["topologies"])
+    print_horizon_cuts(summary["topologies"], sc.horizon_s, sc.workload.arrival == "closed")
     print(f"\nwrote {out}/ ({REQUESTS_FILES[args.requests_format]}, summary.json, timeseries.csv"
           f"{', report.html' if (out / 'report.html').exists() else ''}) in {wall:.2f} s wall", file=sys.stderr)
     return 0

@@ -827,7 +827,9 @@ class Scenario(_Strict):
     workload: WorkloadSpec
     slo: SLOSpec = SLOSpec()
     client: ClientSpec = ClientSpec()
-    horizon_s: PosFloat | None = None       # stop the clock here; requests still in flight are unfinished
+    # stop the clock here, or once every request is settled if that comes first; requests in flight are unfinished,
+    # those arriving at or after it are not in the run (cut_by_horizon)
+    horizon_s: PosFloat | None = None
     timeseries_bin_s: PosFloat | None = None  # default: about 200 bins over the run
     topologies: dict[str, Topology] = Field(min_length=1)
     faults: FaultsSpec | None = None

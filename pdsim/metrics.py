@@ -490,6 +490,8 @@ def summarize(results, df, sc: Scenario) -> dict:
             "e2e_s": _stats(fin_e2e), "queue_s": _stats(_f(d, "queue_s")),
             "kv_transfer_s": _stats(fin_kv) if topo.kind == "disaggregated" else None,
             "requests": counts,
+            # requests that would have arrived at or after horizon_s (a closed loop: not sent by then): not in the run
+            "cut_by_horizon": getattr(res, "cut_by_horizon", 0),
             "throughput": {"requests_per_s": n_fin / span, "output_tokens_per_s": out_tokens / span,
                            # an autoscaled topology: per GPU alive on average (its peak would flatter nothing)
                            "output_tokens_per_s_per_gpu": (out_tokens / span / (gpu_hours * 3600 / span if scaled

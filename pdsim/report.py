@@ -773,6 +773,8 @@ def build_report(out_dir: Path, progress: bool = True, df=None, summary: dict | 
                   ("finished / rejected / abandoned / unfinished",
                    " / ".join(num(_get(t, f"requests.{k}")) for k in ("finished", "rejected", "abandoned",
                                                                       "unfinished")))]
+        if t.get("cut_by_horizon"):
+            items.append(("cut by the horizon (not in the run)", num(t["cut_by_horizon"])))
         items += _engine_items(t)
         items += _energy_items(t)
         cards.append({"name": n, "best": n == best, "passes": a["passes"], "items": items,

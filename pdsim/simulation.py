@@ -123,6 +123,7 @@ class TopologyResult:
     requests: list
     sim_end_s: float
     events: int
+    cut_by_horizon: int = 0      # requests that would have arrived at or after horizon_s: not part of the run
 
 
 def _send(env, topo, r, model, timeout_s):
@@ -174,16 +175,27 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     """One topology on the stream: on fresh copies of its requests, or on the requests themselves
     when ``reuse`` (the last topology of a run: a million requests are not held twice)."""
     env = simpy.Environment()
-    sink = Sink(env, len(stream))
+    horizon, closed = sc.horizon_s, sc.workload.arrival == "closed"
+    # a request arriving at or after the horizon never arrives (the clock stops first): it is not part of the
+    # run, only counted (TopologyResult.cut_by_horizon); the run is that of the stream cut there
+    reqs = stream if horizon is None or closed else [r for r in stream if r.arrival_s < horizon]
+    cut = len(stream) - len(reqs)
+    if stream and not reqs:
+        from .errors import ConfigError
+        first = min(r.arrival_s for r in stream)
+        raise ConfigError(f"every request arrives at or after the horizon (the first at {first:g} s): nothing would run",
+                          key="horizon_s", value=horizon)
+    sink = Sink(env, len(reqs))
     ctx = Context(model, sc.weight_dtype, sc.kv_dtype, Path(sc.base_dir), bin_s, fast, sc.seed)
-    spec, by_engine = engine_defaults(spec, stream, model)
+    spec, by_engine = engine_defaults(spec, reqs, model)
     if by_engine and progress:
         print(f"pdsim: {name}: {', '.join(f'{p} pool caches prefixes ({e} default)' for p, e in by_engine.items())}"
               f"; prefix_cache: {{enabled: false}} turns it off", file=sys.stderr, flush=True)
     topo = build(name, spec, env, ctx, sink)
     topo.sink = sink
     topo.prefix_by_engine = by_engine
-    reqs = stream if reuse else [r.clone() for r in stream]
+    if not reuse:
+        reqs = [r.clone() for r in reqs]
     if record_itl(sc, reqs):
         for r in reqs:
             r.token_s = []
@@ -207,9 +219,12 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
         from .progress import Bar
         bar = Bar(sink.expected, name, unit="req")
         env.process(_progress(env, sink, bar, bin_s * 200))
-    # stop when every request is settled (stale fast-path timers and fault processes may run on)
+    # stop when every request is settled (stale fast-path timers and fault processes may run on), or at the
+    # horizon if that comes first: a horizon past the last settlement changes nothing
+    if horizon is not None:
+        sink.all_done.callbacks.append(simpy.core.StopSimulation.callback)
     try:
-        env.run(until=sc.horizon_s if sc.horizon_s is not None else sink.all_done)
+        env.run(until=horizon if horizon is not None else sink.all_done)
     except RuntimeError as exc:     # the queue ran dry first: a deadlock, reported by check_conservation
         if "until" not in str(exc):
             raise
@@ -219,11 +234,14 @@ def run_topology(sc: Scenario, name: str, spec, stream: list[Request], model: Mo
     end = env.now
     for inst in topo.instances:     # apply the steps of open fast-path windows that ended by now
         inst.sync()
-    check_conservation(name, topo, reqs, sc.horizon_s is not None)
+    if closed and horizon is not None and queue:    # the clients stop sending at the horizon: the unsent are cut
+        cut = len(queue)            # (the queue is the stream reversed, popped from its end)
+        reqs = reqs[:len(reqs) - cut]
+    check_conservation(name, topo, reqs, horizon is not None)
     # SimPy numbers every scheduled event; reading its counter is the cheapest exact count
     eid = getattr(env, "_eid", None)
     events = next(eid) if eid is not None and hasattr(eid, "__next__") else sum(i.steps for i in topo.instances)
-    return TopologyResult(name, topo, reqs, end, events)
+    return TopologyResult(name, topo, reqs, end, events, cut)
 
 
 def engine_defaults(spec, stream: list[Request], model: ModelShape):
@@ -352,7 +370,11 @@ def shared_stream(sc: Scenario, model: ModelShape) -> list[Request]:
 def default_bin_s(sc: Scenario, stream: list[Request]) -> float:
     if sc.timeseries_bin_s:
         return sc.timeseries_bin_s
-    span = sc.horizon_s or (max((r.arrival_s for r in stream if r.arrival_s == r.arrival_s), default=0.0) or 1.0)
+    # the span of the arrivals the run takes: up to the last one, or to the horizon if that comes first
+    last = max((r.arrival_s for r in stream if r.arrival_s == r.arrival_s), default=0.0)
+    span = min(sc.horizon_s or float("inf"), last or float("inf"))
+    if span == float("inf"):
+        span = 1.0
     return max(0.01, float(f"{span / 200:.1g}"))
 
 

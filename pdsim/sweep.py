@@ -103,6 +103,7 @@ def run_point(task: dict) -> dict:
                "gpus": t["gpus"], "cost_per_hour_usd": t["cost_per_hour_usd"],
                "cost_per_million_output_tokens_usd": t["cost_per_million_output_tokens_usd"],
                "requests": t["requests"]["total"], "finished": t["requests"]["finished"],
+               "cut_by_horizon": t.get("cut_by_horizon", 0),      # not in the run: arriving after horizon_s
                "output_tokens_per_s": t["throughput"]["output_tokens_per_s"]}
         for m in ("ttft_s", "tpot_s", "e2e_s"):
             for p in ("p50", "p90", "p99"):

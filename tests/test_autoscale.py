@@ -139,7 +139,8 @@ def test_drain_loses_nothing_and_a_draining_instance_gets_no_new_request(topo, p
 def test_gpu_hours_cost_and_idle_energy_equal_the_hand_computed_integral():
     # tp 2 replicas at $4 per GPU-hour.  1 replica at t=0; at t=10 three (two provisioning 4 s + loading 6 s);
     # at t=50.5 one again.  One request a second (on the whole second), each done in well under 0.5 s, so
-    # every replica is idle at 50.5 and the two extra ones leave at once.  Horizon 120 s.
+    # every replica is idle at 50.5 and the two extra ones leave at once.  Horizon 120 s, past the last
+    # request's finish (it arrives at 100 s): the run, and what is paid, ends at that finish.
     topo = {"kind": "colocated", "replicas": 1, "tp": 2, **H100, "price_per_gpu_hour_usd": 4.0,
             "autoscaler": {"policy": "schedule", "provisioning_s": 4, "load_s": 6,
                            "schedule": [{"at_s": 10, "replicas": 3}, {"at_s": 50.5, "replicas": 1}]}}
@@ -148,10 +149,12 @@ def test_gpu_hours_cost_and_idle_energy_equal_the_hand_computed_integral():
     res = simulate(sc)
     s = metrics.summarize(res, metrics.requests_frame(res), sc)["t"]
     assert _timeline(res[0], "replicas") == [(0.0, 1, 1), (10.0, 3, 1), (20.0, 3, 3), (50.5, 1, 1)]
-    gpu_s = 2 * 120 + 2 * 2 * (50.5 - 10)          # replica-0 all along; replicas 1 and 2 from 10 to 50.5
+    end = res[0].sim_end_s
+    assert end == max(r.finish_s for r in res[0].requests) and 100 < end < 100.5
+    gpu_s = 2 * end + 2 * 2 * (50.5 - 10)          # replica-0 all along; replicas 1 and 2 from 10 to 50.5
     assert s["gpu_hours"] == pytest.approx(gpu_s / 3600, rel=1e-12)
     assert s["cost_usd"] == pytest.approx(4.0 * gpu_s / 3600, rel=1e-12)
-    assert s["gpus"] == 6 and s["mean_gpus"] == pytest.approx(gpu_s / 120, rel=1e-12)
+    assert s["gpus"] == 6 and s["mean_gpus"] == pytest.approx(gpu_s / end, rel=1e-12)
     assert s["autoscaling"]["pools"]["replicas"]["gpu_hours"] == pytest.approx(gpu_s / 3600, rel=1e-12)
     # energy: idle power (H100 preset: 70 W per GPU, an estimate) over the paid GPU-seconds only
     assert s["energy"]["pools"]["replica"]["idle_energy_J"] == pytest.approx(70.0 * gpu_s, rel=1e-12)
@@ -429,8 +432,11 @@ def test_summary_json_and_report_show_pool_sizes_and_gpu_hours(tmp_path):
     sc = sc.model_copy(update={"horizon_s": 120.0})
     write_outputs(simulate(sc), sc, tmp_path)
     s = json.loads((tmp_path / "summary.json").read_text())["topologies"]
-    assert s["auto"]["gpu_hours"] == pytest.approx((2 * 120 + 4 * 40.5) / 3600, rel=1e-12)
-    assert s["static"]["gpu_hours"] == pytest.approx(2 * 120 / 3600, rel=1e-12) and "autoscaling" not in s["static"]
+    # each run ends at its last request's finish, just after 100 s (a horizon past it changes nothing)
+    end, end_static = s["auto"]["sim_end_s"], s["static"]["sim_end_s"]
+    assert 100 < end < 100.5 and 100 < end_static < 100.5
+    assert s["auto"]["gpu_hours"] == pytest.approx((2 * end + 4 * 40.5) / 3600, rel=1e-12)
+    assert s["static"]["gpu_hours"] == pytest.approx(2 * end_static / 3600, rel=1e-12) and "autoscaling" not in s["static"]
     assert [e["alive"] for e in s["auto"]["autoscaling"]["pools"]["replicas"]["timeline"]] == [1, 3, 3, 1]
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert 'id="autoscaling"' in html and "instances alive" in html and "<svg" in html

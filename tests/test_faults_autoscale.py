@@ -30,11 +30,13 @@ def test_fault_on_an_autoscaled_pool_reroutes_recomputes_and_is_replaced_by_hand
     # request is re-routed to replica-1 and prefilled again (109 + 1 tokens, one step), then 39 decode
     # steps: it finishes at 1.105 + 40 x 0.01.  At 1.2 the schedule asks for 2 replicas: one serves (the
     # failed one is no capacity), so replica-2 is ordered (serves at 1.2 + 0.3 + 0.2 = 1.7) and the failed
-    # replica-0 is given back at 1.2; its repair would end at 2.105 + 0.1 but it stays off.
+    # replica-0 is given back at 1.2; its repair would end at 2.105 + 0.1 but it stays off.  A second request
+    # at t=2 (50 steps on a serving replica) keeps the run going to 2 + 0.5 = 2.5: the clock stops there, once
+    # every request is settled, before the horizon at 3.0.
     topo = {"kind": "colocated", "replicas": 2, "router": "round_robin", "kv_blocks": 100, **CONST,
             "autoscaler": {"policy": "schedule", "provisioning_s": 0.3, "load_s": 0.2,
                            "schedule": [{"at_s": 1.2, "replicas": 2}], "replicas": {"max": 3}}}
-    sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=100, output_tokens=50)
+    sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=2, prompt_tokens=100, output_tokens=50)
     sc = _faulted(sc, {"at_s": 1.105, "instance": "replica-0", "down_s": 1.0, "warmup_s": 0.1})
     sc = sc.model_copy(update={"horizon_s": 3.0})
     (res,) = simulate(sc)
@@ -44,28 +46,31 @@ def test_fault_on_an_autoscaled_pool_reroutes_recomputes_and_is_replaced_by_hand
     assert r.finish_s == pytest.approx(1.105 + 0.01 * 40, abs=1e-9)
     assert _timeline(res) == [(0.0, 2, 2), (1.105, 2, 1), (1.2, 2, 1), (pytest.approx(1.7, abs=1e-12), 2, 2)]
     r0 = res.topology.by_name["replica-0"]
-    # recovery after the scale-in decision: still off at the end (3.0 > 2.205), not routable
+    # recovery after the scale-in decision: still off at the end (2.5 > 2.205), not routable
     assert r0.state == "off" and r0.down and not r0.failed
     assert r0.down_s == pytest.approx(1.2 - 1.105, abs=1e-12)       # its outage ended when it was given back
     assert res.topology.autoscaler.summary(res.sim_end_s)["pools"]["replicas"]["failed_retired"] == 1
-    # GPU-hours by hand: replica-0 paid 0..1.2 (failed from 1.105, still paid), replica-1 0..3, replica-2 1.2..3
+    # GPU-hours by hand: replica-0 paid 0..1.2 (failed from 1.105, still paid), replica-1 0..2.5, replica-2 1.2..2.5
     s = metrics.summarize([res], metrics.requests_frame([res]), sc)["c"]
-    assert res.sim_end_s == pytest.approx(3.0)
-    assert s["gpu_hours"] == pytest.approx((1.2 + 3.0 + 1.8) / 3600, rel=1e-12)
+    assert res.sim_end_s == pytest.approx(2.5, abs=1e-9) == res.requests[1].finish_s
+    assert s["gpu_hours"] == pytest.approx((1.2 + 2.5 + 1.3) / 3600, rel=1e-9)
 
 
 def test_a_failed_instance_stays_paid_and_serves_again_after_its_repair_without_an_action():
     # no autoscaler action during the outage: replica-0 is paid all along, out of the serving count from
     # 1.105 to 1.105 + 0.5 + 0.1, then back (1 request at t=1 as above; the schedule's look at 2.5 has
-    # nothing to change and nothing failed to give back)
+    # nothing to change and nothing failed to give back).  200 output tokens: 10 steps before the fault, then
+    # 1 + 189 on replica-1 would end at 1.105 + 1.9 = 3.005, so the request is still in flight at the horizon
+    # (3.0, unfinished) and the clock runs to it
     topo = {"kind": "colocated", "replicas": 2, "router": "round_robin", "kv_blocks": 100, **CONST,
             "autoscaler": {"policy": "schedule", "schedule": [{"at_s": 2.5, "replicas": 2}], "replicas": {"max": 3}}}
-    sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=100, output_tokens=50)
+    sc = scenario({"c": topo}, arrival="constant", rate=1.0, num_requests=1, prompt_tokens=100, output_tokens=200)
     # replica-1 fails at 2.8 and is still broken at the end (3.0): paid all the same
     sc = _faulted(sc, {"at_s": 1.105, "instance": "replica-0", "down_s": 0.5, "warmup_s": 0.1},
                   {"at_s": 2.8, "instance": "replica-1", "down_s": 5.0})
     sc = sc.model_copy(update={"horizon_s": 3.0})
     (res,) = simulate(sc)
+    assert res.sim_end_s == 3.0 and res.requests[0].status == "unfinished"
     assert _timeline(res) == [(0.0, 2, 2), (1.105, 2, 1), (pytest.approx(1.705, abs=1e-12), 2, 2), (2.8, 2, 1)]
     r0, r1 = res.topology.by_name["replica-0"], res.topology.by_name["replica-1"]
     assert r0.state == "serving" and not r0.down and r0.alive_s(3.0) == 3.0
