@@ -323,10 +323,11 @@ def test_dp_attention_on_the_busiest_rank_by_hand():
     #     router max(64, 64 + 24) = 88; routed pairs 2*2/2 = 2, hit 2 (1 - 1/4) = 1.5: gate_up 512, down 256;
     #     shared act 48; experts act (all 2 tokens) 2*48 = 96; routing 16 + 16 + 2*2*(2*2/2)*8*2 = 160 (1 token)
     #   embed 80; LM head (1 row, N = 32) max(512, 512 + 80) = 592; no all-reduce; all-to-all of a rank's own
-    #   token 1*8*2/2 = 8 B: 2 of 1 + 8 us
+    #   token to the other rank when it holds one of the token's 2 experts (2 of the 4 there): 1 - C(2, 2) /
+    #   C(4, 2) = 5/6 copies of 8 x 2 B (bf16 both ways) = 40/3 B: 2 of 1 + 40/3 us
     rc = RooflineCost(TINY_MOE, _dev(allreduce_base_us=1.0), tp=2, ep=2, dp_attention=True)
     total = 2 * (304 + 160 + 192 + 208) + (592 + 304 + 96) + (304 + 160 + 88 + 512 + 256 + 48 + 96 + 160) \
-        + 80 + 592 + 18
+        + 80 + 592 + 2 * (1 + 40 / 3)
     assert rc.step(2, 6.0, 8, 2, 2).time_s == pytest.approx(total * 1e-6, rel=1e-12)
     # k = 2 decode steps: step 1 (attn_work 8, KV 10) puts 4 and 5 on the rank: FLOPs 4*2*4*4 = 128 (256 us),
     # 64 us a layer more
@@ -528,9 +529,9 @@ def test_decode_attention_from_a_measured_table_by_hand():
     t, _, _ = rs.decode_steps(2, 6.0, 8, 1, swa=(np.array([5.0]), np.array([8])))
     assert t == pytest.approx([15008e-6], rel=1e-12)
     # DP attention (tp = ep = 2): the busiest rank holds 1 request reading 4: batch 1, context 4 = 2 ms a layer in
-    # place of 192 us (test_dp_attention_on_the_busiest_rank_by_hand: 5034 us)
+    # place of 192 us (test_dp_attention_on_the_busiest_rank_by_hand: 5016 + 2 (1 + 40/3) us)
     rd = RooflineCost(TINY_MOE, _measured_dev_moe(), tp=2, ep=2, dp_attention=True)
-    assert rd.step(2, 6.0, 8, 2, 2).time_s == pytest.approx((5034 - 384 + 4000) * 1e-6, rel=1e-12)
+    assert rd.step(2, 6.0, 8, 2, 2).time_s == pytest.approx((5016 + 2 * (1 + 40 / 3) - 384 + 4000) * 1e-6, rel=1e-12)
     assert rd.breakdown(2, 6.0, 8, 2, 2)["attention"]["time_s"] == pytest.approx(4e-3, rel=1e-12)
 
 
@@ -632,11 +633,12 @@ def test_dp_attention_rank_share_is_per_batch_not_per_token_count_by_hand():
     #   MoE layer: shared gate_up 512, shared down 256, router 128; routed on all 3 tokens: pairs 3*2/2 = 3,
     #     hit 2 (1 - 1/8) = 1.75: gate_up max(768, 1.75*256 + 3*48 = 592), down max(384, 224 + 96 = 320);
     #     shared act 2*48, experts act 3*48, routing 2*160
-    #   embed 160; LM head on 4/3 rows: max(2*(4/3)*256, 512 + (4/3)*80) = 2048/3; all-to-all 2*(1 + 2*8*2/2)
+    #   embed 160; LM head on 4/3 rows: max(2*(4/3)*256, 512 + (4/3)*80) = 2048/3; all-to-all 2*(1 + 2*8*2*5/6) (a
+    #   token goes to the other rank with probability 1 - C(2, 2) / C(4, 2) = 5/6)
     rc = RooflineCost(TINY_MOE, _dev(allreduce_base_us=1.0), tp=2, ep=2, dp_attention=True)
     rc.step(3, 9.0, 12, 2, 2)
     total = 2 * (512 + 256 + 384 + 416) + (1024 + 512 + 192) + (512 + 256 + 128 + 768 + 384 + 96 + 144 + 320) \
-        + 160 + 2048 / 3 + 34
+        + 160 + 2048 / 3 + 2 * (1 + 80 / 3)
     assert rc.step(3, 9.0, 12, 2, 3).time_s == pytest.approx(total * 1e-6, rel=1e-12)
 
 
@@ -745,10 +747,11 @@ def test_dp_attention_prefill_of_one_request_by_hand():
     #   MoE layer: shared gate_up 1024, shared down 512, router max(256, 64 + 4*12*2 = 160); routed pairs 4*2/2 = 4, hit
     #     2 (1 - 1/16) = 1.875: gate_up max(2*4*128 = 1024, 1.875*256 + 4*48 = 672), down max(512, 240 + 128 = 368);
     #     shared act 48*4, experts act 48*4, routing 160*4
-    #   embed 80*4 = 320, LM head (1 row) max(512, 592) = 592; all-to-all of 4*8*2/2 = 32 B: 2 of 1 + 32 us
+    #   embed 80*4 = 320, LM head (1 row) max(512, 592) = 592; all-to-all of 4*8*2*5/6 = 160/3 B (5/6: the other
+    #   rank holds one of a token's 2 experts): 2 of 1 + 160/3 us
     rc = RooflineCost(TINY_MOE, _dev(allreduce_base_us=1.0), tp=2, ep=2, dp_attention=True)
     total = 2 * (1024 + 512 + 256 + 832) + (2048 + 1024 + 384) + (1024 + 512 + 256 + 1024 + 512 + 192 + 192 + 640) \
-        + 320 + 592 + 66
+        + 320 + 592 + 2 * (1 + 160 / 3)
     assert rc.step(4, 8.0, 4, 1, 1).time_s == pytest.approx(total * 1e-6, rel=1e-12)
     assert rc.breakdown(4, 8.0, 4, 1, 1)["attention"]["time_s"] == pytest.approx(2 * 256e-6, rel=1e-12)
 
