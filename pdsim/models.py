@@ -375,7 +375,7 @@ class ModelShape:
                               key=key, value=ep)
         if tp % ep:
             raise ConfigError(f"expert parallelism shards experts over the instance's tp={tp} GPUs, so it must "
-                              f"divide tp (no DP attention yet)", key=key, value=ep)
+                              f"divide tp (with dp_attention too: it needs ep = tp)", key=key, value=ep)
 
 
 def pp_split(layers: int, pp: int) -> tuple[int, ...]:
