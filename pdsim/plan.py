@@ -1387,7 +1387,7 @@ class _Runner:
         results: list[dict | None] = [None] * len(tasks)
         todo = []
         for i, t in enumerate(tasks):
-            m = self.memo.get(json.dumps(t, sort_keys=True))
+            m = self.memo.get(json.dumps(t, sort_keys=True)) if self.memo else None
             if m is not None:                # run earlier in this plan (a long run that went along ahead)
                 results[i] = m
                 self.reused += 1

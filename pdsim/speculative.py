@@ -138,17 +138,13 @@ def kv_blocks(spec, target_model, blocks: int, block_bytes: float, tp: int, weig
         new = min(int(free // bb) for free, bb in stages[:-1])
         free, bb = stages[-1]
         new = min(new, int((free - weights) // (bb + draft_bb)))
-        if new < 1:
-            raise ConfigError(f"the draft ({shape.name}, {weights / 2**30:.2f} GiB per GPU) leaves no memory "
-                              "for the KV cache on the last pipeline stage", key=f"{key}.speculative",
-                              value=spec.method)
-        return new
-    ratio = pp * shape.kv_bytes_per_token(kv_dtype) / target_model.kv_bytes_per_token(kv_dtype)
-    left = blocks * block_bytes - weights
-    new = int(left // (block_bytes * (1.0 + ratio)))
+    else:
+        ratio = pp * shape.kv_bytes_per_token(kv_dtype) / target_model.kv_bytes_per_token(kv_dtype)
+        new = int((blocks * block_bytes - weights) // (block_bytes * (1.0 + ratio)))
     if new < 1:
         raise ConfigError(f"the draft ({shape.name}, {weights / 2**30:.2f} GiB per GPU) leaves no memory "
-                          "for the KV cache", key=f"{key}.speculative", value=spec.method)
+                          "for the KV cache" + (" on the last pipeline stage" if stages is not None else ""),
+                          key=f"{key}.speculative", value=spec.method)
     return new
 
 
